@@ -1,0 +1,5 @@
+"""``python -m vmr_handler`` is the same as the ``vmr-handler`` console script."""
+
+from vmr_handler.cli import main
+
+raise SystemExit(main())

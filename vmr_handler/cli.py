@@ -1,0 +1,267 @@
+"""``vmr-handler`` command line: argparse front end only, no logic of its own.
+
+Commands: ``run --local``, ``plan``, ``check``, ``status``, ``resume``, ``--version``.
+Exit codes: 0 success; 1 the VM failed (run) or the agent could not be reached
+(status/resume); 2 bad usage or a schedule that cannot be used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import os
+import signal
+import sys
+from typing import Any, Dict, List, Optional, Sequence
+
+from vmr_handler import __version__
+from vmr_handler.errors import ControlError, JournalError, ScheduleError, VmrError
+from vmr_handler.schedule import Schedule, load_schedule
+from vmr_handler.timeline import Plan, build_plan
+
+EXIT_USAGE = 2
+DEFAULT_STATE_DIR = "/var/lib/vmr-handler"
+DEFAULT_LAUNCH_DIR = "/var/launch"
+
+
+def _seconds(text: str) -> float:
+    value = float(text)  # accepts inf / -inf
+    if math.isnan(value):
+        raise argparse.ArgumentTypeError("NaN is not a time")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vmr-handler",
+        description="Plays this VM's part of an experiment: stages, start barrier, timed entries, pause/break/RESUME.",
+    )
+    parser.add_argument("--version", action="version", version=f"vmr-handler {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def allow(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--allow-class", action="append", default=[], metavar="MODULE.NAME",
+                       help="also admit this schedule-entry class name in pickles (repeatable)")
+
+    run = sub.add_parser("run", help="play a schedule on this machine")
+    run.add_argument("--local", metavar="SCHEDULE", required=True,
+                     help="run SCHEDULE with no host (pickle, YAML or JSON); required until a transport is given")
+    run.add_argument("--start-buffer", type=_seconds, default=60.0, metavar="SECONDS",
+                     help="experiment start = configured + SECONDS (default 60)")
+    run.add_argument("--launch-dir", default=DEFAULT_LAUNCH_DIR, help=f"working dirs root (default {DEFAULT_LAUNCH_DIR})")
+    run.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help=f"journal + control socket (default {DEFAULT_STATE_DIR})")
+    run.add_argument("--resources", metavar="DIR", help="VM-resource files for `filename` drops (default: the schedule's dir)")
+    run.add_argument("--report", metavar="FILE", help="append every event as a JSON line to FILE")
+    run.add_argument("--reboot-command", metavar="CMD", default=None,
+                     help="shell command run on a reboot request (default: systemctl reboot || reboot)")
+    run.add_argument("--quiet", action="store_true", help="no readable log on stderr")
+    allow(run)
+
+    plan = sub.add_parser("plan", help="print when every entry fires (pure timeline, nothing runs)")
+    plan.add_argument("schedule")
+    plan.add_argument("--resume", type=_seconds, action="append", default=[], metavar="SECONDS",
+                      help="a RESUME at this experiment time (repeatable; -inf = before the start)")
+    plan.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    allow(plan)
+
+    check = sub.add_parser("check", help="validate a schedule (exit 0, or 2 with the errors)")
+    check.add_argument("schedule")
+    allow(check)
+
+    for name, text in (("status", "show where the running agent is"), ("resume", "send RESUME to the running agent")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
+        p.add_argument("--json", action="store_true", help="print the raw JSON reply")
+    return parser
+
+
+# ---------------------------------------------------------------------------- plan
+def _num(value: Optional[float]) -> Any:
+    if value is None:
+        return None
+    if math.isinf(value):
+        return "-inf" if value < 0 else "inf"
+    return int(value) if float(value).is_integer() and abs(value) < 2**53 else value
+
+
+def plan_json(plan: Plan) -> Dict[str, Any]:
+    """The ``plan --json`` object (issue 3 section 3)."""
+    return {
+        "entries": [
+            {"index": p.index, "start_time": _num(p.start_time), "kind": p.kind.value, "stage": p.stage,
+             "fire_at": _num(p.fire_at)}
+            for p in plan.entries
+        ],
+        "resumes": [{"at": _num(r.at), "ended_break": r.ended_break} for r in plan.resumes],
+    }
+
+
+def _fmt(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def plan_table(schedule: Schedule, plan: Plan) -> str:
+    """A readable table of the plan, in firing order (negative stages first)."""
+    def order(p: Any) -> Any:
+        if p.stage is not None:
+            return (0, p.stage, p.index)
+        if p.fire_at is None:
+            return (2, 0.0, p.index)
+        return (1, p.fire_at, p.index)
+
+    rows = [("index", "start_time", "kind", "stage", "fire_at", "what")]
+    for p in sorted(plan.entries, key=order):
+        entry = schedule.entries[p.index]
+        if entry.pause:
+            what = "break" if p.kind.value == "break" else f"pause {_num(entry.pause_duration)} s"
+        else:
+            what = (entry.executable or "(data only)") + (f" {entry.arguments}" if entry.arguments else "")
+        fire = _fmt(_num(p.fire_at))
+        if p.fire_at is None and p.kind.value in ("positive", "pause", "break", "host") and p.start_time >= 0:
+            fire = "held (break)"
+        rows.append((str(p.index), _fmt(_num(p.start_time)), p.kind.value, _fmt(p.stage), fire, what[:60]))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5] for r in rows]
+    if plan.initial_delay:
+        lines.append(f"-inf pauses delay stage 0 and every positive entry by {_num(plan.initial_delay)} s")
+    for r in plan.resumes:
+        lines.append(f"RESUME at {_num(r.at)}: " + (f"ends break {r.ended_break}" if r.ended_break is not None else "ignored (no active break)"))
+    if plan.blocked_by is not None:
+        lines.append(f"break {plan.blocked_by} holds everything after it until a RESUME")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- commands
+def _load(path: str, allow: Sequence[str]) -> Schedule:
+    return load_schedule(path, allow)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    schedule = _load(args.schedule, args.allow_class)
+    plan = build_plan(schedule.entries, args.resume)
+    if args.json:
+        print(json.dumps(plan_json(plan)))
+    else:
+        print(plan_table(schedule, plan))
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    schedule = _load(args.schedule, args.allow_class)
+    for warning in schedule.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(f"{args.schedule}: OK ({schedule.source_format}, {len(schedule.entries)} entries, "
+          f"{len(schedule.stage_times())} stages)")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from vmr_handler.engine import DEFAULT_REBOOT_COMMAND, EngineConfig
+
+    schedule = _load(args.local, args.allow_class)
+    config = EngineConfig(
+        launch_dir=args.launch_dir,
+        state_dir=args.state_dir,
+        resources_dir=args.resources or os.path.dirname(os.path.abspath(args.local)),
+        start_buffer=args.start_buffer,
+        reboot_command=args.reboot_command or DEFAULT_REBOOT_COMMAND,
+    )
+    return asyncio.run(_run_local(schedule, config, args.report, quiet=args.quiet))
+
+
+async def _run_local(schedule: Schedule, config: Any, report: Optional[str], quiet: bool) -> int:
+    from vmr_handler.control import ControlServer
+    from vmr_handler.engine import Engine
+    from vmr_handler.executor import install_child_watcher
+    from vmr_handler.transports.local import LocalReporter
+
+    install_child_watcher()
+    try:
+        reporter = LocalReporter(report, None if quiet else sys.stderr)
+    except OSError as exc:
+        raise VmrError(f"cannot open report file {report}: {exc.strerror or exc}") from exc
+    try:
+        engine = Engine(schedule, config, reporter)
+        control = ControlServer(config.state_dir, {
+            "status": lambda _req: engine.status(),
+            "resume": lambda _req: engine.resume(),
+        })
+        await control.start()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, engine.stop, f"signal {signal.Signals(sig).name}")
+        try:
+            return await engine.run()
+        finally:
+            await control.close()
+    finally:
+        reporter.close()
+
+
+def _print_status(result: Dict[str, Any]) -> None:
+    lines = [f"phase: {result.get('phase')}"]
+    if result.get("stages"):
+        lines.append(f"stages: {len(result.get('stages_done') or [])}/{result['stages']} done"
+                     + (f", running stage {result['stage']}" if result.get("stage") is not None else ""))
+    for key in ("configured_at", "start_time", "experiment_time"):
+        if result.get(key) is not None:
+            lines.append(f"{key}: {result[key]}")
+    if result.get("active_pause"):
+        lines.append(f"active pause/break: {result['active_pause']}")
+    if result.get("blocked_by_break") is not None:
+        lines.append(f"held by break at entry {result['blocked_by_break']} until RESUME")
+    for item in result.get("next_entries") or []:
+        lines.append(f"next: entry {item['index']} at experiment time {item['fire_at']} (in {item['in']:.1f} s)")
+    for item in result.get("running") or []:
+        lines.append(f"running: entry {item['index']} ({item['executable']}) pid {item['pid']} for {item['running_for']:.1f} s")
+    if result.get("failure"):
+        lines.append(f"FAILED: {result['failure']}")
+    print("\n".join(lines))
+
+
+def cmd_control(args: argparse.Namespace) -> int:
+    from vmr_handler.control import request
+
+    reply = request(args.state_dir, args.command)
+    if args.json:
+        print(json.dumps(reply))
+    elif reply.get("status") != "success":
+        print(f"error: {reply.get('details')}", file=sys.stderr)
+    elif args.command == "status":
+        _print_status(reply["result"])
+    else:
+        result = reply["result"]
+        if result.get("ended_break") is not None:
+            print(f"RESUME at experiment time {_num(result['at'])} ended the break at entry {result['ended_break']}")
+        else:
+            print(f"RESUME at experiment time {_num(result['at'])} ignored: no active break")
+    return 0 if reply.get("status") == "success" else 1
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of the ``vmr-handler`` console script. Returns the exit code."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    commands = {"run": cmd_run, "plan": cmd_plan, "check": cmd_check, "status": cmd_control, "resume": cmd_control}
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return commands[args.command](args)
+    except ScheduleError as exc:
+        print(f"vmr-handler: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ControlError as exc:
+        print(f"vmr-handler: error: {exc}", file=sys.stderr)
+        return 1
+    except (JournalError, VmrError) as exc:
+        print(f"vmr-handler: error: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 0

@@ -1,0 +1,137 @@
+"""Local control socket: ``vmr-handler status`` / ``vmr-handler resume`` talk to a running agent.
+
+The agent listens on ``<state-dir>/control.sock`` (mode 0600). Protocol: the client sends
+one JSON object per line ``{"cmd": "status"|"resume"}``; the agent answers one JSON line
+``{"status": "success"|"error", "details": ..., "result": {...}}`` (seed 004 result shape).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+from typing import Any, Callable, Dict, Optional
+
+from vmr_handler.errors import ControlError
+from vmr_handler.events import json_safe
+
+SOCKET_NAME = "control.sock"
+MAX_REQUEST = 64 * 1024
+#: Longest unix socket path the kernel accepts (sun_path is 108 bytes with the NUL).
+MAX_SOCKET_PATH = 107
+
+Handler = Callable[[Dict[str, Any]], Dict[str, Any]]
+
+
+def socket_path(state_dir: str) -> str:
+    """Path of the control socket of the agent using ``state_dir``.
+
+    Raises:
+        ControlError: the path is too long for a unix socket.
+    """
+    path = os.path.join(os.path.abspath(state_dir), SOCKET_NAME)
+    if len(path.encode()) > MAX_SOCKET_PATH:
+        raise ControlError(f"control socket path {path} is longer than {MAX_SOCKET_PATH} bytes; use a shorter --state-dir")
+    return path
+
+
+class ControlServer:
+    """Serves control requests for a running engine.
+
+    Args:
+        state_dir: where the socket lives.
+        handlers: ``{"status": fn, "resume": fn}``; each takes the request dict and returns a result dict.
+    """
+
+    def __init__(self, state_dir: str, handlers: Dict[str, Handler]) -> None:
+        self.path = socket_path(state_dir)
+        self._handlers = handlers
+        self._server: Optional[asyncio.AbstractServer] = None
+
+    async def start(self) -> None:
+        """Bind the socket (removing a stale one; refusing if another agent answers on it).
+
+        Raises:
+            ControlError: another agent is already serving this state dir.
+        """
+        if os.path.exists(self.path):
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(self.path)
+            except OSError:
+                os.unlink(self.path)
+            else:
+                raise ControlError(f"another vmr-handler is running with this state dir ({self.path} answers)")
+            finally:
+                probe.close()
+        old_umask = os.umask(0o177)
+        try:
+            self._server = await asyncio.start_unix_server(self._serve, path=self.path, limit=MAX_REQUEST)
+        finally:
+            os.umask(old_umask)
+        os.chmod(self.path, 0o600)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await asyncio.wait_for(reader.readline(), 10)
+            try:
+                request = json.loads(line.decode("utf-8"))
+                if not isinstance(request, dict):
+                    raise ValueError("request must be a JSON object")
+                handler = self._handlers.get(str(request.get("cmd")))
+                if handler is None:
+                    raise ValueError(f"unknown command {request.get('cmd')!r}; known: {sorted(self._handlers)}")
+                reply: Dict[str, Any] = {"status": "success", "result": handler(request)}
+            except (ValueError, UnicodeDecodeError) as exc:
+                reply = {"status": "error", "details": str(exc)}
+            writer.write(json.dumps(json_safe(reply)).encode() + b"\n")
+            await writer.drain()
+        except (asyncio.TimeoutError, ConnectionError, asyncio.LimitOverrunError, ValueError):
+            pass
+        finally:
+            writer.close()
+
+    async def close(self) -> None:
+        """Stop serving and remove the socket."""
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
+def request(state_dir: str, cmd: str, timeout: float = 10.0) -> Dict[str, Any]:
+    """Send one control request to the agent using ``state_dir`` and return its reply.
+
+    Raises:
+        ControlError: no agent is running there, or it answered badly.
+    """
+    path = socket_path(state_dir)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+        sock.sendall(json.dumps({"cmd": cmd}).encode() + b"\n")
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except FileNotFoundError as exc:
+        raise ControlError(f"no running vmr-handler found: {path} does not exist") from exc
+    except OSError as exc:
+        raise ControlError(f"cannot talk to vmr-handler at {path}: {exc}") from exc
+    finally:
+        sock.close()
+    try:
+        reply = json.loads(data.decode("utf-8"))
+    except ValueError as exc:
+        raise ControlError(f"bad reply from vmr-handler at {path}: {data[:200]!r}") from exc
+    if not isinstance(reply, dict):
+        raise ControlError(f"bad reply from vmr-handler at {path}: {reply!r}")
+    return reply

@@ -1,0 +1,677 @@
+"""The engine: plays a schedule's plan on a clock (SPEC sections 4-5, issue 3 section 4).
+
+Phases, in order, each resumable from the journal:
+
+1. ``-inf`` pauses/breaks (before anything starts).
+2. Negative stages in ascending order: prepare every entry of the stage (data drops), start
+   them all together, wait until all have ended; reboot requests are honoured after the
+   stage (exit code 10 or a ``reboot`` file).
+3. *Configured* (time 0). The experiment start time comes from an
+   :class:`StartTimeSource` (local mode: configured + start buffer).
+4. Positive time: every positive entry fires from a timer at ``start + fire_at`` on the
+   monotonic clock (``loop.call_at``; no polling); entries with the same instant fire in one
+   callback after one journal write. A RESUME recomputes the plan (pure
+   :func:`~vmr_handler.timeline.build_plan`) and re-arms the timers.
+
+Inputs: RESUME (:meth:`Engine.resume`), stop (:meth:`Engine.stop`). Outputs: events to a
+sink callable. The engine never knows which transport carries them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Set
+
+from vmr_handler import __version__
+from vmr_handler.clock import SystemClock
+from vmr_handler.errors import EntryError, JournalError
+from vmr_handler.events import Event, EventFactory, EventType, encode_output
+from vmr_handler.executor import (
+    REBOOT_EXIT_CODE,
+    REBOOT_FILE,
+    ProcessResult,
+    ProcessRunner,
+    kill_tree,
+    place_data,
+    resolve_exec,
+    shell_command,
+    working_dirs,
+)
+from vmr_handler.journal import DONE, FAILED, Journal
+from vmr_handler.schedule.model import EntryKind, Schedule, ScheduleEntry, TransferOut
+from vmr_handler.timeline import Plan, build_plan
+
+log = logging.getLogger(__name__)
+
+#: Exit codes of ``Engine.run`` (and of ``vmr-handler run``).
+EXIT_OK = 0
+EXIT_FAILED = 1
+
+DEFAULT_REBOOT_COMMAND = "systemctl reboot || reboot"
+
+
+@dataclass
+class EngineConfig:
+    """Where and how the engine works.
+
+    Attributes:
+        launch_dir: root of the per-entry working dirs (reference ``/var/launch``).
+        state_dir: journal and control socket directory.
+        resources_dir: where ``filename`` drops are read from.
+        start_buffer: seconds between *configured* and the experiment start (local mode).
+        reboot_command: shell command run when a negative stage requests a reboot.
+        env: environment for entries (None = the agent's own).
+    """
+
+    launch_dir: str = "/var/launch"
+    state_dir: str = "/var/lib/vmr-handler"
+    resources_dir: str = "."
+    start_buffer: float = 60.0
+    reboot_command: str = DEFAULT_REBOOT_COMMAND
+    env: Optional[Dict[str, str]] = None
+
+
+class _Stopped(Exception):
+    """Raised inside the engine when a stop was requested."""
+
+
+@dataclass
+class _Running:
+    entry: ScheduleEntry
+    runner: ProcessRunner
+    started_mono: float
+    task: "Optional[asyncio.Task[Any]]" = None
+
+
+@dataclass
+class _Prepared:
+    entry: ScheduleEntry
+    workdir: str
+    argv: Optional[List[str]]  # None: data-only entry, nothing to run
+
+
+@dataclass
+class _Positive:
+    """Mutable state of the positive phase."""
+
+    plan: Optional[Plan] = None
+    timers: List[asyncio.TimerHandle] = field(default_factory=list)  # re-armed on RESUME
+    end_timers: List[asyncio.TimerHandle] = field(default_factory=list)  # pause ends: never re-armed
+    pending: Set[int] = field(default_factory=set)  # entries / pauses armed but not yet fired
+    reported_pauses: Set[int] = field(default_factory=set)
+
+
+class Engine:
+    """Drives one schedule on this machine.
+
+    Args:
+        schedule: the validated schedule.
+        config: :class:`EngineConfig`.
+        sink: receives every :class:`~vmr_handler.events.Event` (must not block for long).
+        clock: reference clock (default :class:`~vmr_handler.clock.SystemClock`).
+        start_time_source: coroutine function ``(configured_at_utc) -> start_utc``; default
+            local mode: ``configured_at + config.start_buffer``.
+
+    Raises (from :meth:`run`):
+        JournalError: the state directory cannot be used.
+    """
+
+    def __init__(
+        self,
+        schedule: Schedule,
+        config: EngineConfig,
+        sink: Callable[[Event], None],
+        clock: Optional[SystemClock] = None,
+    ) -> None:
+        self.schedule = schedule
+        self.config = config
+        self.clock = clock or SystemClock()
+        self._sink = sink
+        self.events = EventFactory(self.clock.time)
+        self.journal = Journal(config.state_dir, schedule.digest)
+        self.workdirs = working_dirs(list(schedule.entries), config.launch_dir)
+        self.stages = schedule.stage_times()
+        self.phase = "starting"
+        self.current_stage: Optional[int] = None
+        self.active_pause: Optional[Dict[str, Any]] = None
+        self._running: Dict[int, _Running] = {}
+        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()  # set on RESUME / entry end / failure
+        self._failure: Optional[str] = None
+        self._pos = _Positive()
+        self._tasks: Set["asyncio.Task[Any]"] = set()
+
+    # ------------------------------------------------------------------ reporting
+    def emit(self, type_: EventType, **data: Any) -> Event:
+        """Make an event and hand it to the sink."""
+        event = self.events.make(type_, **data)
+        try:
+            self._sink(event)
+        except Exception:  # a broken sink must not stop the schedule
+            log.exception("event sink failed for %s", event.type)
+        return event
+
+    def _save(self) -> None:
+        self.journal.save()
+
+    # ------------------------------------------------------------------ inputs
+    def resume(self) -> Dict[str, Any]:
+        """Handle a RESUME now (SPEC section 4). Returns ``{"at", "ended_break", "ignored"}``.
+
+        ``at`` is experiment seconds (``-inf`` before the experiment start time is known).
+        """
+        start = self.journal.start_time
+        at = -math.inf if start is None else self.clock.time() - start
+        self.journal.add_resume(at)
+        self._save()
+        plan = build_plan(self.schedule.entries, self.journal.resumes)
+        outcome = plan.resumes[-1]
+        ended = outcome.ended_break
+        self.emit(
+            EventType.RESUME_RECEIVED,
+            at=at,
+            ended_break=ended,
+            ignored=ended is None,
+            status="success",
+            details="ended break at entry %d" % ended if ended is not None else "no active break: ignored",
+        )
+        if self._pos.plan is not None:
+            self._arm_positive(plan)
+        self._wake.set()
+        return {"at": at, "ended_break": ended, "ignored": ended is None}
+
+    def stop(self, reason: str = "stop requested") -> None:
+        """Ask the engine to stop: timers cancelled, process trees terminated, journal flushed."""
+        if not self._stop.is_set():
+            log.info("stopping: %s", reason)
+            self._stop_reason = reason
+            self._stop.set()
+            self._wake.set()
+            task = asyncio.ensure_future(self._kill_running())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _kill_running(self) -> None:
+        """Terminate every running entry's process tree (psutil, in worker threads)."""
+        running = list(self._running.values())
+        if running:
+            loop = asyncio.get_running_loop()
+            await asyncio.gather(*(loop.run_in_executor(None, r.runner.kill_tree) for r in running))
+
+    # ------------------------------------------------------------------ status
+    def status(self) -> Dict[str, Any]:
+        """Where the engine is, as a JSON-safe dict (``vmr-handler status``)."""
+        now = self.clock.time()
+        start = self.journal.start_time
+        plan = self._pos.plan or build_plan(self.schedule.entries, self.journal.resumes)
+        upcoming = []
+        if start is not None:
+            for p in plan.positive_firings():
+                if self.journal.entry_state(p.index) is None and p.fire_at is not None:
+                    upcoming.append({"index": p.index, "fire_at": p.fire_at, "in": start + p.fire_at - now})
+                if len(upcoming) == 5:
+                    break
+        mono = self.clock.monotonic()
+        return {
+            "version": __version__,
+            "phase": self.phase,
+            "stage": self.current_stage,
+            "stages": len(self.stages),
+            "stages_done": self.journal.stages_done,
+            "configured_at": self.journal.configured_at,
+            "start_time": start,
+            "experiment_time": None if start is None else now - start,
+            "active_pause": self.active_pause,
+            "blocked_by_break": plan.blocked_by,
+            "resumes": self.journal.resumes,
+            "next_entries": upcoming,
+            "running": [
+                {
+                    "index": r.entry.index,
+                    "executable": r.entry.executable,
+                    "pid": r.runner.pid,
+                    "running_for": mono - r.started_mono,
+                }
+                for r in self._running.values()
+            ],
+            "failure": self._failure,
+        }
+
+    # ------------------------------------------------------------------ main
+    async def run(self) -> int:
+        """Play the schedule. Returns :data:`EXIT_OK` or :data:`EXIT_FAILED`.
+
+        Returns EXIT_OK also after a reboot request was carried out and after a stop.
+        """
+        self._stop_reason = ""
+        self.emit(
+            EventType.AGENT_STARTED,
+            version=__version__,
+            pid=os.getpid(),
+            resumed_from_journal=self.journal.resumed,
+        )
+        self.emit(
+            EventType.SCHEDULE_LOADED,
+            digest=self.schedule.digest,
+            format=self.schedule.source_format,
+            entries=len(self.schedule.entries),
+            stages=list(self.stages),
+        )
+        for warning in self.schedule.warnings:
+            self.emit(EventType.SCHEDULE_WARNING, details=warning)
+        if self.journal.reset_from:
+            self.emit(EventType.JOURNAL_RESET, moved_to=self.journal.reset_from,
+                      details="journal belonged to another schedule; starting fresh")
+        for entry in self.schedule.entries:
+            if entry.on_host:
+                self.emit(EventType.ENTRY_SKIPPED, index=entry.index, executable=entry.executable,
+                          start_time=entry.start_time, details="on_host entry: run by the host controller")
+        self._recover()
+        self._save()
+        try:
+            await self._initial_holds()
+            outcome = await self._run_stages()
+            if outcome != "ok":
+                return EXIT_OK if outcome == "reboot" else self._fail_exit()
+            await self._configured()
+            await self._positive_phase()
+        except _Stopped:
+            pass
+        finally:
+            await self._shutdown()
+        if self._failure is not None:
+            return self._fail_exit()
+        if self._stop.is_set():
+            self.emit(EventType.AGENT_STOPPED, reason=self._stop_reason)
+            return EXIT_OK
+        self.phase = "complete"
+        self.emit(EventType.SCHEDULE_COMPLETE, status="success")
+        return EXIT_OK
+
+    def _fail_exit(self) -> int:
+        self.phase = "failed"
+        return EXIT_FAILED
+
+    def _recover(self) -> None:
+        """Deal with what a crash or reboot left: interrupted entries, reboot requesters."""
+        for index, rec in self.journal.running_entries().items():
+            pid = rec.get("pid")
+            killed = kill_tree(int(pid), rec.get("create_time"), timeout=3.0) if pid else []
+            entry = self.schedule.entries[index]
+            self.emit(EventType.ENTRY_INTERRUPTED, index=index, executable=entry.executable,
+                      killed_pids=killed, details="was running when the agent stopped; runs again")
+            self.journal.forget(index)
+        reboot = self.journal.data.get("reboot")
+        if reboot:
+            for index in reboot.get("requesters", []):
+                path = os.path.join(self.workdirs[index], REBOOT_FILE)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                self.journal.forget(index)
+            self.journal.data["reboot"] = None
+
+    def _check_stop(self) -> None:
+        if self._stop.is_set():
+            raise _Stopped()
+
+    async def _sleep_until_utc(self, utc: float) -> None:
+        """Sleep until reference UTC ``utc`` unless stopped (then raise _Stopped)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            self._check_stop()
+            remaining = self.clock.deadline(utc) - loop.time()
+            if remaining <= 0:
+                return
+            self._wake.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), remaining)
+
+    async def _wait_woken(self) -> None:
+        self._wake.clear()
+        await self._wake.wait()
+        self._check_stop()
+
+    # ------------------------------------------------------------------ phase 1: -inf holds
+    async def _initial_holds(self) -> None:
+        holds = [e for e in self.schedule.entries if e.pause and e.start_time == -math.inf]
+        for entry in holds:
+            if entry.index in self.journal.data["initial_done"]:
+                continue
+            duration = entry.pause_duration or 0.0
+            if math.isinf(duration):
+                self.phase = "break"
+                self.active_pause = {"index": entry.index, "kind": "break", "at": "-inf"}
+                self.emit(EventType.BREAK_STARTED, index=entry.index, at=-math.inf,
+                          details="break at -inf: holding everything until RESUME")
+                # earlier -inf breaks are already resumed, so only this one can block here
+                while build_plan(self.schedule.entries, self.journal.resumes).blocked_by == entry.index:
+                    await self._wait_woken()
+            else:
+                began = float(self.journal.data["pause_began"].setdefault(str(entry.index), self.clock.time()))
+                self._save()
+                self.phase = "pause"
+                self.active_pause = {"index": entry.index, "kind": "pause", "at": "-inf",
+                                     "until": began + duration}
+                self.emit(EventType.PAUSE_STARTED, index=entry.index, at=-math.inf, duration=duration,
+                          until=began + duration)
+                await self._sleep_until_utc(began + duration)
+                self.emit(EventType.PAUSE_ENDED, index=entry.index, at=-math.inf, duration=duration)
+            self.active_pause = None
+            self.journal.data["initial_done"].append(entry.index)
+            self._save()
+
+    # ------------------------------------------------------------------ phase 2: stages
+    async def _run_stages(self) -> str:
+        """Run every unfinished stage. Returns ``ok``, ``reboot`` or ``failed``."""
+        by_stage: Dict[float, List[ScheduleEntry]] = {}
+        for entry in self.schedule.entries:
+            if entry.kind is EntryKind.NEGATIVE:
+                by_stage.setdefault(entry.start_time, []).append(entry)
+        for number, start_time in enumerate(self.stages):
+            if number in self.journal.stages_done:
+                continue
+            self._check_stop()
+            self.phase = "stages"
+            self.current_stage = number
+            todo = [e for e in by_stage[start_time] if self.journal.entry_state(e.index) is None]
+            t0 = self.clock.monotonic()
+            self.emit(EventType.STAGE_STARTED, stage=number, start_time=start_time,
+                      entries=[e.index for e in todo])
+            prepared: List[_Prepared] = []
+            for entry in todo:
+                item = self._prepare(entry)
+                if item is None:
+                    if self._failure is not None:
+                        return "failed"
+                    continue
+                prepared.append(item)
+            results = await self._launch_all(prepared, scheduled=None)
+            self._check_stop()
+            if self._failure is not None:
+                return "failed"
+            requesters = [
+                index
+                for index, result in results.items()
+                if result is not None and (
+                    result.exit_code == REBOOT_EXIT_CODE
+                    or os.path.exists(os.path.join(self.workdirs[index], REBOOT_FILE))
+                )
+            ]
+            self.emit(EventType.STAGE_FINISHED, stage=number, start_time=start_time,
+                      duration=self.clock.monotonic() - t0)
+            if requesters:
+                self.journal.data["reboot"] = {"stage": number, "requesters": requesters}
+                self._save()
+                self.emit(EventType.REBOOT_REQUESTED, stage=number, requesters=requesters,
+                          command=self.config.reboot_command)
+                self._reboot()
+                return "reboot"
+            self.journal.mark_stage_done(number)
+            self._save()
+        self.current_stage = None
+        return "ok"
+
+    def _reboot(self) -> None:
+        log.warning("rebooting: %s", self.config.reboot_command)
+        try:
+            proc = subprocess.run(
+                self.config.reboot_command, shell=True, stdin=subprocess.DEVNULL,
+                capture_output=True, timeout=120, check=False,
+            )
+            if proc.returncode != 0:
+                log.error("reboot command exited %d: %s", proc.returncode, proc.stderr.decode(errors="replace"))
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.error("reboot command failed: %s", exc)
+
+    # ------------------------------------------------------------------ entries
+    def _entry_failed(self, entry: ScheduleEntry, exc: Exception) -> None:
+        """Report a placement/start failure; fail the VM unless ignore_failure."""
+        fatal = not entry.ignore_failure
+        self.emit(EventType.ENTRY_FAILED, index=entry.index, executable=entry.executable,
+                  status="error", details=str(exc), ignore_failure=entry.ignore_failure)
+        if fatal:
+            self._failure = f"{entry.label}: {exc}"
+            self.emit(EventType.VM_FAILED, index=entry.index, status="error", details=self._failure)
+            self._wake.set()
+        else:
+            self.journal.mark_done(entry.index, FAILED)
+
+    def _prepare(self, entry: ScheduleEntry) -> Optional[_Prepared]:
+        """Drop the entry's data and resolve its command; None if it failed (already reported)."""
+        workdir = self.workdirs[entry.index]
+        try:
+            placed = place_data(entry, workdir, self.config.resources_dir)
+            argv = None
+            if entry.executable:
+                argv = shell_command(workdir, resolve_exec(entry, workdir), entry.arguments)
+        except EntryError as exc:
+            self._entry_failed(entry, exc)
+            return None
+        for p in placed:
+            self.emit(EventType.DATA_PLACED, index=entry.index, location=p.location, path=p.path,
+                      size=p.size, sha256=p.sha256, mode=oct(p.mode))
+        for item in entry.data:
+            if isinstance(item, TransferOut):
+                self.emit(EventType.TRANSFER_REGISTERED, index=entry.index, location=item.location,
+                          interval=item.interval, destination=item.destination,
+                          details="local mode: recorded only, no host to transfer to")
+        return _Prepared(entry, workdir, argv)
+
+    async def _launch_all(
+        self, prepared: List[_Prepared], scheduled: Optional[float]
+    ) -> Dict[int, Optional[ProcessResult]]:
+        """Start every prepared entry together and wait for all; results by index."""
+        for item in prepared:
+            self.journal.mark_running(item.entry.index)
+        self._save()
+        runs = [self._start(item, scheduled) for item in prepared]
+        started = await asyncio.gather(*runs)
+        self._save()  # pids, for cleanup after a crash
+        results: Dict[int, Optional[ProcessResult]] = {}
+        waits = [self._finish(item, run) for item, run in zip(prepared, started)]
+        for item, result in zip(prepared, await asyncio.gather(*waits)):
+            results[item.entry.index] = result
+        return results
+
+    async def _start(self, item: _Prepared, scheduled: Optional[float]) -> Optional[_Running]:
+        entry = item.entry
+        if item.argv is None:
+            return None
+        seq = {"stdout": 0, "stderr": 0}
+
+        def on_output(stream: str, piece: bytes, continued: bool, eol: bool) -> None:
+            seq[stream] += 1
+            self.emit(EventType.OUTPUT, index=entry.index, stream=stream, seq=seq[stream],
+                      continued=continued, eol=eol, **encode_output(piece))
+
+        runner = ProcessRunner(on_output)
+        try:
+            pid = await runner.start(item.argv, item.workdir, self.config.env)
+        except EntryError as exc:
+            self._entry_failed(entry, EntryError(f"{entry.label}: {exc}"))
+            return None
+        now = self.clock.time()
+        running = _Running(entry, runner, self.clock.monotonic())
+        self._running[entry.index] = running
+        self.journal.mark_running(entry.index, pid, runner.create_time)
+        extra: Dict[str, Any] = {}
+        if scheduled is not None:
+            extra = {"scheduled": scheduled, "lateness": now - scheduled}
+        self.emit(EventType.ENTRY_STARTED, index=entry.index, executable=entry.executable, pid=pid,
+                  start_time=entry.start_time, working_dir=item.workdir, command=item.argv[-1], **extra)
+        return running
+
+    async def _finish(self, item: _Prepared, running: Optional[_Running]) -> Optional[ProcessResult]:
+        entry = item.entry
+        if running is None:
+            if item.argv is None and self.journal.entry_state(entry.index) is None:
+                self.journal.mark_done(entry.index, DONE)
+                self.emit(EventType.ENTRY_EXITED, index=entry.index, executable=None, exit_code=None,
+                          duration=0.0, status="success", details="data-only entry: data placed")
+            return None
+        result = await running.runner.wait()
+        self._running.pop(entry.index, None)
+        if self._stop.is_set() and result.signal is not None:
+            # killed by our own shutdown: leave it "running" so a restart re-runs it
+            self.emit(EventType.ENTRY_INTERRUPTED, index=entry.index, executable=entry.executable,
+                      details=f"terminated (signal {result.signal}) because the agent stopped")
+            return result
+        reboot_file = os.path.exists(os.path.join(item.workdir, REBOOT_FILE))
+        reboot = result.exit_code == REBOOT_EXIT_CODE or reboot_file
+        ok = result.exit_code == 0 or (reboot and entry.start_time < 0)
+        details = (
+            f"exit code {result.exit_code}" if result.exit_code is not None else f"killed by signal {result.signal}"
+        )
+        if reboot:
+            details += "; reboot requested" + (" (reported only in positive time)" if entry.start_time > 0 else "")
+        self.journal.mark_done(entry.index, DONE, result.exit_code)
+        with contextlib.suppress(JournalError):
+            self._save()
+        self.emit(EventType.ENTRY_EXITED, index=entry.index, executable=entry.executable,
+                  exit_code=result.exit_code, signal=result.signal, duration=result.duration,
+                  status="success" if ok else "error", details=details, reboot_requested=reboot)
+        self._wake.set()
+        return result
+
+    # ------------------------------------------------------------------ phase 3: barrier
+    async def _configured(self) -> None:
+        if self.journal.configured_at is None:
+            self.journal.configured_at = self.clock.time()
+            self._save()
+        self.phase = "configured"
+        configured_at = self.journal.configured_at
+        assert configured_at is not None
+        self.emit(EventType.CONFIGURED, at=configured_at, stages=len(self.stages))
+        if self.journal.start_time is None:
+            self.journal.start_time = configured_at + self.config.start_buffer
+            self._save()
+        start = self.journal.start_time
+        assert start is not None
+        self.emit(EventType.START_TIME_SET, start_time=start, source="local",
+                  buffer=self.config.start_buffer, details="experiment start = configured + start buffer")
+
+    # ------------------------------------------------------------------ phase 4: positive time
+    async def _positive_phase(self) -> None:
+        start = self.journal.start_time
+        assert start is not None
+        self.phase = "waiting for start"
+        self._arm_positive(build_plan(self.schedule.entries, self.journal.resumes))
+        loop = asyncio.get_running_loop()
+        started_reported = False
+        while True:
+            self._check_stop()
+            if self._failure is not None:
+                return
+            if not started_reported and self.clock.time() >= start:
+                started_reported = True
+                self.phase = "positive"
+            plan = self._pos.plan
+            assert plan is not None
+            if not self._pos.pending and not self._running and not self._tasks and plan.blocked_by is None:
+                if self.clock.time() >= start:
+                    return
+            self._wake.clear()
+            timeout = None if started_reported else max(0.0, self.clock.deadline(start) - loop.time())
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+
+    def _arm_positive(self, plan: Plan) -> None:
+        """(Re)arm the timers of every unfired positive entry and pause/break from ``plan``."""
+        for handle in self._pos.timers:
+            handle.cancel()
+        self._pos.timers = []
+        self._pos.pending = {i for i in self._pos.pending if i < 0}  # keep running pauses
+        self._pos.plan = plan
+        start = self.journal.start_time
+        assert start is not None
+        loop = asyncio.get_running_loop()
+        delta = loop.time() - self.clock.time()  # reference UTC -> loop monotonic
+        groups: Dict[float, List[ScheduleEntry]] = {}
+        for p in plan.entries:
+            if p.fire_at is None or math.isinf(p.fire_at):
+                continue
+            entry = self.schedule.entries[p.index]
+            if p.kind is EntryKind.POSITIVE and self.journal.entry_state(p.index) is None:
+                groups.setdefault(p.fire_at, []).append(entry)
+            elif p.kind in (EntryKind.PAUSE, EntryKind.BREAK) and p.index not in self._pos.reported_pauses:
+                self._pos.pending.add(p.index)
+                self._pos.timers.append(loop.call_at(start + p.fire_at + delta, self._pause_effect, p.index, p.fire_at))
+        for fire_at, entries in groups.items():
+            self._pos.pending.update(e.index for e in entries)
+            handle = loop.call_at(start + fire_at + delta, self._fire_group, fire_at, entries)
+            self._pos.timers.append(handle)
+        self._wake.set()
+
+    def _pause_effect(self, index: int, fire_at: float) -> None:
+        self._pos.pending.discard(index)
+        self._pos.reported_pauses.add(index)
+        entry = self.schedule.entries[index]
+        duration = entry.pause_duration or 0.0
+        if math.isinf(duration):
+            self.active_pause = {"index": index, "kind": "break", "at": fire_at}
+            self.emit(EventType.BREAK_STARTED, index=index, at=fire_at,
+                      details="schedule held until RESUME")
+        else:
+            self.active_pause = {"index": index, "kind": "pause", "at": fire_at, "until": fire_at + duration}
+            self.emit(EventType.PAUSE_STARTED, index=index, at=fire_at, duration=duration,
+                      until=fire_at + duration)
+            loop = asyncio.get_running_loop()
+            self._pos.pending.add(-index - 1)
+            self._pos.end_timers.append(loop.call_later(duration, self._pause_end, index, fire_at, duration))
+        self._wake.set()
+
+    def _pause_end(self, index: int, fire_at: float, duration: float) -> None:
+        self._pos.pending.discard(-index - 1)
+        if self.active_pause and self.active_pause.get("index") == index:
+            self.active_pause = None
+        self.emit(EventType.PAUSE_ENDED, index=index, at=fire_at + duration, duration=duration)
+        self._wake.set()
+
+    def _fire_group(self, fire_at: float, entries: List[ScheduleEntry]) -> None:
+        """Timer callback: fire every entry scheduled at experiment time ``fire_at``."""
+        if self._stop.is_set() or self._failure is not None:
+            return
+        if self.active_pause and self.active_pause.get("kind") == "break":
+            self.active_pause = None  # a later entry firing means the break was resumed
+        start = self.journal.start_time
+        assert start is not None
+        scheduled = start + fire_at
+        prepared: List[_Prepared] = []
+        for entry in entries:
+            self._pos.pending.discard(entry.index)
+            if self.journal.entry_state(entry.index) is not None:
+                continue
+            item = self._prepare(entry)
+            if item is not None:
+                prepared.append(item)
+        if not prepared:
+            self._wake.set()
+            return
+        task = asyncio.ensure_future(self._launch_all(prepared, scheduled))
+        self._tasks.add(task)
+
+        def done(t: "asyncio.Task[Any]") -> None:
+            self._tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("firing entries at %s failed: %r", fire_at, t.exception())
+                self._failure = f"internal error firing entries at {fire_at}: {t.exception()!r}"
+            self._wake.set()
+
+        task.add_done_callback(done)
+
+    # ------------------------------------------------------------------ shutdown
+    async def _shutdown(self) -> None:
+        for handle in [*self._pos.timers, *self._pos.end_timers]:
+            handle.cancel()
+        self._pos.timers = []
+        await self._kill_running()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        with contextlib.suppress(JournalError):
+            self._save()

@@ -1,0 +1,155 @@
+"""The one event model every report uses (SPEC section 6, seeds 001 and 004).
+
+An :class:`Event` is a frozen, past-tense fact: ``{"timestamp", "type", "id", "data"}``.
+``timestamp`` is UTC epoch seconds on the experiment's reference clock; ``id`` is unique
+(a per-boot uuid prefix + a counter, so ids also sort in emission order). Results carry
+``status: success|error`` and ``details`` inside ``data``. A batch on the wire is a
+:func:`message` ``{"now": ..., "events": [...]}`` with ascending timestamps (seed 001).
+The event types are listed in :class:`EventType` and documented in ``docs/events.md``.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import math
+import uuid
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional
+
+PROTOCOL_VERSION = 1
+
+
+class EventType(str, Enum):
+    """Every event type the agent emits (see ``docs/events.md``)."""
+
+    AGENT_STARTED = "agent_started"
+    AGENT_STOPPED = "agent_stopped"
+    SCHEDULE_LOADED = "schedule_loaded"
+    SCHEDULE_WARNING = "schedule_warning"
+    JOURNAL_RESET = "journal_reset"
+    STAGE_STARTED = "stage_started"
+    STAGE_FINISHED = "stage_finished"
+    DATA_PLACED = "data_placed"
+    TRANSFER_REGISTERED = "transfer_registered"
+    ENTRY_STARTED = "entry_started"
+    ENTRY_FAILED = "entry_failed"
+    ENTRY_EXITED = "entry_exited"
+    ENTRY_INTERRUPTED = "entry_interrupted"
+    ENTRY_SKIPPED = "entry_skipped"
+    OUTPUT = "output"
+    REBOOT_REQUESTED = "reboot_requested"
+    CONFIGURED = "configured"
+    START_TIME_SET = "start_time_set"
+    PAUSE_STARTED = "pause_started"
+    PAUSE_ENDED = "pause_ended"
+    BREAK_STARTED = "break_started"
+    RESUME_RECEIVED = "resume_received"
+    VM_FAILED = "vm_failed"
+    SCHEDULE_COMPLETE = "schedule_complete"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One reported fact.
+
+    Attributes:
+        type: an :class:`EventType` value.
+        timestamp: UTC epoch seconds (reference clock) when it happened.
+        id: unique event id.
+        data: JSON-safe payload (see :func:`json_safe`).
+    """
+
+    type: str
+    timestamp: float
+    id: str
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The wire form ``{"timestamp", "type", "id", "data"}``."""
+        return {"timestamp": self.timestamp, "type": self.type, "id": self.id, "data": dict(self.data)}
+
+
+def json_safe(value: Any) -> Any:
+    """Make ``value`` strict-JSON safe: ``inf``/``-inf``/NaN become strings, bytes become
+    ``{"b64": ...}``, tuples become lists. Strings are kept (``json`` escapes NUL etc.)."""
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        if math.isnan(value):
+            return "nan"
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        return {"b64": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, Enum):
+        return value.value
+    return value
+
+
+class EventFactory:
+    """Makes events with unique ids and a given clock.
+
+    Args:
+        clock: callable returning UTC epoch seconds on the reference clock.
+        prefix: id prefix; default a fresh random 12-hex string per agent process.
+    """
+
+    def __init__(self, clock: Callable[[], float], prefix: Optional[str] = None) -> None:
+        self._clock = clock
+        self._prefix = prefix or uuid.uuid4().hex[:12]
+        self._counter = itertools.count(1)
+        self._last = 0.0
+
+    def make(self, type_: EventType, **data: Any) -> Event:
+        """A new :class:`Event` of ``type_`` with ``data`` made JSON safe; timestamps never go backwards."""
+        now = max(self._clock(), self._last)
+        self._last = now
+        return Event(type_.value, now, f"{self._prefix}-{next(self._counter):08d}", json_safe(data))
+
+
+def message(events: Iterable[Event], now: float) -> Dict[str, Any]:
+    """A seed-001 message ``{"now": now, "events": [...]}`` (timestamps ascending, ``now`` >= all)."""
+    items = sorted((e.to_dict() for e in events), key=lambda d: d["timestamp"])
+    latest = max([now, *(d["timestamp"] for d in items)])
+    return {"now": latest, "events": items}
+
+
+def encode_output(chunk: bytes) -> Dict[str, Any]:
+    """Payload for one output line: ``{"line": str}`` when UTF-8, else ``{"line_b64": str}``.
+
+    Lossless for any bytes (NUL, invalid UTF-8); the JSON encoder escapes control characters.
+    """
+    try:
+        return {"line": chunk.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"line_b64": base64.b64encode(chunk).decode("ascii")}
+
+
+def _utc_text(ts: float) -> str:
+    import datetime as _dt
+
+    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def describe(event: Event) -> str:
+    """One readable log line for ``event`` (the human log on stderr / the host's ``.log``)."""
+    d = event.data
+    what = f"entry {d['index']}" if "index" in d else ""
+    if d.get("executable"):
+        what += f" ({d['executable']})"
+    if event.type == EventType.OUTPUT.value:
+        text = d.get("line")
+        if text is None:
+            text = f"<{len(base64.b64decode(d.get('line_b64', '')))} bytes, not UTF-8>"
+        if len(text) > 200:
+            text = text[:200] + f"... ({len(text)} chars)"
+        more = " [continued]" if d.get("continued") else ""
+        return f"{_utc_text(event.timestamp)} {what} {d.get('stream')}: {text!s}{more}"
+    skip = {"index", "executable", "line", "line_b64"}
+    extras = " ".join(f"{k}={v}" for k, v in d.items() if k not in skip and v not in (None, [], {}))
+    return f"{_utc_text(event.timestamp)} {event.type} {what} {extras}".rstrip()

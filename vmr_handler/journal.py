@@ -1,0 +1,213 @@
+"""The journal: the agent's progress on disk, written atomically (SPEC section 5).
+
+One JSON document ``<state-dir>/journal.json`` holds the schedule digest, each entry's
+state, finished stages, the experiment start time, RESUMEs received, pause progress and
+reboot requesters. Every :meth:`Journal.save` writes a temp file, fsyncs it, renames it over
+the old one and fsyncs the directory, so after a crash or reboot the file is either the old
+or the new state, never a torn one. A journal made for a different schedule digest is moved
+aside (``journal.<digest12>.<utc>.json``) and a fresh one begins.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from typing import Any, Dict, List, Optional
+
+from vmr_handler.errors import JournalError
+
+JOURNAL_VERSION = 1
+JOURNAL_NAME = "journal.json"
+
+#: Entry states recorded in the journal.
+RUNNING = "running"
+DONE = "done"
+FAILED = "failed"
+
+
+def _encode_float(value: Optional[float]) -> Any:
+    if value is None:
+        return None
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
+def _decode_float(value: Any) -> Optional[float]:
+    if value is None:
+        return None
+    return float(value)  # float("-inf") parses the string form
+
+
+def atomic_write(path: str, data: bytes, mode: int = 0o600) -> None:
+    """Write ``data`` to ``path`` atomically: temp file in the same dir, fsync, rename, fsync dir.
+
+    Raises:
+        OSError: from the file system (e.g. ENOSPC); the old file is left untouched.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
+
+
+class Journal:
+    """Persistent progress of one schedule in one state directory.
+
+    Args:
+        state_dir: directory (created 0700 if missing).
+        digest: sha256 of the schedule being run.
+
+    Attributes:
+        reset_from: path the previous journal was moved to when it belonged to another
+            schedule (or was unreadable), else None.
+        resumed: True when an existing journal for this schedule was loaded.
+
+    Raises:
+        JournalError: the directory or file cannot be created/read.
+    """
+
+    def __init__(self, state_dir: str, digest: str) -> None:
+        self.state_dir = state_dir
+        self.path = os.path.join(state_dir, JOURNAL_NAME)
+        self.reset_from: Optional[str] = None
+        self.resumed = False
+        try:
+            os.makedirs(state_dir, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise JournalError(f"cannot create state dir {state_dir}: {exc.strerror or exc}") from exc
+        self.data: Dict[str, Any] = self._fresh(digest)
+        if os.path.exists(self.path):
+            old = self._read()
+            if old is not None and old.get("schedule_digest") == digest and old.get("version") == JOURNAL_VERSION:
+                self.data = old
+                self.resumed = True
+            else:
+                old_digest = str((old or {}).get("schedule_digest", "unreadable"))[:12]
+                aside = os.path.join(state_dir, f"journal.{old_digest}.{int(time.time())}.json")
+                try:
+                    os.replace(self.path, aside)
+                except OSError as exc:
+                    raise JournalError(f"cannot move old journal aside to {aside}: {exc}") from exc
+                self.reset_from = aside
+
+    @staticmethod
+    def _fresh(digest: str) -> Dict[str, Any]:
+        return {
+            "version": JOURNAL_VERSION,
+            "schedule_digest": digest,
+            "entries": {},  # str(index) -> {"state": running|done|failed, ...}
+            "stages_done": [],
+            "initial_done": [],  # indices of -inf pauses/breaks passed
+            "pause_began": {},  # str(index) -> UTC when a -inf pause began
+            "configured_at": None,
+            "start_time": None,
+            "resumes": [],
+            "reboot": None,  # {"stage": k, "requesters": [...], "rebooted": bool}
+            "failed": None,
+        }
+
+    def _read(self) -> Optional[Dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as fh:
+                doc = json.loads(fh.read().decode("utf-8"))
+        except (OSError, ValueError):
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    def save(self) -> None:
+        """Persist the current state atomically.
+
+        Raises:
+            JournalError: the write failed (disk full, read-only...); the old journal stays.
+        """
+        try:
+            atomic_write(self.path, json.dumps(self.data, separators=(",", ":")).encode("utf-8"))
+        except OSError as exc:
+            raise JournalError(f"cannot write journal {self.path}: {exc.strerror or exc}") from exc
+
+    # --- entries -------------------------------------------------------------------------
+    def entry_state(self, index: int) -> Optional[str]:
+        """``running``, ``done``, ``failed`` or None (never started)."""
+        rec = self.data["entries"].get(str(index))
+        return None if rec is None else str(rec.get("state"))
+
+    def mark_running(self, index: int, pid: Optional[int] = None, create_time: Optional[float] = None) -> None:
+        """Record that ``index`` is being started (call :meth:`save` before spawning)."""
+        self.data["entries"][str(index)] = {"state": RUNNING, "pid": pid, "create_time": create_time}
+
+    def mark_done(self, index: int, state: str = DONE, exit_code: Optional[int] = None) -> None:
+        """Record that ``index`` has ended (``done``) or could not be run (``failed``)."""
+        self.data["entries"][str(index)] = {"state": state, "exit_code": exit_code}
+
+    def running_entries(self) -> Dict[int, Dict[str, Any]]:
+        """Entries recorded as running (left over by a crash): ``{index: record}``."""
+        return {int(k): v for k, v in self.data["entries"].items() if v.get("state") == RUNNING}
+
+    def forget(self, index: int) -> None:
+        """Drop an entry's record so that it runs again (interrupted or reboot requester)."""
+        self.data["entries"].pop(str(index), None)
+
+    # --- stages, barrier, pauses -----------------------------------------------------------
+    @property
+    def stages_done(self) -> List[int]:
+        """0-based stage numbers that have finished."""
+        return list(self.data["stages_done"])
+
+    def mark_stage_done(self, stage: int) -> None:
+        """Record that ``stage`` finished."""
+        if stage not in self.data["stages_done"]:
+            self.data["stages_done"].append(stage)
+
+    @property
+    def configured_at(self) -> Optional[float]:
+        """UTC epoch seconds when the last stage ended, or None."""
+        return _decode_float(self.data["configured_at"])
+
+    @configured_at.setter
+    def configured_at(self, value: float) -> None:
+        self.data["configured_at"] = value
+
+    @property
+    def start_time(self) -> Optional[float]:
+        """Experiment start time, UTC epoch seconds, or None (never changes once set)."""
+        return _decode_float(self.data["start_time"])
+
+    @start_time.setter
+    def start_time(self, value: float) -> None:
+        if self.data["start_time"] is not None and float(self.data["start_time"]) != value:
+            raise JournalError("experiment start time is already set and never changes")
+        self.data["start_time"] = value
+
+    @property
+    def resumes(self) -> List[float]:
+        """RESUME times received, experiment seconds (``-inf`` = before the experiment start)."""
+        return [float(r) for r in self.data["resumes"]]
+
+    def add_resume(self, at: float) -> None:
+        """Record a RESUME received at experiment time ``at``."""
+        self.data["resumes"].append(_encode_float(at))

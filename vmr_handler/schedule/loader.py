@@ -1,0 +1,108 @@
+"""Load a schedule from bytes or a file: pickle (detected by content), YAML or JSON.
+
+Issue 3 section 2; SPEC sections 3 and 7.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any, Iterable, List, Mapping, Optional, Sequence
+
+import yaml
+
+from vmr_handler.errors import ScheduleFormatError
+from vmr_handler.schedule.model import Schedule
+from vmr_handler.schedule.unpickler import looks_like_pickle, unpickle_entries
+from vmr_handler.schedule.validate import validate_records
+
+#: Largest YAML/JSON schedule accepted, bytes.
+MAX_TEXT_BYTES = 256 * 1024 * 1024
+
+
+def detect_format(data: bytes) -> str:
+    """``pickle``, ``json`` or ``yaml``, decided by content (never by file name)."""
+    if looks_like_pickle(data):
+        return "pickle"
+    head = data.lstrip()[:1]
+    if head in (b"[", b"{"):
+        return "json"
+    return "yaml"
+
+
+def _records_from_text(data: bytes, fmt: str) -> Sequence[Mapping[str, Any]]:
+    if len(data) > MAX_TEXT_BYTES:
+        raise ScheduleFormatError(f"schedule is {len(data)} bytes, more than the limit of {MAX_TEXT_BYTES}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ScheduleFormatError(f"not a pickle, and not UTF-8 text for YAML/JSON: {exc}") from exc
+    doc: Any
+    if fmt == "json":
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            # JSON is also YAML; fall back only if YAML accepts it.
+            try:
+                doc = yaml.safe_load(text)
+            except yaml.YAMLError:
+                raise ScheduleFormatError(f"invalid JSON: {exc}") from exc
+    else:
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ScheduleFormatError(f"invalid YAML: {exc}") from exc
+    if isinstance(doc, Mapping) and set(doc) == {"schedule"}:
+        doc = doc["schedule"]
+    if doc is None:
+        doc = []
+    if not isinstance(doc, list):
+        raise ScheduleFormatError(
+            f"a {fmt.upper()} schedule must be a list of entries, got {type(doc).__name__}"
+        )
+    for i, item in enumerate(doc):
+        if not isinstance(item, Mapping):
+            raise ScheduleFormatError(f"entry {i}: must be a mapping of fields, got {type(item).__name__}")
+    return doc
+
+
+def load_schedule_bytes(data: bytes, allowed_classes: Optional[Iterable[str]] = None) -> Schedule:
+    """Parse and validate schedule bytes.
+
+    Args:
+        data: pickle (protocols 0-5), YAML or JSON bytes.
+        allowed_classes: extra schedule-entry class names admitted by the restricted unpickler.
+
+    Returns:
+        The validated :class:`Schedule` (``digest`` = sha256 of ``data``).
+
+    Raises:
+        ScheduleFormatError, UnsafePickleError, ScheduleValidationError.
+    """
+    fmt = detect_format(data)
+    records: Sequence[Mapping[str, Any]]
+    if fmt == "pickle":
+        records_list: List[Mapping[str, Any]] = [getattr(e, "state", {}) for e in unpickle_entries(data, allowed_classes)]
+        records = records_list
+    else:
+        records = _records_from_text(data, fmt)
+    entries, warnings = validate_records(records, strict_fields=fmt != "pickle")
+    return Schedule(entries, hashlib.sha256(data).hexdigest(), fmt, warnings)
+
+
+def load_schedule(path: str, allowed_classes: Optional[Iterable[str]] = None) -> Schedule:
+    """Read and validate the schedule file at ``path`` (see :func:`load_schedule_bytes`).
+
+    Raises:
+        ScheduleFormatError: the file cannot be read (message names the path), or as above.
+    """
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise ScheduleFormatError(f"cannot read schedule {path}: {exc.strerror or exc}") from exc
+    try:
+        return load_schedule_bytes(data, allowed_classes)
+    except ScheduleFormatError as exc:
+        raise type(exc)(f"{os.fspath(path)}: {exc}") from exc

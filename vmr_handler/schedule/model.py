@@ -1,0 +1,136 @@
+"""The schedule model: frozen, validated schedule entries (SPEC section 3).
+
+Every loader (pickle, YAML, JSON) produces the same :class:`Schedule`; nothing downstream
+knows which format a schedule came from.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+from typing import Optional, Tuple, Union
+
+
+@dataclass(frozen=True)
+class ContentDrop:
+    """Drop literal ``content`` at ``location`` (relative = relative to the entry's working dir)."""
+
+    location: str
+    content: bytes
+    executable: bool = False
+
+
+@dataclass(frozen=True)
+class FileDrop:
+    """Drop the VM-resource file ``filename`` (from the resource store) at ``location``."""
+
+    location: str
+    filename: str
+    executable: bool = False
+
+
+@dataclass(frozen=True)
+class TransferOut:
+    """Transfer ``location`` out of the VM once (``interval`` None) or every ``interval`` seconds."""
+
+    location: str
+    interval: Optional[float]
+    destination: Optional[str]
+
+
+@dataclass(frozen=True)
+class PauseSpec:
+    """Pause for ``duration`` seconds; ``math.inf`` makes it a break (held until RESUME)."""
+
+    duration: float
+
+    @property
+    def is_break(self) -> bool:
+        """True when the duration is infinite (a break)."""
+        return math.isinf(self.duration)
+
+
+DataItem = Union[ContentDrop, FileDrop, TransferOut, PauseSpec]
+
+
+class EntryKind(str, Enum):
+    """What an entry is, derived from its fields (the ``kind`` column of ``vmr-handler plan``)."""
+
+    NEGATIVE = "negative"
+    POSITIVE = "positive"
+    PAUSE = "pause"
+    BREAK = "break"
+    HOST = "host"
+
+
+@dataclass(frozen=True)
+class ScheduleEntry:
+    """One validated schedule entry.
+
+    Attributes:
+        index: position in the loaded schedule (0-based); the entry's identity everywhere.
+        start_time: seconds; ``< 0`` configuration stage, ``> 0`` after experiment start,
+            ``-inf``/``0``/``> 0`` only for pause/break entries (reference float tricks removed).
+        executable: program to run, or None for data-only and pause entries.
+        arguments: argument string inserted into the shell command as the reference does.
+        ignore_failure: when False a failure to place data or start the entry fails the VM.
+        data: content/file drops, transfers out, and (for pause entries) one :class:`PauseSpec`.
+        pause: True for pause/break entries.
+        on_host: entry for the host controller; the agent reports it and never runs it.
+    """
+
+    index: int
+    start_time: float
+    executable: Optional[str] = None
+    arguments: str = ""
+    ignore_failure: bool = False
+    data: Tuple[DataItem, ...] = ()
+    pause: bool = False
+    on_host: bool = False
+
+    @property
+    def pause_duration(self) -> Optional[float]:
+        """Seconds of the pause (``inf`` for a break), or None when this is not a pause entry."""
+        for item in self.data:
+            if isinstance(item, PauseSpec):
+                return item.duration
+        return None
+
+    @property
+    def kind(self) -> EntryKind:
+        """The entry's :class:`EntryKind`."""
+        if self.pause:
+            duration = self.pause_duration
+            return EntryKind.BREAK if duration is not None and math.isinf(duration) else EntryKind.PAUSE
+        if self.on_host:
+            return EntryKind.HOST
+        return EntryKind.NEGATIVE if self.start_time < 0 else EntryKind.POSITIVE
+
+    @property
+    def label(self) -> str:
+        """Human name used in every message: ``entry 3 ('/usr/bin/ping')``."""
+        if self.executable:
+            return f"entry {self.index} ({self.executable!r})"
+        return f"entry {self.index}"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A loaded, validated schedule.
+
+    Attributes:
+        entries: entries in schedule order (``entries[i].index == i``).
+        digest: sha256 hex of the source bytes; the journal uses it to tell schedules apart.
+        source_format: ``pickle``, ``yaml`` or ``json``.
+        warnings: non-fatal remarks (e.g. extra attributes ignored in a pickle).
+    """
+
+    entries: Tuple[ScheduleEntry, ...]
+    digest: str
+    source_format: str
+    warnings: Tuple[str, ...] = ()
+
+    def stage_times(self) -> Tuple[float, ...]:
+        """Distinct negative start times of entries the agent runs, ascending (the local stages)."""
+        return tuple(sorted({e.start_time for e in self.entries if e.kind is EntryKind.NEGATIVE}))

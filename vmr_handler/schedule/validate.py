@@ -1,0 +1,270 @@
+"""Turn raw entry records (dicts) into validated :class:`ScheduleEntry` objects.
+
+Rules come from SPEC sections 3-4 and issue 3 section 2. Every problem names the entry
+(index and, if present, executable) and the field; all problems are collected and raised
+together as one :class:`~vmr_handler.errors.ScheduleValidationError`.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from vmr_handler.errors import ScheduleValidationError
+from vmr_handler.schedule.model import (
+    ContentDrop,
+    DataItem,
+    FileDrop,
+    PauseSpec,
+    ScheduleEntry,
+    TransferOut,
+)
+
+ENTRY_FIELDS = frozenset(
+    {"start_time", "executable", "arguments", "ignore_failure", "data", "pause", "on_host"}
+)
+#: YAML/JSON shorthand: a top-level ``pause_duration`` makes a pause entry.
+SHORTHAND_FIELDS = frozenset({"pause_duration"})
+
+# The four data shapes (SPEC section 3): discriminating key -> allowed keys.
+_SHAPES: Dict[str, Tuple[frozenset[str], frozenset[str]]] = {
+    # discriminator: (required keys, optional keys)
+    "content": (frozenset({"location", "content"}), frozenset({"executable"})),
+    "filename": (frozenset({"location", "filename"}), frozenset({"executable"})),
+    "interval": (frozenset({"location"}), frozenset({"interval", "destination"})),
+    "pause_duration": (frozenset({"pause_duration"}), frozenset()),
+}
+
+# The reference adds sys.float_info.min (once or twice) to a pause's start_time; anything
+# this small is the reference's "0".
+_FLOAT_TRICK_LIMIT = 4 * sys.float_info.min
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def parse_number(value: Any) -> Optional[float]:
+    """A number from an int/float or the strings ``inf``/``-inf``/``.inf`` (JSON), else None."""
+    if _is_number(value):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("inf", ".inf", "+inf", "+.inf", "infinity"):
+            return math.inf
+        if text in ("-inf", "-.inf", "-infinity"):
+            return -math.inf
+    return None
+
+
+class _Problems:
+    def __init__(self) -> None:
+        self.items: List[str] = []
+
+    def add(self, where: str, field: str, message: str) -> None:
+        self.items.append(f"{where}: field {field!r}: {message}")
+
+
+def _where(index: int, record: Mapping[str, Any]) -> str:
+    exe = record.get("executable")
+    return f"entry {index} ({exe!r})" if isinstance(exe, str) and exe else f"entry {index}"
+
+
+def _data_item(raw: Any, where: str, pos: int, problems: _Problems) -> Optional[DataItem]:
+    field = f"data[{pos}]"
+    if not isinstance(raw, Mapping):
+        problems.add(where, field, f"must be a mapping, got {type(raw).__name__}")
+        return None
+    keys = set(raw)
+    discriminators = [k for k in ("content", "filename", "pause_duration") if k in keys]
+    if not discriminators and keys & {"interval", "destination"}:
+        discriminators = ["interval"]
+    if len(discriminators) != 1:
+        problems.add(
+            where,
+            field,
+            f"keys {sorted(keys)} match none or several of the data shapes "
+            "{location, content, executable}, {location, filename, executable}, "
+            "{location, interval, destination}, {pause_duration}",
+        )
+        return None
+    shape = discriminators[0]
+    required, optional = _SHAPES[shape]
+    missing = required - keys
+    extra = keys - required - optional - {shape}
+    if missing or extra:
+        detail = []
+        if missing:
+            detail.append(f"missing {sorted(missing)}")
+        if extra:
+            detail.append(f"unknown {sorted(extra)}")
+        problems.add(where, field, f"{shape} item: {', '.join(detail)}")
+        return None
+    if shape == "pause_duration":
+        duration = parse_number(raw["pause_duration"])
+        if duration is None or math.isnan(duration) or duration < 0:
+            problems.add(where, f"{field}.pause_duration", f"must be a number >= 0 or inf, got {raw['pause_duration']!r}")
+            return None
+        return PauseSpec(duration)
+    location = raw["location"]
+    if not isinstance(location, str) or not location or "\x00" in location:
+        problems.add(where, f"{field}.location", f"must be a non-empty path string, got {location!r}")
+        return None
+    executable = raw.get("executable", False)
+    if executable is None:
+        executable = False
+    if shape in ("content", "filename") and not isinstance(executable, bool):
+        problems.add(where, f"{field}.executable", f"must be true/false, got {executable!r}")
+        return None
+    if shape == "content":
+        content = raw["content"]
+        if isinstance(content, str):
+            return ContentDrop(location, content.encode("utf-8"), executable)
+        if isinstance(content, (bytes, bytearray)):
+            return ContentDrop(location, bytes(content), executable)
+        problems.add(where, f"{field}.content", f"must be text or bytes, got {type(content).__name__}")
+        return None
+    if shape == "filename":
+        filename = raw["filename"]
+        if not isinstance(filename, str) or not filename or "\x00" in filename:
+            problems.add(where, f"{field}.filename", f"must be a non-empty string, got {filename!r}")
+            return None
+        return FileDrop(location, filename, executable)
+    interval_raw = raw.get("interval")
+    interval = None if interval_raw is None else parse_number(interval_raw)
+    if interval_raw is not None and (interval is None or not math.isfinite(interval) or interval <= 0):
+        problems.add(where, f"{field}.interval", f"must be a number > 0 or null (once), got {interval_raw!r}")
+        return None
+    destination = raw.get("destination")
+    if destination is not None and not isinstance(destination, str):
+        problems.add(where, f"{field}.destination", f"must be a string or null, got {destination!r}")
+        return None
+    return TransferOut(location, interval, destination)
+
+
+def validate_record(
+    index: int, record: Mapping[str, Any], *, strict_fields: bool, problems: _Problems, warnings: List[str]
+) -> Optional[ScheduleEntry]:
+    """Validate one raw entry; append problems/warnings; return the entry or None if invalid."""
+    where = _where(index, record)
+    unknown = set(record) - ENTRY_FIELDS - (SHORTHAND_FIELDS if strict_fields else frozenset())
+    if unknown:
+        if strict_fields:
+            problems.add(where, sorted(unknown)[0], f"unknown field(s) {sorted(unknown)}; known: {sorted(ENTRY_FIELDS)}")
+        else:
+            warnings.append(f"{where}: ignored extra attribute(s) {sorted(unknown)}")
+    count_before = len(problems.items)
+
+    # pause / data
+    pause_raw = record.get("pause", False)
+    if pause_raw is None:
+        pause_raw = False
+    if not isinstance(pause_raw, bool):
+        problems.add(where, "pause", f"must be true/false, got {pause_raw!r}")
+        pause_raw = False
+    data_raw = record.get("data", [])
+    if data_raw is None:
+        data_raw = []
+    data: List[DataItem] = []
+    if not isinstance(data_raw, (list, tuple)):
+        problems.add(where, "data", f"must be a list of mappings, got {type(data_raw).__name__}")
+    else:
+        for pos, raw in enumerate(data_raw):
+            item = _data_item(raw, where, pos, problems)
+            if item is not None:
+                data.append(item)
+    if strict_fields and "pause_duration" in record:
+        duration = parse_number(record["pause_duration"])
+        if duration is None or math.isnan(duration) or duration < 0:
+            problems.add(where, "pause_duration", f"must be a number >= 0 or inf, got {record['pause_duration']!r}")
+        else:
+            data.append(PauseSpec(duration))
+    pauses = [d for d in data if isinstance(d, PauseSpec)]
+    is_pause = pause_raw or bool(pauses)
+    if is_pause and len(pauses) != 1:
+        problems.add(where, "data", f"a pause entry needs exactly one pause_duration, found {len(pauses)}")
+
+    # executable / arguments
+    executable = record.get("executable")
+    if executable is not None and (not isinstance(executable, str) or not executable or "\x00" in executable):
+        problems.add(where, "executable", f"must be a non-empty string or null, got {executable!r}")
+        executable = None
+    if is_pause and executable:
+        problems.add(where, "executable", "a pause/break entry cannot run a program")
+    arguments_raw = record.get("arguments", "")
+    arguments = ""
+    if arguments_raw is None:
+        arguments = ""
+    elif isinstance(arguments_raw, str):
+        arguments = arguments_raw
+    elif isinstance(arguments_raw, (list, tuple)) and all(isinstance(a, str) for a in arguments_raw):
+        arguments = " ".join(arguments_raw)  # the reference joins lists with spaces
+    else:
+        problems.add(where, "arguments", f"must be a string or a list of strings, got {arguments_raw!r}")
+    if "\x00" in arguments:
+        problems.add(where, "arguments", "must not contain NUL bytes")
+
+    for flag in ("ignore_failure", "on_host"):
+        value = record.get(flag, False)
+        if value is not None and not isinstance(value, bool):
+            problems.add(where, flag, f"must be true/false, got {value!r}")
+
+    # start_time
+    start_raw = record.get("start_time")
+    start = parse_number(start_raw) if "start_time" in record else None
+    if start is None:
+        problems.add(where, "start_time", f"must be a number, got {start_raw!r}" if "start_time" in record else "is missing")
+    elif math.isnan(start):
+        problems.add(where, "start_time", "must not be NaN")
+    elif is_pause:
+        if 0 < start <= _FLOAT_TRICK_LIMIT:
+            start = 0.0  # the reference's pause "at 0" (0 + sys.float_info.min)
+        if start == math.inf or (start < 0 and start != -math.inf):
+            problems.add(where, "start_time", f"a pause/break may only be at -inf, 0 or > 0, got {start!r}")
+    else:
+        if not math.isfinite(start):
+            problems.add(where, "start_time", f"must be a finite number, got {start!r}")
+        elif start == 0:
+            problems.add(where, "start_time", "0 is the experiment barrier; normal entries need < 0 or > 0")
+
+    if len(problems.items) != count_before or start is None:
+        return None
+    return ScheduleEntry(
+        index=index,
+        start_time=start,
+        executable=executable,
+        arguments=arguments,
+        ignore_failure=bool(record.get("ignore_failure") or False),
+        data=tuple(data),
+        pause=is_pause,
+        on_host=bool(record.get("on_host") or False),
+    )
+
+
+def validate_records(
+    records: Sequence[Mapping[str, Any]], *, strict_fields: bool
+) -> Tuple[Tuple[ScheduleEntry, ...], Tuple[str, ...]]:
+    """Validate all raw entries of a schedule.
+
+    Args:
+        records: one mapping per entry, in schedule order.
+        strict_fields: True for YAML/JSON (unknown fields are errors), False for pickles
+            (extra attributes are ignored with a warning).
+
+    Returns:
+        ``(entries, warnings)``.
+
+    Raises:
+        ScheduleValidationError: listing every problem found.
+    """
+    problems = _Problems()
+    warnings: List[str] = []
+    entries: List[ScheduleEntry] = []
+    for index, record in enumerate(records):
+        entry = validate_record(index, record, strict_fields=strict_fields, problems=problems, warnings=warnings)
+        if entry is not None:
+            entries.append(entry)
+    if problems.items:
+        raise ScheduleValidationError(problems.items)
+    return tuple(entries), tuple(warnings)

@@ -1,0 +1,51 @@
+"""Local transport: events as JSON lines to a report file, a readable log on stderr.
+
+Used by ``vmr-handler run --local``. Each line of the report file is one event
+``{"timestamp", "type", "id", "data"}`` (the seed-001 event shape; see ``docs/events.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import IO, Optional
+
+from vmr_handler.events import Event, describe
+
+
+class LocalReporter:
+    """Event sink for local mode.
+
+    Args:
+        report_path: JSON-lines file to append events to, or None for no file.
+        log_stream: where readable lines go (default stderr); None for silence.
+
+    Raises:
+        OSError: the report file cannot be opened.
+    """
+
+    def __init__(self, report_path: Optional[str], log_stream: Optional[IO[str]] = sys.stderr) -> None:
+        self._file: Optional[IO[str]] = None
+        if report_path:
+            os.makedirs(os.path.dirname(os.path.abspath(report_path)), exist_ok=True)
+            self._file = open(report_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._log = log_stream
+
+    def __call__(self, event: Event) -> None:
+        """Write one event (flushed at once so a crash loses nothing already reported)."""
+        if self._file is not None:
+            self._file.write(json.dumps(event.to_dict(), ensure_ascii=False, allow_nan=False) + "\n")
+            self._file.flush()
+        if self._log is not None:
+            try:
+                self._log.write(describe(event) + "\n")
+                self._log.flush()
+            except (OSError, ValueError):
+                self._log = None  # stderr gone: keep the report file going
+
+    def close(self) -> None:
+        """Close the report file."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
