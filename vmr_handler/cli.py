@@ -37,34 +37,69 @@ def _seconds(text: str) -> float:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vmr-handler",
-        description="Plays this VM's part of an experiment: stages, start barrier, timed entries, pause/break/RESUME.",
+        description="Plays this VM's part of an experiment: stages, start barrier, timed entries, "
+        "pause/break/RESUME.",
     )
     parser.add_argument("--version", action="version", version=f"vmr-handler {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def allow(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--allow-class", action="append", default=[], metavar="MODULE.NAME",
-                       help="also admit this schedule-entry class name in pickles (repeatable)")
+        p.add_argument(
+            "--allow-class",
+            action="append",
+            default=[],
+            metavar="MODULE.NAME",
+            help="also admit this schedule-entry class name in pickles (repeatable)",
+        )
 
     run = sub.add_parser("run", help="play a schedule on this machine")
-    run.add_argument("--local", metavar="SCHEDULE", required=True,
-                     help="run SCHEDULE with no host (pickle, YAML or JSON); required until a transport is given")
-    run.add_argument("--start-buffer", type=_seconds, default=60.0, metavar="SECONDS",
-                     help="experiment start = configured + SECONDS (default 60)")
-    run.add_argument("--launch-dir", default=DEFAULT_LAUNCH_DIR, help=f"working dirs root (default {DEFAULT_LAUNCH_DIR})")
-    run.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help=f"journal + control socket (default {DEFAULT_STATE_DIR})")
-    run.add_argument("--resources", metavar="DIR", help="VM-resource files for `filename` drops (default: the schedule's dir)")
+    run.add_argument(
+        "--local",
+        metavar="SCHEDULE",
+        required=True,
+        help="run SCHEDULE with no host (pickle, YAML or JSON); required until a transport is given",
+    )
+    run.add_argument(
+        "--start-buffer",
+        type=_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="experiment start = configured + SECONDS (default 60)",
+    )
+    run.add_argument(
+        "--launch-dir", default=DEFAULT_LAUNCH_DIR, help=f"working dirs root (default {DEFAULT_LAUNCH_DIR})"
+    )
+    run.add_argument(
+        "--state-dir",
+        default=DEFAULT_STATE_DIR,
+        help=f"journal + control socket (default {DEFAULT_STATE_DIR})",
+    )
+    run.add_argument(
+        "--resources",
+        metavar="DIR",
+        help="VM-resource files for `filename` drops (default: the schedule's dir)",
+    )
     run.add_argument("--report", metavar="FILE", help="append every event as a JSON line to FILE")
-    run.add_argument("--reboot-command", metavar="CMD", default=None,
-                     help="shell command run on a reboot request (default: systemctl reboot || reboot)")
+    run.add_argument(
+        "--reboot-command",
+        metavar="CMD",
+        default=None,
+        help="shell command run on a reboot request (default: systemctl reboot || reboot)",
+    )
     run.add_argument("--quiet", action="store_true", help="no readable log on stderr")
     allow(run)
 
     plan = sub.add_parser("plan", help="print when every entry fires (pure timeline, nothing runs)")
     plan.add_argument("schedule")
-    plan.add_argument("--resume", type=_seconds, action="append", default=[], metavar="SECONDS",
-                      help="a RESUME at this experiment time (repeatable; -inf = before the start)")
+    plan.add_argument(
+        "--resume",
+        type=_seconds,
+        action="append",
+        default=[],
+        metavar="SECONDS",
+        help="a RESUME at this experiment time (repeatable; -inf = before the start)",
+    )
     plan.add_argument("--json", action="store_true", help="one JSON object on stdout")
     allow(plan)
 
@@ -72,7 +107,10 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("schedule")
     allow(check)
 
-    for name, text in (("status", "show where the running agent is"), ("resume", "send RESUME to the running agent")):
+    for name, text in (
+        ("status", "show where the running agent is"),
+        ("resume", "send RESUME to the running agent"),
+    ):
         p = sub.add_parser(name, help=text)
         p.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
         p.add_argument("--json", action="store_true", help="print the raw JSON reply")
@@ -80,9 +118,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # ---------------------------------------------------------------------------- plan
-def _num(value: Optional[float]) -> Any:
-    if value is None:
-        return None
+def _num(value: Any) -> Any:
+    if value is None or isinstance(value, str):  # JSON replies carry "-inf" as a string
+        return value
     if math.isinf(value):
         return "-inf" if value < 0 else "inf"
     return int(value) if float(value).is_integer() and abs(value) < 2**53 else value
@@ -92,8 +130,13 @@ def plan_json(plan: Plan) -> Dict[str, Any]:
     """The ``plan --json`` object (issue 3 section 3)."""
     return {
         "entries": [
-            {"index": p.index, "start_time": _num(p.start_time), "kind": p.kind.value, "stage": p.stage,
-             "fire_at": _num(p.fire_at)}
+            {
+                "index": p.index,
+                "start_time": _num(p.start_time),
+                "kind": p.kind.value,
+                "stage": p.stage,
+                "fire_at": _num(p.fire_at),
+            }
             for p in plan.entries
         ],
         "resumes": [{"at": _num(r.at), "ended_break": r.ended_break} for r in plan.resumes],
@@ -106,6 +149,7 @@ def _fmt(value: Any) -> str:
 
 def plan_table(schedule: Schedule, plan: Plan) -> str:
     """A readable table of the plan, in firing order (negative stages first)."""
+
     def order(p: Any) -> Any:
         if p.stage is not None:
             return (0, p.stage, p.index)
@@ -129,7 +173,10 @@ def plan_table(schedule: Schedule, plan: Plan) -> str:
     if plan.initial_delay:
         lines.append(f"-inf pauses delay stage 0 and every positive entry by {_num(plan.initial_delay)} s")
     for r in plan.resumes:
-        lines.append(f"RESUME at {_num(r.at)}: " + (f"ends break {r.ended_break}" if r.ended_break is not None else "ignored (no active break)"))
+        lines.append(
+            f"RESUME at {_num(r.at)}: "
+            + (f"ends break {r.ended_break}" if r.ended_break is not None else "ignored (no active break)")
+        )
     if plan.blocked_by is not None:
         lines.append(f"break {plan.blocked_by} holds everything after it until a RESUME")
     return "\n".join(lines)
@@ -154,8 +201,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     schedule = _load(args.schedule, args.allow_class)
     for warning in schedule.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    print(f"{args.schedule}: OK ({schedule.source_format}, {len(schedule.entries)} entries, "
-          f"{len(schedule.stage_times())} stages)")
+    print(
+        f"{args.schedule}: OK ({schedule.source_format}, {len(schedule.entries)} entries, "
+        f"{len(schedule.stage_times())} stages)"
+    )
     return 0
 
 
@@ -186,10 +235,13 @@ async def _run_local(schedule: Schedule, config: Any, report: Optional[str], qui
         raise VmrError(f"cannot open report file {report}: {exc.strerror or exc}") from exc
     try:
         engine = Engine(schedule, config, reporter)
-        control = ControlServer(config.state_dir, {
-            "status": lambda _req: engine.status(),
-            "resume": lambda _req: engine.resume(),
-        })
+        control = ControlServer(
+            config.state_dir,
+            {
+                "status": lambda _req: engine.status(),
+                "resume": lambda _req: engine.resume(),
+            },
+        )
         await control.start()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -205,8 +257,10 @@ async def _run_local(schedule: Schedule, config: Any, report: Optional[str], qui
 def _print_status(result: Dict[str, Any]) -> None:
     lines = [f"phase: {result.get('phase')}"]
     if result.get("stages"):
-        lines.append(f"stages: {len(result.get('stages_done') or [])}/{result['stages']} done"
-                     + (f", running stage {result['stage']}" if result.get("stage") is not None else ""))
+        lines.append(
+            f"stages: {len(result.get('stages_done') or [])}/{result['stages']} done"
+            + (f", running stage {result['stage']}" if result.get("stage") is not None else "")
+        )
     for key in ("configured_at", "start_time", "experiment_time"):
         if result.get(key) is not None:
             lines.append(f"{key}: {result[key]}")
@@ -215,9 +269,14 @@ def _print_status(result: Dict[str, Any]) -> None:
     if result.get("blocked_by_break") is not None:
         lines.append(f"held by break at entry {result['blocked_by_break']} until RESUME")
     for item in result.get("next_entries") or []:
-        lines.append(f"next: entry {item['index']} at experiment time {item['fire_at']} (in {item['in']:.1f} s)")
+        lines.append(
+            f"next: entry {item['index']} at experiment time {item['fire_at']} (in {item['in']:.1f} s)"
+        )
     for item in result.get("running") or []:
-        lines.append(f"running: entry {item['index']} ({item['executable']}) pid {item['pid']} for {item['running_for']:.1f} s")
+        lines.append(
+            f"running: entry {item['index']} ({item['executable']}) pid {item['pid']} "
+            f"for {item['running_for']:.1f} s"
+        )
     if result.get("failure"):
         lines.append(f"FAILED: {result['failure']}")
     print("\n".join(lines))
@@ -236,19 +295,40 @@ def cmd_control(args: argparse.Namespace) -> int:
     else:
         result = reply["result"]
         if result.get("ended_break") is not None:
-            print(f"RESUME at experiment time {_num(result['at'])} ended the break at entry {result['ended_break']}")
+            print(
+                f"RESUME at experiment time {_num(result['at'])} ended the break at entry "
+                f"{result['ended_break']}"
+            )
         else:
             print(f"RESUME at experiment time {_num(result['at'])} ignored: no active break")
     return 0 if reply.get("status") == "success" else 1
 
 
+def _join_negative_infinity(argv: Sequence[str]) -> List[str]:
+    """``--resume -inf`` -> ``--resume=-inf`` (argparse would take ``-inf`` for an option)."""
+    out = list(argv)
+    i = 0
+    while i < len(out) - 1:
+        if out[i] in ("--resume", "--start-buffer") and out[i + 1].lower() in ("-inf", "-infinity"):
+            out[i : i + 2] = [f"{out[i]}={out[i + 1]}"]
+        i += 1
+    return out
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the ``vmr-handler`` console script. Returns the exit code."""
     parser = _parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
-    commands = {"run": cmd_run, "plan": cmd_plan, "check": cmd_check, "status": cmd_control, "resume": cmd_control}
+    args = parser.parse_args(_join_negative_infinity(sys.argv[1:] if argv is None else argv))
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    commands = {
+        "run": cmd_run,
+        "plan": cmd_plan,
+        "check": cmd_check,
+        "status": cmd_control,
+        "resume": cmd_control,
+    }
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE

@@ -32,7 +32,9 @@ def socket_path(state_dir: str) -> str:
     """
     path = os.path.join(os.path.abspath(state_dir), SOCKET_NAME)
     if len(path.encode()) > MAX_SOCKET_PATH:
-        raise ControlError(f"control socket path {path} is longer than {MAX_SOCKET_PATH} bytes; use a shorter --state-dir")
+        raise ControlError(
+            f"control socket path {path} is longer than {MAX_SOCKET_PATH} bytes; use a shorter --state-dir"
+        )
     return path
 
 
@@ -62,7 +64,9 @@ class ControlServer:
             except OSError:
                 os.unlink(self.path)
             else:
-                raise ControlError(f"another vmr-handler is running with this state dir ({self.path} answers)")
+                raise ControlError(
+                    f"another vmr-handler is running with this state dir ({self.path} answers)"
+                )
             finally:
                 probe.close()
         old_umask = os.umask(0o177)
@@ -81,7 +85,9 @@ class ControlServer:
                     raise ValueError("request must be a JSON object")
                 handler = self._handlers.get(str(request.get("cmd")))
                 if handler is None:
-                    raise ValueError(f"unknown command {request.get('cmd')!r}; known: {sorted(self._handlers)}")
+                    raise ValueError(
+                        f"unknown command {request.get('cmd')!r}; known: {sorted(self._handlers)}"
+                    )
                 reply: Dict[str, Any] = {"status": "success", "result": handler(request)}
             except (ValueError, UnicodeDecodeError) as exc:
                 reply = {"status": "error", "details": str(exc)}

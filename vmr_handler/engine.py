@@ -86,7 +86,7 @@ class _Running:
     entry: ScheduleEntry
     runner: ProcessRunner
     started_mono: float
-    task: "Optional[asyncio.Task[Any]]" = None
+    killed: bool = False  # terminated by the agent's own stop/failure
 
 
 @dataclass
@@ -145,7 +145,7 @@ class Engine:
         self._wake = asyncio.Event()  # set on RESUME / entry end / failure
         self._failure: Optional[str] = None
         self._pos = _Positive()
-        self._tasks: Set["asyncio.Task[Any]"] = set()
+        self._tasks: Set[asyncio.Task[Any]] = set()
 
     # ------------------------------------------------------------------ reporting
     def emit(self, type_: EventType, **data: Any) -> Event:
@@ -179,7 +179,7 @@ class Engine:
             ended_break=ended,
             ignored=ended is None,
             status="success",
-            details="ended break at entry %d" % ended if ended is not None else "no active break: ignored",
+            details=f"ended break at entry {ended}" if ended is not None else "no active break: ignored",
         )
         if self._pos.plan is not None:
             self._arm_positive(plan)
@@ -200,6 +200,8 @@ class Engine:
     async def _kill_running(self) -> None:
         """Terminate every running entry's process tree (psutil, in worker threads)."""
         running = list(self._running.values())
+        for r in running:
+            r.killed = True
         if running:
             loop = asyncio.get_running_loop()
             await asyncio.gather(*(loop.run_in_executor(None, r.runner.kill_tree) for r in running))
@@ -266,12 +268,20 @@ class Engine:
         for warning in self.schedule.warnings:
             self.emit(EventType.SCHEDULE_WARNING, details=warning)
         if self.journal.reset_from:
-            self.emit(EventType.JOURNAL_RESET, moved_to=self.journal.reset_from,
-                      details="journal belonged to another schedule; starting fresh")
+            self.emit(
+                EventType.JOURNAL_RESET,
+                moved_to=self.journal.reset_from,
+                details="journal belonged to another schedule; starting fresh",
+            )
         for entry in self.schedule.entries:
             if entry.on_host:
-                self.emit(EventType.ENTRY_SKIPPED, index=entry.index, executable=entry.executable,
-                          start_time=entry.start_time, details="on_host entry: run by the host controller")
+                self.emit(
+                    EventType.ENTRY_SKIPPED,
+                    index=entry.index,
+                    executable=entry.executable,
+                    start_time=entry.start_time,
+                    details="on_host entry: run by the host controller",
+                )
         self._recover()
         self._save()
         try:
@@ -304,8 +314,13 @@ class Engine:
             pid = rec.get("pid")
             killed = kill_tree(int(pid), rec.get("create_time"), timeout=3.0) if pid else []
             entry = self.schedule.entries[index]
-            self.emit(EventType.ENTRY_INTERRUPTED, index=index, executable=entry.executable,
-                      killed_pids=killed, details="was running when the agent stopped; runs again")
+            self.emit(
+                EventType.ENTRY_INTERRUPTED,
+                index=index,
+                executable=entry.executable,
+                killed_pids=killed,
+                details="was running when the agent stopped; runs again",
+            )
             self.journal.forget(index)
         reboot = self.journal.data.get("reboot")
         if reboot:
@@ -347,19 +362,34 @@ class Engine:
             if math.isinf(duration):
                 self.phase = "break"
                 self.active_pause = {"index": entry.index, "kind": "break", "at": "-inf"}
-                self.emit(EventType.BREAK_STARTED, index=entry.index, at=-math.inf,
-                          details="break at -inf: holding everything until RESUME")
+                self.emit(
+                    EventType.BREAK_STARTED,
+                    index=entry.index,
+                    at=-math.inf,
+                    details="break at -inf: holding everything until RESUME",
+                )
                 # earlier -inf breaks are already resumed, so only this one can block here
                 while build_plan(self.schedule.entries, self.journal.resumes).blocked_by == entry.index:
                     await self._wait_woken()
             else:
-                began = float(self.journal.data["pause_began"].setdefault(str(entry.index), self.clock.time()))
+                began = float(
+                    self.journal.data["pause_began"].setdefault(str(entry.index), self.clock.time())
+                )
                 self._save()
                 self.phase = "pause"
-                self.active_pause = {"index": entry.index, "kind": "pause", "at": "-inf",
-                                     "until": began + duration}
-                self.emit(EventType.PAUSE_STARTED, index=entry.index, at=-math.inf, duration=duration,
-                          until=began + duration)
+                self.active_pause = {
+                    "index": entry.index,
+                    "kind": "pause",
+                    "at": "-inf",
+                    "until": began + duration,
+                }
+                self.emit(
+                    EventType.PAUSE_STARTED,
+                    index=entry.index,
+                    at=-math.inf,
+                    duration=duration,
+                    until=began + duration,
+                )
                 await self._sleep_until_utc(began + duration)
                 self.emit(EventType.PAUSE_ENDED, index=entry.index, at=-math.inf, duration=duration)
             self.active_pause = None
@@ -381,8 +411,9 @@ class Engine:
             self.current_stage = number
             todo = [e for e in by_stage[start_time] if self.journal.entry_state(e.index) is None]
             t0 = self.clock.monotonic()
-            self.emit(EventType.STAGE_STARTED, stage=number, start_time=start_time,
-                      entries=[e.index for e in todo])
+            self.emit(
+                EventType.STAGE_STARTED, stage=number, start_time=start_time, entries=[e.index for e in todo]
+            )
             prepared: List[_Prepared] = []
             for entry in todo:
                 item = self._prepare(entry)
@@ -398,18 +429,27 @@ class Engine:
             requesters = [
                 index
                 for index, result in results.items()
-                if result is not None and (
+                if result is not None
+                and (
                     result.exit_code == REBOOT_EXIT_CODE
                     or os.path.exists(os.path.join(self.workdirs[index], REBOOT_FILE))
                 )
             ]
-            self.emit(EventType.STAGE_FINISHED, stage=number, start_time=start_time,
-                      duration=self.clock.monotonic() - t0)
+            self.emit(
+                EventType.STAGE_FINISHED,
+                stage=number,
+                start_time=start_time,
+                duration=self.clock.monotonic() - t0,
+            )
             if requesters:
                 self.journal.data["reboot"] = {"stage": number, "requesters": requesters}
                 self._save()
-                self.emit(EventType.REBOOT_REQUESTED, stage=number, requesters=requesters,
-                          command=self.config.reboot_command)
+                self.emit(
+                    EventType.REBOOT_REQUESTED,
+                    stage=number,
+                    requesters=requesters,
+                    command=self.config.reboot_command,
+                )
                 self._reboot()
                 return "reboot"
             self.journal.mark_stage_done(number)
@@ -421,11 +461,17 @@ class Engine:
         log.warning("rebooting: %s", self.config.reboot_command)
         try:
             proc = subprocess.run(
-                self.config.reboot_command, shell=True, stdin=subprocess.DEVNULL,
-                capture_output=True, timeout=120, check=False,
+                self.config.reboot_command,
+                shell=True,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=120,
+                check=False,
             )
             if proc.returncode != 0:
-                log.error("reboot command exited %d: %s", proc.returncode, proc.stderr.decode(errors="replace"))
+                log.error(
+                    "reboot command exited %d: %s", proc.returncode, proc.stderr.decode(errors="replace")
+                )
         except (OSError, subprocess.TimeoutExpired) as exc:
             log.error("reboot command failed: %s", exc)
 
@@ -433,8 +479,14 @@ class Engine:
     def _entry_failed(self, entry: ScheduleEntry, exc: Exception) -> None:
         """Report a placement/start failure; fail the VM unless ignore_failure."""
         fatal = not entry.ignore_failure
-        self.emit(EventType.ENTRY_FAILED, index=entry.index, executable=entry.executable,
-                  status="error", details=str(exc), ignore_failure=entry.ignore_failure)
+        self.emit(
+            EventType.ENTRY_FAILED,
+            index=entry.index,
+            executable=entry.executable,
+            status="error",
+            details=str(exc),
+            ignore_failure=entry.ignore_failure,
+        )
         if fatal:
             self._failure = f"{entry.label}: {exc}"
             self.emit(EventType.VM_FAILED, index=entry.index, status="error", details=self._failure)
@@ -454,13 +506,25 @@ class Engine:
             self._entry_failed(entry, exc)
             return None
         for p in placed:
-            self.emit(EventType.DATA_PLACED, index=entry.index, location=p.location, path=p.path,
-                      size=p.size, sha256=p.sha256, mode=oct(p.mode))
+            self.emit(
+                EventType.DATA_PLACED,
+                index=entry.index,
+                location=p.location,
+                path=p.path,
+                size=p.size,
+                sha256=p.sha256,
+                mode=oct(p.mode),
+            )
         for item in entry.data:
             if isinstance(item, TransferOut):
-                self.emit(EventType.TRANSFER_REGISTERED, index=entry.index, location=item.location,
-                          interval=item.interval, destination=item.destination,
-                          details="local mode: recorded only, no host to transfer to")
+                self.emit(
+                    EventType.TRANSFER_REGISTERED,
+                    index=entry.index,
+                    location=item.location,
+                    interval=item.interval,
+                    destination=item.destination,
+                    details="local mode: recorded only, no host to transfer to",
+                )
         return _Prepared(entry, workdir, argv)
 
     async def _launch_all(
@@ -487,8 +551,15 @@ class Engine:
 
         def on_output(stream: str, piece: bytes, continued: bool, eol: bool) -> None:
             seq[stream] += 1
-            self.emit(EventType.OUTPUT, index=entry.index, stream=stream, seq=seq[stream],
-                      continued=continued, eol=eol, **encode_output(piece))
+            self.emit(
+                EventType.OUTPUT,
+                index=entry.index,
+                stream=stream,
+                seq=seq[stream],
+                continued=continued,
+                eol=eol,
+                **encode_output(piece),
+            )
 
         runner = ProcessRunner(on_output)
         try:
@@ -503,8 +574,16 @@ class Engine:
         extra: Dict[str, Any] = {}
         if scheduled is not None:
             extra = {"scheduled": scheduled, "lateness": now - scheduled}
-        self.emit(EventType.ENTRY_STARTED, index=entry.index, executable=entry.executable, pid=pid,
-                  start_time=entry.start_time, working_dir=item.workdir, command=item.argv[-1], **extra)
+        self.emit(
+            EventType.ENTRY_STARTED,
+            index=entry.index,
+            executable=entry.executable,
+            pid=pid,
+            start_time=entry.start_time,
+            working_dir=item.workdir,
+            command=item.argv[-1],
+            **extra,
+        )
         return running
 
     async def _finish(self, item: _Prepared, running: Optional[_Running]) -> Optional[ProcessResult]:
@@ -512,30 +591,55 @@ class Engine:
         if running is None:
             if item.argv is None and self.journal.entry_state(entry.index) is None:
                 self.journal.mark_done(entry.index, DONE)
-                self.emit(EventType.ENTRY_EXITED, index=entry.index, executable=None, exit_code=None,
-                          duration=0.0, status="success", details="data-only entry: data placed")
+                self.emit(
+                    EventType.ENTRY_EXITED,
+                    index=entry.index,
+                    executable=None,
+                    exit_code=None,
+                    duration=0.0,
+                    status="success",
+                    details="data-only entry: data placed",
+                )
             return None
         result = await running.runner.wait()
         self._running.pop(entry.index, None)
-        if self._stop.is_set() and result.signal is not None:
-            # killed by our own shutdown: leave it "running" so a restart re-runs it
-            self.emit(EventType.ENTRY_INTERRUPTED, index=entry.index, executable=entry.executable,
-                      details=f"terminated (signal {result.signal}) because the agent stopped")
+        if running.killed:
+            # terminated by our own stop: left "running" in the journal so a restart runs it again
+            self.emit(
+                EventType.ENTRY_INTERRUPTED,
+                index=entry.index,
+                executable=entry.executable,
+                exit_code=result.exit_code,
+                signal=result.signal,
+                details="terminated because the agent stopped; runs again when the agent restarts",
+            )
             return result
         reboot_file = os.path.exists(os.path.join(item.workdir, REBOOT_FILE))
         reboot = result.exit_code == REBOOT_EXIT_CODE or reboot_file
         ok = result.exit_code == 0 or (reboot and entry.start_time < 0)
         details = (
-            f"exit code {result.exit_code}" if result.exit_code is not None else f"killed by signal {result.signal}"
+            f"exit code {result.exit_code}"
+            if result.exit_code is not None
+            else f"killed by signal {result.signal}"
         )
         if reboot:
-            details += "; reboot requested" + (" (reported only in positive time)" if entry.start_time > 0 else "")
+            details += "; reboot requested" + (
+                " (reported only in positive time)" if entry.start_time > 0 else ""
+            )
         self.journal.mark_done(entry.index, DONE, result.exit_code)
         with contextlib.suppress(JournalError):
             self._save()
-        self.emit(EventType.ENTRY_EXITED, index=entry.index, executable=entry.executable,
-                  exit_code=result.exit_code, signal=result.signal, duration=result.duration,
-                  status="success" if ok else "error", details=details, reboot_requested=reboot)
+        self.emit(
+            EventType.ENTRY_EXITED,
+            index=entry.index,
+            executable=entry.executable,
+            exit_code=result.exit_code,
+            signal=result.signal,
+            duration=result.duration,
+            status="success" if ok else "error",
+            details=details,
+            reboot_requested=reboot,
+        )
         self._wake.set()
         return result
 
@@ -553,8 +657,13 @@ class Engine:
             self._save()
         start = self.journal.start_time
         assert start is not None
-        self.emit(EventType.START_TIME_SET, start_time=start, source="local",
-                  buffer=self.config.start_buffer, details="experiment start = configured + start buffer")
+        self.emit(
+            EventType.START_TIME_SET,
+            start_time=start,
+            source="local",
+            buffer=self.config.start_buffer,
+            details="experiment start = configured + start buffer",
+        )
 
     # ------------------------------------------------------------------ phase 4: positive time
     async def _positive_phase(self) -> None:
@@ -571,11 +680,12 @@ class Engine:
             if not started_reported and self.clock.time() >= start:
                 started_reported = True
                 self.phase = "positive"
+                self.emit(EventType.EXPERIMENT_STARTED, start_time=start, late=self.clock.time() - start)
             plan = self._pos.plan
             assert plan is not None
-            if not self._pos.pending and not self._running and not self._tasks and plan.blocked_by is None:
-                if self.clock.time() >= start:
-                    return
+            idle = not self._pos.pending and not self._running and not self._tasks
+            if started_reported and idle and plan.blocked_by is None:
+                return
             self._wake.clear()
             timeout = None if started_reported else max(0.0, self.clock.deadline(start) - loop.time())
             with contextlib.suppress(asyncio.TimeoutError):
@@ -601,7 +711,9 @@ class Engine:
                 groups.setdefault(p.fire_at, []).append(entry)
             elif p.kind in (EntryKind.PAUSE, EntryKind.BREAK) and p.index not in self._pos.reported_pauses:
                 self._pos.pending.add(p.index)
-                self._pos.timers.append(loop.call_at(start + p.fire_at + delta, self._pause_effect, p.index, p.fire_at))
+                self._pos.timers.append(
+                    loop.call_at(start + p.fire_at + delta, self._pause_effect, p.index, p.fire_at)
+                )
         for fire_at, entries in groups.items():
             self._pos.pending.update(e.index for e in entries)
             handle = loop.call_at(start + fire_at + delta, self._fire_group, fire_at, entries)
@@ -615,12 +727,12 @@ class Engine:
         duration = entry.pause_duration or 0.0
         if math.isinf(duration):
             self.active_pause = {"index": index, "kind": "break", "at": fire_at}
-            self.emit(EventType.BREAK_STARTED, index=index, at=fire_at,
-                      details="schedule held until RESUME")
+            self.emit(EventType.BREAK_STARTED, index=index, at=fire_at, details="schedule held until RESUME")
         else:
             self.active_pause = {"index": index, "kind": "pause", "at": fire_at, "until": fire_at + duration}
-            self.emit(EventType.PAUSE_STARTED, index=index, at=fire_at, duration=duration,
-                      until=fire_at + duration)
+            self.emit(
+                EventType.PAUSE_STARTED, index=index, at=fire_at, duration=duration, until=fire_at + duration
+            )
             loop = asyncio.get_running_loop()
             self._pos.pending.add(-index - 1)
             self._pos.end_timers.append(loop.call_later(duration, self._pause_end, index, fire_at, duration))
@@ -656,7 +768,7 @@ class Engine:
         task = asyncio.ensure_future(self._launch_all(prepared, scheduled))
         self._tasks.add(task)
 
-        def done(t: "asyncio.Task[Any]") -> None:
+        def done(t: asyncio.Task[Any]) -> None:
             self._tasks.discard(t)
             if not t.cancelled() and t.exception() is not None:
                 log.error("firing entries at %s failed: %r", fire_at, t.exception())

@@ -42,6 +42,7 @@ class EventType(str, Enum):
     REBOOT_REQUESTED = "reboot_requested"
     CONFIGURED = "configured"
     START_TIME_SET = "start_time_set"
+    EXPERIMENT_STARTED = "experiment_started"
     PAUSE_STARTED = "pause_started"
     PAUSE_ENDED = "pause_ended"
     BREAK_STARTED = "break_started"

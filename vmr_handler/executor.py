@@ -50,10 +50,7 @@ def format_start_time(start_time: float) -> str:
 
 
 def _dir_name(entry: ScheduleEntry) -> str:
-    if entry.executable:
-        base = os.path.basename(entry.executable.rstrip("/")) or "entry"
-    else:
-        base = "data"
+    base = os.path.basename(entry.executable.rstrip("/")) or "entry" if entry.executable else "data"
     return base.replace(os.sep, "_") if base not in (".", "..") else "entry"
 
 
@@ -70,7 +67,9 @@ def working_dirs(entries: List[ScheduleEntry], launch_dir: str) -> Dict[int, str
     seen: Dict[str, int] = {}
     result: Dict[int, str] = {}
     for entry in entries:
-        base = os.path.join(os.path.abspath(launch_dir), format_start_time(entry.start_time), _dir_name(entry))
+        base = os.path.join(
+            os.path.abspath(launch_dir), format_start_time(entry.start_time), _dir_name(entry)
+        )
         count = seen.get(base, 0)
         seen[base] = count + 1
         result[entry.index] = base if count == 0 else f"{base}_{count}"
@@ -140,7 +139,9 @@ def place_data(entry: ScheduleEntry, workdir: str, resources_dir: str) -> List[P
     try:
         os.makedirs(workdir, exist_ok=True)
     except OSError as exc:
-        raise EntryError(f"{entry.label}: cannot create working dir {workdir}: {exc.strerror or exc}") from exc
+        raise EntryError(
+            f"{entry.label}: cannot create working dir {workdir}: {exc.strerror or exc}"
+        ) from exc
     for item in entry.data:
         if not isinstance(item, (ContentDrop, FileDrop)):
             continue
@@ -163,7 +164,9 @@ def place_data(entry: ScheduleEntry, workdir: str, resources_dir: str) -> List[P
             _write_atomic(path, payload, mode)
         except OSError as exc:
             raise EntryError(f"{entry.label}: cannot place data at {path}: {exc.strerror or exc}") from exc
-        placed.append(PlacedFile(item.location, path, len(payload), hashlib.sha256(payload).hexdigest(), mode))
+        placed.append(
+            PlacedFile(item.location, path, len(payload), hashlib.sha256(payload).hexdigest(), mode)
+        )
     return placed
 
 
@@ -181,14 +184,20 @@ def resolve_exec(entry: ScheduleEntry, workdir: str) -> str:
         raise EntryError(f"{entry.label}: has no executable")
     if not os.path.isabs(exe):
         for item in entry.data:
-            if isinstance(item, (ContentDrop, FileDrop)) and not os.path.isabs(item.location):
-                if os.path.normpath(item.location) == os.path.normpath(exe) or os.path.basename(
-                    item.location
-                ) == exe:
-                    return _target(item.location, workdir)
+            if (
+                isinstance(item, (ContentDrop, FileDrop))
+                and not os.path.isabs(item.location)
+                and (
+                    os.path.normpath(item.location) == os.path.normpath(exe)
+                    or os.path.basename(item.location) == exe
+                )
+            ):
+                return _target(item.location, workdir)
         found = shutil.which(exe)
         if found is None:
-            raise EntryError(f"{entry.label}: executable {exe!r} is not dropped by this entry and not on PATH")
+            raise EntryError(
+                f"{entry.label}: executable {exe!r} is not dropped by this entry and not on PATH"
+            )
         return found
     if not os.path.exists(exe):
         raise EntryError(f"{entry.label}: executable {exe!r} does not exist")

@@ -103,7 +103,11 @@ class Journal:
         self.data: Dict[str, Any] = self._fresh(digest)
         if os.path.exists(self.path):
             old = self._read()
-            if old is not None and old.get("schedule_digest") == digest and old.get("version") == JOURNAL_VERSION:
+            if (
+                old is not None
+                and old.get("schedule_digest") == digest
+                and old.get("version") == JOURNAL_VERSION
+            ):
                 self.data = old
                 self.resumed = True
             else:
@@ -156,7 +160,9 @@ class Journal:
         rec = self.data["entries"].get(str(index))
         return None if rec is None else str(rec.get("state"))
 
-    def mark_running(self, index: int, pid: Optional[int] = None, create_time: Optional[float] = None) -> None:
+    def mark_running(
+        self, index: int, pid: Optional[int] = None, create_time: Optional[float] = None
+    ) -> None:
         """Record that ``index`` is being started (call :meth:`save` before spawning)."""
         self.data["entries"][str(index)] = {"state": RUNNING, "pid": pid, "create_time": create_time}
 

@@ -120,8 +120,10 @@ def build_plan(entries: Sequence[ScheduleEntry], resumes: Sequence[float] = ()) 
             return None
         return resume_list[next_resume][0]
 
-    timed = sorted((e for e in entries if e.kind is not EntryKind.NEGATIVE and e.start_time >= 0 or e.pause),
-                   key=_order_key)
+    timed = sorted(
+        (e for e in entries if (e.kind is not EntryKind.NEGATIVE and e.start_time >= 0) or e.pause),
+        key=_order_key,
+    )
     for entry in timed:
         if blocked is not None:
             fire[entry.index] = None
@@ -137,7 +139,7 @@ def build_plan(entries: Sequence[ScheduleEntry], resumes: Sequence[float] = ()) 
                 if r is None:
                     blocked = entry.index
                 else:
-                    ended[resume_list[next_resume][1]] = entry.index
+                    ended[next_resume] = entry.index
                     next_resume += 1
             else:
                 off += duration
@@ -150,7 +152,7 @@ def build_plan(entries: Sequence[ScheduleEntry], resumes: Sequence[float] = ()) 
             if r is None:
                 blocked = entry.index
             else:
-                ended[resume_list[next_resume][1]] = entry.index
+                ended[next_resume] = entry.index
                 next_resume += 1
                 off = r - entry.start_time
         else:
@@ -164,7 +166,7 @@ def build_plan(entries: Sequence[ScheduleEntry], resumes: Sequence[float] = ()) 
             stage=stage_of.get(e.start_time) if e.kind is EntryKind.NEGATIVE else None,
             fire_at=fire.get(e.index),
         )
-        for e in entries
+        for e in sorted(entries, key=lambda e: e.index)
     )
     outcomes = tuple(ResumeOutcome(float(r), ended[pos]) for pos, (r, _i) in enumerate(resume_list))
     # report in the order given

@@ -83,7 +83,9 @@ def load_schedule_bytes(data: bytes, allowed_classes: Optional[Iterable[str]] = 
     fmt = detect_format(data)
     records: Sequence[Mapping[str, Any]]
     if fmt == "pickle":
-        records_list: List[Mapping[str, Any]] = [getattr(e, "state", {}) for e in unpickle_entries(data, allowed_classes)]
+        records_list: List[Mapping[str, Any]] = [
+            getattr(e, "state", {}) for e in unpickle_entries(data, allowed_classes)
+        ]
         records = records_list
     else:
         records = _records_from_text(data, fmt)

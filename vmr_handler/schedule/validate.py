@@ -104,7 +104,11 @@ def _data_item(raw: Any, where: str, pos: int, problems: _Problems) -> Optional[
     if shape == "pause_duration":
         duration = parse_number(raw["pause_duration"])
         if duration is None or math.isnan(duration) or duration < 0:
-            problems.add(where, f"{field}.pause_duration", f"must be a number >= 0 or inf, got {raw['pause_duration']!r}")
+            problems.add(
+                where,
+                f"{field}.pause_duration",
+                f"must be a number >= 0 or inf, got {raw['pause_duration']!r}",
+            )
             return None
         return PauseSpec(duration)
     location = raw["location"]
@@ -151,7 +155,11 @@ def validate_record(
     unknown = set(record) - ENTRY_FIELDS - (SHORTHAND_FIELDS if strict_fields else frozenset())
     if unknown:
         if strict_fields:
-            problems.add(where, sorted(unknown)[0], f"unknown field(s) {sorted(unknown)}; known: {sorted(ENTRY_FIELDS)}")
+            problems.add(
+                where,
+                sorted(unknown)[0],
+                f"unknown field(s) {sorted(unknown)}; known: {sorted(ENTRY_FIELDS)}",
+            )
         else:
             warnings.append(f"{where}: ignored extra attribute(s) {sorted(unknown)}")
     count_before = len(problems.items)
@@ -177,7 +185,9 @@ def validate_record(
     if strict_fields and "pause_duration" in record:
         duration = parse_number(record["pause_duration"])
         if duration is None or math.isnan(duration) or duration < 0:
-            problems.add(where, "pause_duration", f"must be a number >= 0 or inf, got {record['pause_duration']!r}")
+            problems.add(
+                where, "pause_duration", f"must be a number >= 0 or inf, got {record['pause_duration']!r}"
+            )
         else:
             data.append(PauseSpec(duration))
     pauses = [d for d in data if isinstance(d, PauseSpec)]
@@ -214,7 +224,11 @@ def validate_record(
     start_raw = record.get("start_time")
     start = parse_number(start_raw) if "start_time" in record else None
     if start is None:
-        problems.add(where, "start_time", f"must be a number, got {start_raw!r}" if "start_time" in record else "is missing")
+        problems.add(
+            where,
+            "start_time",
+            f"must be a number, got {start_raw!r}" if "start_time" in record else "is missing",
+        )
     elif math.isnan(start):
         problems.add(where, "start_time", "must not be NaN")
     elif is_pause:
@@ -262,7 +276,9 @@ def validate_records(
     warnings: List[str] = []
     entries: List[ScheduleEntry] = []
     for index, record in enumerate(records):
-        entry = validate_record(index, record, strict_fields=strict_fields, problems=problems, warnings=warnings)
+        entry = validate_record(
+            index, record, strict_fields=strict_fields, problems=problems, warnings=warnings
+        )
         if entry is not None:
             entries.append(entry)
     if problems.items:

@@ -1,0 +1,862 @@
+#!/usr/bin/env python3
+"""Benchmarks of the vmr-handler guest agent (firing lateness, spread, plan time, idle cost).
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/bench_agent.py            # full run (~1.5-3 min)
+    .venv/bin/python benchmarks/bench_agent.py --quick    # smoke run (~40 s)
+
+Every figure is printed next to its target with an ``ok`` / ``MISSED`` label; the script
+never fails because something is slow (exit 0 unless the benchmark itself breaks, e.g.
+the agent cannot be started). See ``benchmarks/README.md`` for what each figure means.
+
+Sections:
+  1  200 entries at one instant through the real CLI: lateness p50/p99/max, spread.
+  1b the same with ``/bin/date +%s.%N``: when the processes really ran (exec times).
+  1c the same burst with timing probes inside the agent: where the lateness goes.
+  2  1000 entries 10 ms apart over 10 s: lateness p50/p99/max.
+  3  bare asyncio baseline: 200 processes at one instant, no vmr_handler; ratios.
+  4  ``build_plan`` / ``vmr-handler plan --json`` for a 100 000-entry schedule.
+  5  idle CPU% and RSS while waiting for an entry 20 s away; bare-Python RSS baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import datetime as _dt
+import gc
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import psutil
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+# --------------------------------------------------------------------------- targets
+TARGET_LATENESS_P99_MS = 10.0
+TARGET_SPREAD_MS = 100.0
+TARGET_BUILD_PLAN_S = 1.0
+TARGET_IDLE_CPU_PCT = 0.5
+TARGET_IDLE_RSS_MB = 50.0
+
+# --------------------------------------------------------------------------- child processes
+_CHILDREN: List[subprocess.Popen] = []
+
+
+def _spawn(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen:
+    """Start a child in its own session and remember it for cleanup."""
+    proc = subprocess.Popen(list(argv), start_new_session=True, **kwargs)
+    _CHILDREN.append(proc)
+    return proc
+
+
+def _stop_child(proc: subprocess.Popen, term_timeout: float = 10.0) -> None:
+    """SIGTERM ``proc`` (the agent then kills its own entry trees); SIGKILL what is left."""
+    if proc.poll() is not None:
+        return
+    try:
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        descendants = []
+    try:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(term_timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    except OSError:
+        pass
+    if proc.poll() is None:
+        try:
+            descendants += psutil.Process(proc.pid).children(recursive=True)
+        except psutil.Error:
+            pass
+        for child in descendants:
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
+        try:
+            proc.kill()
+        except OSError:
+            pass
+        proc.wait()
+    for child in descendants:  # anything the agent left behind after its own shutdown
+        try:
+            if child.is_running() and child.status() != psutil.STATUS_ZOMBIE:
+                child.kill()
+        except psutil.Error:
+            pass
+
+
+def _cleanup_children() -> None:
+    for proc in list(_CHILDREN):
+        try:
+            _stop_child(proc, term_timeout=5.0)
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
+    _CHILDREN.clear()
+
+
+def _on_signal(signum: int, _frame: Any) -> None:
+    _cleanup_children()
+    sys.exit(128 + signum)
+
+
+def _run(argv: Sequence[str], timeout: float, **kwargs: Any) -> Tuple[int, float]:
+    """Run a child to completion (killed on timeout). Returns ``(returncode, wall seconds)``."""
+    t0 = time.perf_counter()
+    proc = _spawn(argv, **kwargs)
+    try:
+        rc = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        _stop_child(proc)
+        raise RuntimeError(f"timed out after {timeout:.0f} s: {' '.join(argv[:6])} ...") from None
+    finally:
+        if proc in _CHILDREN and proc.poll() is not None:
+            _CHILDREN.remove(proc)
+    return rc, time.perf_counter() - t0
+
+
+# --------------------------------------------------------------------------- helpers
+def pct(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def fmt_ms(value: float) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:.1f} ms" if abs(value) < 10000 else f"{value / 1000:.2f} s"
+
+
+def label(ok: Optional[bool]) -> str:
+    return "-" if ok is None else ("ok" if ok else "MISSED")
+
+
+def agent_argv() -> List[str]:
+    """The real CLI: the venv's ``vmr-handler`` console script, else ``python -m vmr_handler``."""
+    script = os.path.join(os.path.dirname(sys.executable), "vmr-handler")
+    if os.path.exists(script) and os.access(script, os.X_OK):
+        return [script]
+    return [sys.executable, "-m", "vmr_handler"]
+
+
+def child_env() -> Dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    return env
+
+
+def read_events(path: str) -> List[Dict[str, Any]]:
+    events: List[Dict[str, Any]] = []
+    if not os.path.exists(path):
+        return events
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                pass  # torn last line of a killed agent
+    return events
+
+
+def fs_type(path: str) -> str:
+    path = os.path.realpath(path)
+    best = ("", "?")
+    for part in psutil.disk_partitions(all=True):
+        mp = part.mountpoint
+        if (path == mp or path.startswith(mp.rstrip("/") + "/")) and len(mp) > len(best[0]):
+            best = (mp, part.fstype)
+    return f"{best[1]} ({best[0] or '?'})"
+
+
+def write_json(path: str, doc: Any) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh)
+
+
+class Results:
+    """Rows of the final summary table."""
+
+    def __init__(self) -> None:
+        self.rows: List[Tuple[str, str, str, str, str]] = []
+        self.data: Dict[str, Any] = {}
+
+    def add(self, section: str, metric: str, measured: str, target: str = "", ok: Optional[bool] = None) -> None:
+        self.rows.append((section, metric, target or "-", measured, label(ok)))
+        print(f"    {metric:<44} {measured:>14}   target {target or '-':<10} {label(ok)}")
+
+    def table(self) -> str:
+        head = ("section", "metric", "target", "measured", "")
+        rows = [head, *self.rows]
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        lines = []
+        for n, r in enumerate(rows):
+            lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+            if n == 0:
+                lines.append("  ".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- agent runs
+def run_agent(
+    workdir: str,
+    records: List[Dict[str, Any]],
+    *,
+    start_buffer: float = 0.0,
+    timeout: float = 120.0,
+    with_log: bool = False,
+    trace: Optional[str] = None,
+) -> Dict[str, Any]:
+    """Run ``vmr-handler run --local`` on ``records`` to completion. Returns rc, events, wall."""
+    os.makedirs(workdir, exist_ok=True)
+    sched = os.path.join(workdir, "schedule.json")
+    write_json(sched, records)
+    report = os.path.join(workdir, "report.jsonl")
+    args = [
+        "run", "--local", sched,
+        "--start-buffer", repr(start_buffer),
+        "--launch-dir", os.path.join(workdir, "launch"),
+        "--state-dir", os.path.join(workdir, "state"),
+        "--report", report,
+    ]
+    if not with_log:
+        args.append("--quiet")
+    if trace:
+        argv = [sys.executable, os.path.join(HERE, "_agent_trace.py"), trace, *args]
+    else:
+        argv = [*agent_argv(), *args]
+    stderr_path = os.path.join(workdir, "agent.stderr")
+    with open(stderr_path, "wb") as err:
+        rc, wall = _run(argv, timeout, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                        cwd=workdir, env=child_env())
+    events = read_events(report)
+    if rc != 0:
+        with open(stderr_path, encoding="utf-8", errors="replace") as fh:
+            tail = fh.read()[-2000:]
+        print(f"    WARNING: agent exited {rc}; stderr tail:\n{textwrap.indent(tail, '      ')}")
+    return {"rc": rc, "events": events, "wall": wall}
+
+
+def started_events(events: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    return [e for e in events if e.get("type") == "entry_started"]
+
+
+def burst_figures(events: List[Dict[str, Any]]) -> Dict[str, float]:
+    started = started_events(events)
+    lat = [float(e["data"]["lateness"]) * 1000.0 for e in started if "lateness" in e["data"]]
+    ts = [float(e["timestamp"]) for e in started]
+    return {
+        "n": len(started),
+        "exited": sum(1 for e in events if e.get("type") == "entry_exited"),
+        "p50": pct(lat, 50), "p99": pct(lat, 99), "max": max(lat) if lat else math.nan,
+        "min": min(lat) if lat else math.nan,
+        "spread": (max(ts) - min(ts)) * 1000.0 if ts else math.nan,
+    }
+
+
+# --------------------------------------------------------------------------- section 1
+def section_burst(root: str, res: Results, n: int, repeats: int, with_log: bool) -> Dict[str, Any]:
+    print(f"\n[1] {n} entries at one instant (start_time 1, /bin/true) via the real CLI, {repeats} run(s)")
+    records = [{"start_time": 1, "executable": "/bin/true"} for _ in range(n)]
+    runs = []
+    for k in range(repeats):
+        out = run_agent(os.path.join(root, f"burst{k}"), records, with_log=with_log)
+        fig = burst_figures(out["events"])
+        runs.append(fig)
+        print(f"    run {k + 1}: rc={out['rc']} started={fig['n']} exited={fig['exited']} "
+              f"lateness min/p50/p99/max = {fig['min']:.1f}/{fig['p50']:.1f}/{fig['p99']:.1f}/{fig['max']:.1f} ms, "
+              f"spread {fig['spread']:.1f} ms, wall {out['wall']:.2f} s")
+        if fig["n"] != n:
+            print(f"    WARNING: expected {n} entry_started events, got {fig['n']}")
+    med = {key: statistics.median(r[key] for r in runs) for key in ("p50", "p99", "max", "min", "spread")}
+    tag = f" (median of {repeats})" if repeats > 1 else ""
+    res.add("1 burst", f"lateness p50{tag}", fmt_ms(med["p50"]))
+    res.add("1 burst", f"lateness p99{tag}", fmt_ms(med["p99"]), f"< {TARGET_LATENESS_P99_MS:g} ms",
+            med["p99"] < TARGET_LATENESS_P99_MS)
+    res.add("1 burst", f"lateness max{tag}", fmt_ms(med["max"]))
+    res.add("1 burst", f"spread of entry_started{tag}", fmt_ms(med["spread"]), f"< {TARGET_SPREAD_MS:g} ms",
+            med["spread"] < TARGET_SPREAD_MS)
+    res.data["burst"] = {"runs": runs, "median": med}
+    return med
+
+
+def section_exec_times(root: str, res: Results, n: int, with_log: bool) -> Dict[str, float]:
+    print(f"\n[1b] {n} entries at one instant running `/bin/date +%s.%N`: when the processes really ran")
+    records = [{"start_time": 1, "executable": "/bin/date", "arguments": "+%s.%N"} for _ in range(n)]
+    out = run_agent(os.path.join(root, "burst_date"), records, with_log=with_log)
+    started = started_events(out["events"])
+    scheduled = float(started[0]["data"]["scheduled"]) if started else math.nan
+    execs = []
+    for e in out["events"]:
+        if e.get("type") == "output" and e["data"].get("stream") == "stdout":
+            try:
+                execs.append(float(e["data"]["line"]))
+            except (KeyError, ValueError):
+                pass
+    lat = [(t - scheduled) * 1000.0 for t in execs]
+    fig = {
+        "n": len(execs), "first": min(lat) if lat else math.nan, "p50": pct(lat, 50),
+        "max": max(lat) if lat else math.nan,
+        "spread": (max(execs) - min(execs)) * 1000.0 if execs else math.nan,
+        "reported_spread": burst_figures(out["events"])["spread"],
+    }
+    print(f"    rc={out['rc']} exec times seen: {fig['n']}/{n}")
+    res.add("1b exec", "first process ran after", fmt_ms(fig["first"]))
+    res.add("1b exec", "exec lateness p50", fmt_ms(fig["p50"]))
+    res.add("1b exec", "last process ran after", fmt_ms(fig["max"]))
+    res.add("1b exec", "real exec spread (last - first)", fmt_ms(fig["spread"]), f"< {TARGET_SPREAD_MS:g} ms",
+            fig["spread"] < TARGET_SPREAD_MS)
+    res.data["exec_times"] = fig
+    return fig
+
+
+def section_breakdown(root: str, res: Results, n: int) -> Dict[str, Any]:
+    print(f"\n[1c] where the lateness of the {n}-entry burst goes (in-process probes, diagnostic)")
+    records = [{"start_time": 1, "executable": "/bin/true"} for _ in range(n)]
+    workdir = os.path.join(root, "burst_trace")
+    trace = os.path.join(workdir, "trace.json")
+    os.makedirs(workdir, exist_ok=True)
+    out = run_agent(workdir, records, trace=trace)
+    started = started_events(out["events"])
+    if not started or not os.path.exists(trace):
+        print("    (no trace)")
+        return {}
+    with open(trace, encoding="utf-8") as fh:
+        doc = json.load(fh)
+    spans: Dict[str, List[List[float]]] = doc["spans"]
+    sched = float(started[0]["data"]["scheduled"])
+    last_started = max(float(e["timestamp"]) for e in started)
+
+    def rel(t: float) -> float:
+        return (t - sched) * 1000.0
+
+    def within(name: str) -> List[List[float]]:  # spans during the burst only
+        return [s for s in spans.get(name, []) if sched - 0.5 <= s[0] <= last_started + 0.001]
+
+    info: Dict[str, Any] = {}
+    rows: List[Tuple[str, str]] = []
+    fire = within("fire_group")
+    if fire:
+        info["timer_late_ms"] = rel(fire[0][0])
+        info["fire_group_ms"] = (fire[0][1] - fire[0][0]) * 1000.0
+        rows.append(("timer callback ran after", fmt_ms(info["timer_late_ms"])))
+        rows.append((f"_fire_group ({n} x _prepare: mkdir, resolve)", fmt_ms(info["fire_group_ms"])))
+    prep = within("prepare")
+    if prep:
+        info["prepare_mean_us"] = statistics.mean((b - a) * 1e6 for a, b in prep)
+        rows.append(("  mean _prepare per entry", f"{info['prepare_mean_us']:.0f} us"))
+    saves = within("journal_save")
+    if saves:
+        info["journal_saves"] = len(saves)
+        info["journal_save_ms"] = sum((b - a) for a, b in saves) * 1000.0
+        rows.append((f"journal saves before last start ({len(saves)})", fmt_ms(info["journal_save_ms"])))
+    spawn = [s for s in spans.get("spawn", []) if s[0] >= sched - 0.5]
+    spawn = spawn[:n]
+    if spawn:
+        calls = sorted(s[0] for s in spawn)
+        rets = sorted(s[1] for s in spawn)
+        info["first_spawn_call_ms"] = rel(calls[0])
+        info["last_spawn_call_ms"] = rel(calls[-1])
+        info["per_spawn_ms"] = (calls[-1] - calls[0]) * 1000.0 / max(1, len(calls) - 1)
+        info["first_spawn_return_ms"] = rel(rets[0])
+        info["last_spawn_return_ms"] = rel(rets[-1])
+        rows.append(("first spawn call (fork) at", fmt_ms(info["first_spawn_call_ms"])))
+        rows.append(("last spawn call (fork) at", fmt_ms(info["last_spawn_call_ms"])))
+        rows.append(("  -> parent cost per spawn", f"{info['per_spawn_ms']:.2f} ms"))
+        rows.append(("first create_subprocess_exec returned at", fmt_ms(info["first_spawn_return_ms"])))
+        rows.append(("last create_subprocess_exec returned at", fmt_ms(info["last_spawn_return_ms"])))
+    rows.append(("first / last entry_started at",
+                 f"{fmt_ms(rel(min(float(e['timestamp']) for e in started)))} / {fmt_ms(rel(last_started))}"))
+    writes = within("report_write")
+    if writes:
+        info["report_writes"] = len(writes)
+        info["report_write_ms"] = sum((b - a) for a, b in writes) * 1000.0
+        rows.append((f"report writes in the burst ({len(writes)})", fmt_ms(info["report_write_ms"])))
+    ct = within("psutil_create_time")
+    if ct:
+        info["create_time_ms"] = sum((b - a) for a, b in ct) * 1000.0
+        rows.append((f"psutil create_time() calls ({len(ct)})", fmt_ms(info["create_time_ms"])))
+    for name, value in rows:
+        print(f"    {name:<44} {value:>14}")
+    res.data["breakdown"] = info
+    return info
+
+
+# --------------------------------------------------------------------------- section 2
+def section_spread(root: str, res: Results, n: int, step: float, with_log: bool) -> Dict[str, float]:
+    span = n * step
+    print(f"\n[2] {n} entries spread uniformly over {span:g} s (start_time = 1 + i*{step:g}, /bin/true)")
+    records = [{"start_time": round(1 + i * step, 6), "executable": "/bin/true"} for i in range(n)]
+    out = run_agent(os.path.join(root, "spread"), records, timeout=span + 90, with_log=with_log)
+    started = sorted(started_events(out["events"]), key=lambda e: e["data"]["scheduled"])
+    lat = [float(e["data"]["lateness"]) * 1000.0 for e in started]
+    tenth = max(1, len(lat) // 10)
+    fig = {
+        "n": len(lat), "p50": pct(lat, 50), "p99": pct(lat, 99), "max": max(lat) if lat else math.nan,
+        "over_10ms": sum(1 for x in lat if x > 10.0),
+        "p50_first_10pct": pct(lat[:tenth], 50), "p50_last_10pct": pct(lat[-tenth:], 50),
+    }
+    print(f"    rc={out['rc']} started={fig['n']}/{n} wall {out['wall']:.1f} s; "
+          f"{fig['over_10ms']} entries later than 10 ms; p50 first 10% {fig['p50_first_10pct']:.2f} ms, "
+          f"last 10% {fig['p50_last_10pct']:.2f} ms")
+    res.add("2 spread", "lateness p50", fmt_ms(fig["p50"]))
+    res.add("2 spread", "lateness p99", fmt_ms(fig["p99"]), f"< {TARGET_LATENESS_P99_MS:g} ms",
+            fig["p99"] < TARGET_LATENESS_P99_MS)
+    res.add("2 spread", "lateness max", fmt_ms(fig["max"]))
+    res.data["spread"] = fig
+    return fig
+
+
+# --------------------------------------------------------------------------- section 3
+BASELINE_SCRIPT = r'''
+import asyncio, json, os, shlex, sys, time
+n, mode, argv, cwd = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+PIPE, DEVNULL = asyncio.subprocess.PIPE, asyncio.subprocess.DEVNULL
+
+async def main():
+    loop = asyncio.get_running_loop()
+    if mode == "shaped" and sys.version_info < (3, 12) and hasattr(asyncio, "PidfdChildWatcher") \
+            and hasattr(os, "pidfd_open"):
+        watcher = asyncio.PidfdChildWatcher()
+        watcher.attach_loop(loop)
+        asyncio.get_event_loop_policy().set_child_watcher(watcher)
+    instant = time.time() + 1.0
+    fired = loop.create_future()
+    loop.call_at(loop.time() + (instant - time.time()), fired.set_result, None)
+    await fired
+    called, returned = [], []
+
+    async def one():
+        called.append(time.time())
+        if mode == "plain":
+            proc = await asyncio.create_subprocess_exec(*argv)
+        else:  # the agent's spawn shape: sh -c "cd DIR && prog", pipes, new session
+            script = "cd %s && %s" % (shlex.quote(cwd), " ".join(shlex.quote(a) for a in argv))
+            proc = await asyncio.create_subprocess_exec(
+                "/bin/sh", "-c", script, cwd=cwd, stdin=DEVNULL, stdout=PIPE, stderr=PIPE,
+                start_new_session=True)
+        returned.append(time.time())
+        return proc
+
+    procs = await asyncio.gather(*(one() for _ in range(n)))
+    outs = await asyncio.gather(*(p.communicate() for p in procs))
+    execs = []
+    for out, _err in outs:
+        for line in (out or b"").split():
+            try:
+                execs.append(float(line))
+            except ValueError:
+                pass
+    print(json.dumps({"instant": instant, "called": called, "returned": returned, "exec": execs}))
+
+asyncio.run(main())
+'''
+
+
+def run_baseline(root: str, n: int, mode: str, argv: List[str]) -> Dict[str, float]:
+    script = os.path.join(root, "baseline_spawn.py")
+    if not os.path.exists(script):
+        with open(script, "w", encoding="utf-8") as fh:
+            fh.write(BASELINE_SCRIPT)
+    out_path = os.path.join(root, f"baseline_{mode}.json")
+    with open(out_path, "wb") as out:
+        rc, _wall = _run([sys.executable, script, str(n), mode, json.dumps(argv), root], 60,
+                         stdin=subprocess.DEVNULL, stdout=out, cwd=root)
+    with open(out_path, encoding="utf-8") as fh:
+        doc = json.loads(fh.read() or "{}")
+    instant = doc.get("instant", math.nan)
+    ret = doc.get("returned", [])
+    lat = [(t - instant) * 1000.0 for t in ret]
+    execs = doc.get("exec", [])
+    return {
+        "rc": rc, "n": len(ret), "p50": pct(lat, 50), "p99": pct(lat, 99),
+        "max": max(lat) if lat else math.nan,
+        "spread": (max(ret) - min(ret)) * 1000.0 if ret else math.nan,
+        "exec_spread": (max(execs) - min(execs)) * 1000.0 if execs else math.nan,
+        "exec_last": (max(execs) - instant) * 1000.0 if execs else math.nan,
+    }
+
+
+def section_baseline(root: str, res: Results, n: int, repeats: int, agent: Dict[str, float],
+                     agent_exec: Optional[Dict[str, float]]) -> Dict[str, Any]:
+    print(f"\n[3] baseline: {n} processes at one instant from a minimal asyncio script (no vmr_handler)")
+    variants = [
+        ("plain", ["/bin/true"], "plain: create_subprocess_exec('/bin/true'), default watcher"),
+        ("shaped", ["/bin/true"], "agent-shaped: sh -c 'cd D && /bin/true', pipes, setsid, pidfd"),
+        ("shaped", ["/bin/date", "+%s.%N"], "agent-shaped, /bin/date +%s.%N (real exec times)"),
+    ]
+    figs: Dict[str, Dict[str, float]] = {}
+    for mode, argv, desc in variants:
+        key = f"{mode}:{os.path.basename(argv[0])}"
+        runs = [run_baseline(root, n, mode, argv) for _ in range(repeats)]
+        fig = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k not in ("rc", "n")}
+        fig["n"] = runs[0]["n"]
+        figs[key] = fig
+        print(f"    {desc}")
+        print(f"      started {fig['n']}, lateness p50/p99/max = {fig['p50']:.1f}/{fig['p99']:.1f}/{fig['max']:.1f} ms, "
+              f"spread of start times {fig['spread']:.1f} ms"
+              + (f", real exec spread {fig['exec_spread']:.1f} ms, last exec {fig['exec_last']:.1f} ms"
+                 if not math.isnan(fig["exec_spread"]) else ""))
+    plain, shaped = figs["plain:true"], figs["shaped:true"]
+    tag = f" (median of {repeats})" if repeats > 1 else ""
+    res.add("3 baseline", f"plain: spread of start times{tag}", fmt_ms(plain["spread"]))
+    res.add("3 baseline", f"plain: lateness max{tag}", fmt_ms(plain["max"]))
+    res.add("3 baseline", f"shaped: spread of start times{tag}", fmt_ms(shaped["spread"]))
+    res.add("3 baseline", f"shaped: lateness max{tag}", fmt_ms(shaped["max"]))
+
+    def ratio(a: float, b: float) -> str:
+        return f"{a / b:.1f}x" if b and not math.isnan(a) and not math.isnan(b) else "n/a"
+
+    res.add("3 baseline", "agent spread / plain spread", ratio(agent["spread"], plain["spread"]))
+    res.add("3 baseline", "agent spread / shaped spread", ratio(agent["spread"], shaped["spread"]))
+    res.add("3 baseline", "agent lateness max / shaped max", ratio(agent["max"], shaped["max"]))
+    if agent_exec:
+        dshaped = figs["shaped:date"]
+        res.add("3 baseline", "shaped: real exec spread (date)", fmt_ms(dshaped["exec_spread"]))
+        res.add("3 baseline", "agent / shaped real exec spread", ratio(agent_exec["spread"], dshaped["exec_spread"]))
+        res.add("3 baseline", "agent / shaped last exec", ratio(agent_exec["max"], dshaped["exec_last"]))
+    res.data["baseline"] = figs
+    return figs
+
+
+# --------------------------------------------------------------------------- section 4
+BREAK_AT = 50000.0
+PAUSES = ((1000.0, 5.0), (20000.0, 10.0), (40000.0, 20.0), (80000.0, 30.0))
+
+
+def big_records(n: int) -> Tuple[List[Dict[str, Any]], float, int]:
+    """``n`` entries: 20 % negative (10 stages), positive over 0..100 000 s, 4 pauses, 1 break.
+
+    Returns ``(records, resume_at, break_index)``; a RESUME at ``resume_at`` ends the break.
+    """
+    specials: List[Dict[str, Any]] = [
+        {"start_time": t, "pause": True, "data": [{"pause_duration": d}]} for t, d in PAUSES
+    ]
+    specials.append({"start_time": BREAK_AT, "pause": True, "data": [{"pause_duration": "inf"}]})
+    normal = n - len(specials)
+    records: List[Dict[str, Any]] = []
+    for i in range(normal):
+        if i % 5 == 0:
+            records.append({"start_time": -(1 + (i % 50)), "executable": "/bin/true", "arguments": f"stage {i}"})
+        else:
+            records.append({"start_time": 1 + (i * 7.3) % 99990, "executable": "/bin/true", "arguments": f"run {i}"})
+    step = max(1, len(records) // (len(specials) + 1))
+    break_index = -1
+    for k, special in enumerate(specials):
+        pos = step * (k + 1) + k
+        records.insert(pos, special)
+        if special["data"][0]["pause_duration"] == "inf":
+            break_index = pos
+    delay_before_break = sum(d for t, d in PAUSES if t < BREAK_AT)
+    resume_at = BREAK_AT + delay_before_break + 100.0
+    return records, resume_at, break_index
+
+
+def best_of(k: int, fn: Callable[[], Any]) -> Tuple[float, Any]:
+    best, value = math.inf, None
+    for _ in range(k):
+        gc.collect()
+        t0 = time.perf_counter()
+        value = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, value
+
+
+def section_plan(root: str, res: Results, n: int, yaml_n: int, cli_repeats: int) -> Dict[str, Any]:
+    import yaml
+
+    from vmr_handler import cli as vcli
+    from vmr_handler.schedule import load_schedule
+    from vmr_handler.timeline import build_plan
+
+    print(f"\n[4] plan for a {n:,}-entry schedule (20% negative in 10 stages, positive, 4 pauses, 1 break + RESUME)")
+    records, resume_at, break_index = big_records(n)
+    path = os.path.join(root, "big.json")
+    write_json(path, records)
+    size_mb = os.path.getsize(path) / 1e6
+    t_parse, _ = best_of(1, lambda: json.loads(open(path, "rb").read()))  # noqa: SIM115
+    t_load, schedule = best_of(1, lambda: load_schedule(path))
+    t_plan, plan = best_of(3, lambda: build_plan(schedule.entries, [resume_at]))
+    t_dump, text = best_of(1, lambda: json.dumps(vcli.plan_json(plan)))
+    ok_plan = (plan.blocked_by is None and len(plan.resumes) == 1 and plan.resumes[0].ended_break == break_index)
+    print(f"    JSON file {size_mb:.1f} MB; plan sane (break {break_index} ended by RESUME at {resume_at:g}): {ok_plan}")
+    res.add("4 plan", "load JSON schedule (parse + validate)", fmt_ms(t_load * 1000))
+    res.add("4 plan", "  of which json.loads", fmt_ms(t_parse * 1000))
+    res.add("4 plan", "build_plan (best of 3)", fmt_ms(t_plan * 1000), f"< {TARGET_BUILD_PLAN_S:g} s",
+            t_plan < TARGET_BUILD_PLAN_S)
+    res.add("4 plan", "plan_json + json.dumps", fmt_ms(t_dump * 1000))
+
+    # The whole CLI in a subprocess (JSON schedule), and the interpreter+import floor.
+    out_path = os.path.join(root, "plan_out.json")
+    walls = []
+    for _ in range(cli_repeats):
+        with open(out_path, "wb") as out:
+            rc, wall = _run([*agent_argv(), "plan", path, "--resume", repr(resume_at), "--json"], 300,
+                            stdin=subprocess.DEVNULL, stdout=out, cwd=root, env=child_env())
+        walls.append(wall)
+        if rc != 0:
+            print(f"    WARNING: plan CLI exited {rc}")
+    with open(out_path, encoding="utf-8") as fh:
+        cli_doc = json.load(fh)
+    cli_ok = len(cli_doc.get("entries", [])) == n
+    _rc, floor = _run([*agent_argv(), "--version"], 60, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                      cwd=root, env=child_env())
+    tag = f" (best of {cli_repeats})" if cli_repeats > 1 else ""
+    print(f"    CLI output has {len(cli_doc.get('entries', []))} entries: {cli_ok}")
+    res.add("4 plan", f"`vmr-handler plan --json` wall{tag}", fmt_ms(min(walls) * 1000))
+    res.add("4 plan", "  `vmr-handler --version` wall (floor)", fmt_ms(floor * 1000))
+
+    # YAML: the loader's yaml.safe_load (pure Python) vs libyaml's CSafeLoader, on a slice.
+    ypath = os.path.join(root, f"slice{yaml_n}.yaml")
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    with open(ypath, "w", encoding="utf-8") as fh:
+        yaml.dump(records[:yaml_n], fh, Dumper=dumper, default_flow_style=False, sort_keys=False)
+    t_yload, _ = best_of(1, lambda: load_schedule(ypath))
+    ytext = open(ypath, encoding="utf-8").read()  # noqa: SIM115
+    t_ysafe, _ = best_of(1, lambda: yaml.safe_load(ytext))
+    fig: Dict[str, Any] = {
+        "n": n, "json_mb": size_mb, "load_s": t_load, "json_parse_s": t_parse, "build_plan_s": t_plan,
+        "dump_s": t_dump, "cli_s": min(walls), "cli_floor_s": floor, "plan_ok": ok_plan, "cli_ok": cli_ok,
+        "yaml_n": yaml_n, "yaml_load_s": t_yload, "yaml_safe_load_s": t_ysafe,
+    }
+    scale = n / yaml_n
+    res.add("4 plan", f"load YAML, {yaml_n:,} entries (loader)", fmt_ms(t_yload * 1000))
+    res.add("4 plan", f"  extrapolated to {n:,} entries", fmt_ms(t_yload * scale * 1000))
+    if hasattr(yaml, "CSafeLoader"):
+        t_yc, _ = best_of(1, lambda: yaml.load(ytext, Loader=yaml.CSafeLoader))  # noqa: S506 - CSafeLoader is safe
+        fig["yaml_csafe_s"] = t_yc
+        res.add("4 plan", f"  yaml.safe_load only, {yaml_n:,}", fmt_ms(t_ysafe * 1000))
+        res.add("4 plan", f"  yaml CSafeLoader only, {yaml_n:,}", fmt_ms(t_yc * 1000))
+    res.data["plan"] = fig
+    return fig
+
+
+# --------------------------------------------------------------------------- section 5
+def sample_process(pid: int, seconds: float) -> Dict[str, float]:
+    proc = psutil.Process(pid)
+    c0 = proc.cpu_times()
+    x0 = proc.num_ctx_switches()
+    proc.cpu_percent(None)
+    t0 = time.monotonic()
+    time.sleep(seconds)
+    wall = time.monotonic() - t0
+    pct_psutil = proc.cpu_percent(None)
+    c1 = proc.cpu_times()
+    x1 = proc.num_ctx_switches()
+    mem = proc.memory_info()
+    try:
+        uss = proc.memory_full_info().uss
+    except psutil.Error:
+        uss = math.nan
+    cpu_s = (c1.user - c0.user) + (c1.system - c0.system)
+    return {
+        "cpu_pct": 100.0 * cpu_s / wall, "cpu_pct_psutil": pct_psutil, "cpu_s": cpu_s, "wall": wall,
+        "rss_mb": mem.rss / 2**20, "uss_mb": uss / 2**20,
+        "wakeups_per_s": ((x1.voluntary - x0.voluntary) + (x1.involuntary - x0.involuntary)) / wall,
+        "threads": proc.num_threads(), "fds": proc.num_fds(),
+    }
+
+
+def wait_for_event(report: str, types: Sequence[str], timeout: float, proc: subprocess.Popen) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        if any(e.get("type") in types for e in read_events(report)):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def section_idle(root: str, res: Results, wait_s: float, sample_s: float) -> Dict[str, Any]:
+    print(f"\n[5] idle agent: one positive entry {wait_s:g} s away; sample CPU over {sample_s:g} s, then SIGTERM")
+    workdir = os.path.join(root, "idle")
+    os.makedirs(workdir, exist_ok=True)
+    sched = os.path.join(workdir, "schedule.json")
+    write_json(sched, [{"start_time": wait_s, "executable": "/bin/true"}])
+    report = os.path.join(workdir, "report.jsonl")
+    argv = [*agent_argv(), "run", "--local", sched, "--start-buffer", "0",
+            "--launch-dir", os.path.join(workdir, "launch"), "--state-dir", os.path.join(workdir, "state"),
+            "--report", report, "--quiet"]
+    t_start = time.monotonic()
+    with open(os.path.join(workdir, "agent.stderr"), "wb") as err:
+        proc = _spawn(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, cwd=workdir,
+                      env=child_env())
+    try:
+        if not wait_for_event(report, ("experiment_started", "start_time_set"), 15.0, proc):
+            raise RuntimeError("the agent did not reach the positive phase")
+        ready = time.monotonic() - t_start
+        time.sleep(1.0)  # let startup work settle
+        fig = sample_process(proc.pid, sample_s)
+        fig["ready_s"] = ready
+        if time.monotonic() - t_start > wait_s:
+            print("    WARNING: the sample ran into the entry's firing time")
+        t_term = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(15)
+        fig["stop_s"] = time.monotonic() - t_term
+        fig["rc"] = rc
+    finally:
+        _stop_child(proc)
+        if proc in _CHILDREN:
+            _CHILDREN.remove(proc)
+    types = [e.get("type") for e in read_events(report)]
+    fig["fired"] = types.count("entry_started")
+    fig["stopped_event"] = "agent_stopped" in types
+    print(f"    agent ready (positive phase) after {fig['ready_s']:.2f} s; SIGTERM -> exit {fig['rc']} in "
+          f"{fig['stop_s'] * 1000:.0f} ms, agent_stopped reported: {fig['stopped_event']}, "
+          f"entries fired: {fig['fired']}")
+    print(f"    cpu {fig['cpu_s']:.3f} s in {fig['wall']:.2f} s (psutil.cpu_percent {fig['cpu_pct_psutil']:.2f} %), "
+          f"{fig['wakeups_per_s']:.1f} context switches/s, {fig['threads']} threads, {fig['fds']} fds, "
+          f"USS {fig['uss_mb']:.1f} MB")
+
+    # Baseline: a bare interpreter with the same third-party imports.
+    base = _spawn([sys.executable, "-c", "import asyncio, psutil, yaml; import time; time.sleep(30)"],
+                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd=workdir)
+    try:
+        time.sleep(1.5)
+        bfig = sample_process(base.pid, 1.0)
+    finally:
+        _stop_child(base)
+        if base in _CHILDREN:
+            _CHILDREN.remove(base)
+    fig["baseline_rss_mb"] = bfig["rss_mb"]
+    fig["baseline_uss_mb"] = bfig["uss_mb"]
+    res.add("5 idle", f"agent CPU while waiting ({fig['wall']:.0f} s)", f"{fig['cpu_pct']:.2f} %",
+            f"< {TARGET_IDLE_CPU_PCT:g} %", fig["cpu_pct"] < TARGET_IDLE_CPU_PCT)
+    res.add("5 idle", "agent RSS", f"{fig['rss_mb']:.1f} MB", f"< {TARGET_IDLE_RSS_MB:g} MB",
+            fig["rss_mb"] < TARGET_IDLE_RSS_MB)
+    res.add("5 idle", "bare python+asyncio+psutil+yaml RSS", f"{bfig['rss_mb']:.1f} MB")
+    res.add("5 idle", "agent RSS / bare RSS", f"{fig['rss_mb'] / bfig['rss_mb']:.2f}x")
+    res.data["idle"] = fig
+    return fig
+
+
+# --------------------------------------------------------------------------- main
+def environment(tmp_root: str) -> Dict[str, Any]:
+    try:
+        commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, timeout=10, check=False).stdout.strip()
+        dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--", "vmr_handler"],
+                               capture_output=True, text=True, timeout=10, check=False).stdout.strip()
+        commit += " (+ uncommitted vmr_handler changes)" if dirty else ""
+    except (OSError, subprocess.SubprocessError):
+        commit = "?"
+    try:
+        from vmr_handler import __version__ as version
+    except ImportError:
+        version = "?"
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "python": platform.python_version(), "platform": platform.platform(),
+        "cpus": os.cpu_count(), "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "vmr_handler": version, "commit": commit, "tmp": f"{tmp_root} on {fs_type(tmp_root)}",
+    }
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smaller/shorter runs (smoke test)")
+    parser.add_argument("--only", default="1,2,3,4,5", help="comma list of sections to run (default all)")
+    parser.add_argument("--tmp-root", default=tempfile.gettempdir(),
+                        help="where the agent's launch/state dirs go (the file system matters: fsync)")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    parser.add_argument("--with-log", action="store_true",
+                        help="let the agent write its readable log (stderr, to a file) instead of --quiet")
+    parser.add_argument("--json", metavar="FILE", help="also write all figures as JSON to FILE")
+    args = parser.parse_args(argv)
+    only = {s.strip() for s in args.only.split(",") if s.strip()}
+
+    atexit.register(_cleanup_children)
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+
+    root = tempfile.mkdtemp(prefix="vmr-bench-", dir=args.tmp_root)
+    env = environment(root)
+    res = Results()
+    res.data["environment"] = env
+    res.data["mode"] = "quick" if args.quick else "full"
+    print(f"vmr-handler agent benchmarks ({res.data['mode']}) -- {env['date']}")
+    for key in ("python", "platform", "cpus", "load", "vmr_handler", "commit", "tmp"):
+        print(f"  {key:<12} {env[key]}")
+
+    burst_n = 200
+    repeats = 1 if args.quick else 3
+    t0 = time.monotonic()
+    failures = 0
+
+    def guarded(name: str, fn: Callable[[], Any]) -> Any:
+        nonlocal failures
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - report and go on with the other sections
+            failures += 1
+            print(f"    ERROR in section {name}: {exc!r}")
+            res.rows.append((name, "ERROR", "-", repr(exc)[:60], "ERROR"))
+            return None
+
+    agent_burst: Optional[Dict[str, float]] = None
+    agent_exec: Optional[Dict[str, float]] = None
+    try:
+        if "1" in only:
+            agent_burst = guarded("1", lambda: section_burst(root, res, burst_n, repeats, args.with_log))
+            agent_exec = guarded("1b", lambda: section_exec_times(root, res, burst_n, args.with_log))
+            guarded("1c", lambda: section_breakdown(root, res, burst_n))
+        if "2" in only:
+            n2 = 300 if args.quick else 1000
+            guarded("2", lambda: section_spread(root, res, n2, 0.01, args.with_log))
+        if "3" in only:
+            if agent_burst is None:
+                agent_burst = {"spread": math.nan, "max": math.nan}
+            guarded("3", lambda: section_baseline(root, res, burst_n, repeats, agent_burst, agent_exec))
+        if "4" in only:
+            guarded("4", lambda: section_plan(root, res, 100_000, 2_000 if args.quick else 10_000,
+                                              1 if args.quick else 2))
+        if "5" in only:
+            guarded("5", lambda: section_idle(root, res, 8.0 if args.quick else 20.0, 5.0))
+    finally:
+        _cleanup_children()
+        if args.keep:
+            print(f"\nkept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+    total = time.monotonic() - t0
+    res.data["total_s"] = total
+    print(f"\nSummary ({res.data['mode']}, {env['date']}, {env['cpus']} CPUs, load {env['load']}, "
+          f"total {total:.0f} s)\n")
+    print(res.table())
+    missed = sum(1 for r in res.rows if r[4] == "MISSED")
+    print(f"\n{missed} target(s) MISSED, {failures} section error(s). Exit 0: figures only, no pass/fail.")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"rows": res.rows, **res.data}, fh, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
