@@ -26,7 +26,7 @@ import math
 import os
 import subprocess
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Set
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from vmr_handler import __version__
 from vmr_handler.clock import SystemClock
@@ -45,7 +45,7 @@ from vmr_handler.executor import (
 )
 from vmr_handler.journal import DONE, FAILED, Journal
 from vmr_handler.schedule.model import EntryKind, Schedule, ScheduleEntry, TransferOut
-from vmr_handler.timeline import Plan, build_plan
+from vmr_handler.timeline import Plan, PlannedEntry, build_plan
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +101,8 @@ class _Positive:
     """Mutable state of the positive phase."""
 
     plan: Optional[Plan] = None
-    timers: List[asyncio.TimerHandle] = field(default_factory=list)  # re-armed on RESUME
-    end_timers: List[asyncio.TimerHandle] = field(default_factory=list)  # pause ends: never re-armed
-    pending: Set[int] = field(default_factory=set)  # entries / pauses armed but not yet fired
-    reported_pauses: Set[int] = field(default_factory=set)
+    timers: List[asyncio.TimerHandle] = field(default_factory=list)  # re-armed on every RESUME
+    pending: Set[Tuple[str, int]] = field(default_factory=set)  # ("entry"|"hold"|"hold_end", index) armed
 
 
 class Engine:
@@ -139,7 +137,7 @@ class Engine:
         self.stages = schedule.stage_times()
         self.phase = "starting"
         self.current_stage: Optional[int] = None
-        self.active_pause: Optional[Dict[str, Any]] = None
+        self._initial_hold: Optional[Dict[str, Any]] = None  # the -inf pause/break being waited out
         self._running: Dict[int, _Running] = {}
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()  # set on RESUME / entry end / failure
@@ -229,7 +227,8 @@ class Engine:
             "configured_at": self.journal.configured_at,
             "start_time": start,
             "experiment_time": None if start is None else now - start,
-            "active_pause": self.active_pause,
+            "active_pause": self._initial_hold
+            or self._active_hold(plan, None if start is None else now - start),
             "blocked_by_break": plan.blocked_by,
             "resumes": self.journal.resumes,
             "next_entries": upcoming,
@@ -244,6 +243,22 @@ class Engine:
             ],
             "failure": self._failure,
         }
+
+    def _active_hold(self, plan: Plan, now: Optional[float]) -> Optional[Dict[str, Any]]:
+        """The positive-time pause or break in effect at experiment time ``now``, if any."""
+        if now is None:
+            return None
+        for p in plan.entries:
+            if p.kind not in (EntryKind.PAUSE, EntryKind.BREAK) or p.fire_at is None:
+                continue
+            if math.isinf(p.fire_at) or p.fire_at > now:
+                continue
+            if p.kind is EntryKind.BREAK and plan.blocked_by == p.index:
+                return {"index": p.index, "kind": "break", "at": p.fire_at}
+            duration = self.schedule.entries[p.index].pause_duration or 0.0
+            if p.kind is EntryKind.PAUSE and now < p.fire_at + duration:
+                return {"index": p.index, "kind": "pause", "at": p.fire_at, "until": p.fire_at + duration}
+        return None
 
     # ------------------------------------------------------------------ main
     async def run(self) -> int:
@@ -361,7 +376,7 @@ class Engine:
             duration = entry.pause_duration or 0.0
             if math.isinf(duration):
                 self.phase = "break"
-                self.active_pause = {"index": entry.index, "kind": "break", "at": "-inf"}
+                self._initial_hold = {"index": entry.index, "kind": "break", "at": "-inf"}
                 self.emit(
                     EventType.BREAK_STARTED,
                     index=entry.index,
@@ -377,7 +392,7 @@ class Engine:
                 )
                 self._save()
                 self.phase = "pause"
-                self.active_pause = {
+                self._initial_hold = {
                     "index": entry.index,
                     "kind": "pause",
                     "at": "-inf",
@@ -392,7 +407,7 @@ class Engine:
                 )
                 await self._sleep_until_utc(began + duration)
                 self.emit(EventType.PAUSE_ENDED, index=entry.index, at=-math.inf, duration=duration)
-            self.active_pause = None
+            self._initial_hold = None
             self.journal.data["initial_done"].append(entry.index)
             self._save()
 
@@ -696,67 +711,66 @@ class Engine:
         for handle in self._pos.timers:
             handle.cancel()
         self._pos.timers = []
-        self._pos.pending = {i for i in self._pos.pending if i < 0}  # keep running pauses
+        self._pos.pending = set()
         self._pos.plan = plan
         start = self.journal.start_time
         assert start is not None
         loop = asyncio.get_running_loop()
         delta = loop.time() - self.clock.time()  # reference UTC -> loop monotonic
         groups: Dict[float, List[ScheduleEntry]] = {}
+        holds: Dict[str, List[int]] = self.journal.data.setdefault("holds", {})
         for p in plan.entries:
             if p.fire_at is None or math.isinf(p.fire_at):
                 continue
             entry = self.schedule.entries[p.index]
             if p.kind is EntryKind.POSITIVE and self.journal.entry_state(p.index) is None:
                 groups.setdefault(p.fire_at, []).append(entry)
-            elif p.kind in (EntryKind.PAUSE, EntryKind.BREAK) and p.index not in self._pos.reported_pauses:
-                self._pos.pending.add(p.index)
-                self._pos.timers.append(
-                    loop.call_at(start + p.fire_at + delta, self._pause_effect, p.index, p.fire_at)
-                )
+            elif p.kind in (EntryKind.PAUSE, EntryKind.BREAK):
+                duration = entry.pause_duration or 0.0
+                milestones = [("hold", p.fire_at)]
+                if p.kind is EntryKind.PAUSE:
+                    milestones.append(("hold_end", p.fire_at + duration))
+                for what, at in milestones:
+                    if p.index not in holds.get(what, []):
+                        self._pos.pending.add((what, p.index))
+                        self._pos.timers.append(
+                            loop.call_at(start + at + delta, self._hold_milestone, what, p)
+                        )
         for fire_at, entries in groups.items():
-            self._pos.pending.update(e.index for e in entries)
+            self._pos.pending.update(("entry", e.index) for e in entries)
             handle = loop.call_at(start + fire_at + delta, self._fire_group, fire_at, entries)
             self._pos.timers.append(handle)
         self._wake.set()
 
-    def _pause_effect(self, index: int, fire_at: float) -> None:
-        self._pos.pending.discard(index)
-        self._pos.reported_pauses.add(index)
-        entry = self.schedule.entries[index]
-        duration = entry.pause_duration or 0.0
-        if math.isinf(duration):
-            self.active_pause = {"index": index, "kind": "break", "at": fire_at}
-            self.emit(EventType.BREAK_STARTED, index=index, at=fire_at, details="schedule held until RESUME")
-        else:
-            self.active_pause = {"index": index, "kind": "pause", "at": fire_at, "until": fire_at + duration}
+    def _hold_milestone(self, what: str, p: PlannedEntry) -> None:
+        """Timer callback: a pause/break takes effect (``hold``) or a pause ends (``hold_end``)."""
+        self._pos.pending.discard((what, p.index))
+        self.journal.data.setdefault("holds", {}).setdefault(what, []).append(p.index)
+        with contextlib.suppress(JournalError):
+            self._save()
+        duration = self.schedule.entries[p.index].pause_duration or 0.0
+        assert p.fire_at is not None
+        if what == "hold_end":
+            self.emit(EventType.PAUSE_ENDED, index=p.index, at=p.fire_at + duration, duration=duration)
+        elif p.kind is EntryKind.BREAK:
             self.emit(
-                EventType.PAUSE_STARTED, index=index, at=fire_at, duration=duration, until=fire_at + duration
+                EventType.BREAK_STARTED, index=p.index, at=p.fire_at, details="schedule held until RESUME"
             )
-            loop = asyncio.get_running_loop()
-            self._pos.pending.add(-index - 1)
-            self._pos.end_timers.append(loop.call_later(duration, self._pause_end, index, fire_at, duration))
-        self._wake.set()
-
-    def _pause_end(self, index: int, fire_at: float, duration: float) -> None:
-        self._pos.pending.discard(-index - 1)
-        if self.active_pause and self.active_pause.get("index") == index:
-            self.active_pause = None
-        self.emit(EventType.PAUSE_ENDED, index=index, at=fire_at + duration, duration=duration)
+        else:
+            until = p.fire_at + duration
+            self.emit(EventType.PAUSE_STARTED, index=p.index, at=p.fire_at, duration=duration, until=until)
         self._wake.set()
 
     def _fire_group(self, fire_at: float, entries: List[ScheduleEntry]) -> None:
         """Timer callback: fire every entry scheduled at experiment time ``fire_at``."""
         if self._stop.is_set() or self._failure is not None:
             return
-        if self.active_pause and self.active_pause.get("kind") == "break":
-            self.active_pause = None  # a later entry firing means the break was resumed
         start = self.journal.start_time
         assert start is not None
         scheduled = start + fire_at
         prepared: List[_Prepared] = []
         for entry in entries:
-            self._pos.pending.discard(entry.index)
+            self._pos.pending.discard(("entry", entry.index))
             if self.journal.entry_state(entry.index) is not None:
                 continue
             item = self._prepare(entry)
@@ -779,7 +793,7 @@ class Engine:
 
     # ------------------------------------------------------------------ shutdown
     async def _shutdown(self) -> None:
-        for handle in [*self._pos.timers, *self._pos.end_timers]:
+        for handle in self._pos.timers:
             handle.cancel()
         self._pos.timers = []
         await self._kill_running()

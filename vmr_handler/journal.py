@@ -131,7 +131,8 @@ class Journal:
             "configured_at": None,
             "start_time": None,
             "resumes": [],
-            "reboot": None,  # {"stage": k, "requesters": [...], "rebooted": bool}
+            "reboot": None,  # {"stage": k, "requesters": [...]}
+            "holds": {},  # {"hold": [index...], "hold_end": [index...]}: positive-time pauses passed
             "failed": None,
         }
 
