@@ -58,15 +58,11 @@ ScheduleEntry.__qualname__ = "ScheduleEntry"
 def register_standin() -> None:
     """Put ``firewheel``, its subpackage and the entry module in ``sys.modules`` (pickle imports them)."""
     parts = MODULE.split(".")
-    parent = None
-    for i in range(1, len(parts) + 1):
-        name = ".".join(parts[:i])
-        module = types.ModuleType(name)
-        sys.modules[name] = module
-        if parent is not None:
-            setattr(parent, parts[i - 1], module)
-        parent = module
-    setattr(parent, "ScheduleEntry", ScheduleEntry)
+    modules = [types.ModuleType(".".join(parts[: i + 1])) for i in range(len(parts))]
+    for parent, child in zip(modules, modules[1:]):
+        setattr(parent, child.__name__.rpartition(".")[2], child)
+    modules[-1].ScheduleEntry = ScheduleEntry
+    sys.modules.update({m.__name__: m for m in modules})
 
 
 def entry_from_record(record: Dict[str, Any]) -> ScheduleEntry:
@@ -93,8 +89,13 @@ def main(argv: List[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--input", default=os.path.join(HERE, "demo.yaml"), help="YAML schedule to read")
     parser.add_argument("--output", default=os.path.join(HERE, "demo.pkl"), help="pickle to write")
-    parser.add_argument("--protocol", type=int, default=2, choices=range(pickle.HIGHEST_PROTOCOL + 1),
-                        help="pickle protocol (default 2)")
+    parser.add_argument(
+        "--protocol",
+        type=int,
+        default=2,
+        choices=range(pickle.HIGHEST_PROTOCOL + 1),
+        help="pickle protocol (default 2)",
+    )
     args = parser.parse_args(argv)
     with open(args.input, encoding="utf-8") as fh:
         records = yaml.safe_load(fh) or []

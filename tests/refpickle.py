@@ -15,7 +15,7 @@ import pickle
 import sys
 import threading
 import types
-from typing import Any, Dict, Iterator, List, Mapping
+from typing import Any, Dict, Iterator, List
 
 REFERENCE_CLASS = "firewheel.vm_resource_manager.schedule_entry.ScheduleEntry"
 
@@ -95,8 +95,3 @@ def reference_pause(start_time: float, duration: float, **fields: Any) -> Dict[s
     record["data"] = [*record["data"], {"pause_duration": duration}]
     record["pause"] = True
     return record
-
-
-def as_records(entries: List[Mapping[str, Any]]) -> List[Dict[str, Any]]:
-    """Shallow copies, so one test's records can be reused across formats safely."""
-    return [dict(e) for e in entries]

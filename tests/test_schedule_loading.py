@@ -66,16 +66,30 @@ def _json(records: List[Dict[str, Any]]) -> bytes:
 # The same schedule written by hand (YAML/JSON) and by the reference (pickle).
 HAND_WRITTEN: List[Dict[str, Any]] = [
     {"start_time": -math.inf, "pause": True, "data": [{"pause_duration": 5}]},
-    {"start_time": -20, "executable": "install.sh", "arguments": "--prefix ./opt",
-     "data": [{"location": "install.sh", "content": "#!/bin/sh\necho hi\n", "executable": True}]},
-    {"start_time": -20, "executable": None, "ignore_failure": True,
-     "data": [{"location": "/etc/tool.conf", "filename": "tool.conf", "executable": False}]},
+    {
+        "start_time": -20,
+        "executable": "install.sh",
+        "arguments": "--prefix ./opt",
+        "data": [{"location": "install.sh", "content": "#!/bin/sh\necho hi\n", "executable": True}],
+    },
+    {
+        "start_time": -20,
+        "executable": None,
+        "ignore_failure": True,
+        "data": [{"location": "/etc/tool.conf", "filename": "tool.conf", "executable": False}],
+    },
     {"start_time": 0, "pause": True, "data": [{"pause_duration": 2.5}]},
     {"start_time": 10, "executable": "/bin/echo", "arguments": "hello world"},
     {"start_time": 15, "pause": True, "data": [{"pause_duration": math.inf}]},
-    {"start_time": 30.5, "executable": "/bin/sh", "arguments": "-c 'ls > out.txt'",
-     "data": [{"location": "out.txt", "interval": 10, "destination": "/results"},
-              {"location": "/var/log/syslog", "interval": None, "destination": None}]},
+    {
+        "start_time": 30.5,
+        "executable": "/bin/sh",
+        "arguments": "-c 'ls > out.txt'",
+        "data": [
+            {"location": "out.txt", "interval": 10, "destination": "/results"},
+            {"location": "/var/log/syslog", "interval": None, "destination": None},
+        ],
+    },
     {"start_time": 40, "executable": "/usr/bin/host-tool", "on_host": True},
 ]
 
@@ -96,14 +110,26 @@ def _reference_records() -> List[Dict[str, Any]]:
 
 EXPECTED = (
     ScheduleEntry(0, -math.inf, data=(PauseSpec(5.0),), pause=True),
-    ScheduleEntry(1, -20.0, "install.sh", "--prefix ./opt",
-                  data=(ContentDrop("install.sh", b"#!/bin/sh\necho hi\n", True),)),
-    ScheduleEntry(2, -20.0, None, "", ignore_failure=True, data=(FileDrop("/etc/tool.conf", "tool.conf", False),)),
+    ScheduleEntry(
+        1,
+        -20.0,
+        "install.sh",
+        "--prefix ./opt",
+        data=(ContentDrop("install.sh", b"#!/bin/sh\necho hi\n", True),),
+    ),
+    ScheduleEntry(
+        2, -20.0, None, "", ignore_failure=True, data=(FileDrop("/etc/tool.conf", "tool.conf", False),)
+    ),
     ScheduleEntry(3, 0.0, data=(PauseSpec(2.5),), pause=True),
     ScheduleEntry(4, 10.0, "/bin/echo", "hello world"),
     ScheduleEntry(5, 15.0, data=(PauseSpec(math.inf),), pause=True),
-    ScheduleEntry(6, 30.5, "/bin/sh", "-c 'ls > out.txt'",
-                  data=(TransferOut("out.txt", 10.0, "/results"), TransferOut("/var/log/syslog", None, None))),
+    ScheduleEntry(
+        6,
+        30.5,
+        "/bin/sh",
+        "-c 'ls > out.txt'",
+        data=(TransferOut("out.txt", 10.0, "/results"), TransferOut("/var/log/syslog", None, None)),
+    ),
     ScheduleEntry(7, 40.0, "/usr/bin/host-tool", on_host=True),
 )
 
@@ -112,13 +138,23 @@ def test_yaml_json_and_pickle_of_the_same_schedule_give_equal_entries():
     from_yaml = load_schedule_bytes(_yaml(HAND_WRITTEN))
     from_json = load_schedule_bytes(_json(HAND_WRITTEN))
     from_pickle = load_schedule_bytes(reference_pickle(_reference_records(), protocol=2))
-    assert (from_yaml.source_format, from_json.source_format, from_pickle.source_format) == ("yaml", "json", "pickle")
+    assert (from_yaml.source_format, from_json.source_format, from_pickle.source_format) == (
+        "yaml",
+        "json",
+        "pickle",
+    )
     assert from_yaml.entries == EXPECTED
     assert from_json.entries == EXPECTED
     assert from_pickle.entries == EXPECTED
     assert [e.kind for e in EXPECTED] == [
-        EntryKind.PAUSE, EntryKind.NEGATIVE, EntryKind.NEGATIVE, EntryKind.PAUSE, EntryKind.POSITIVE,
-        EntryKind.BREAK, EntryKind.POSITIVE, EntryKind.HOST,
+        EntryKind.PAUSE,
+        EntryKind.NEGATIVE,
+        EntryKind.NEGATIVE,
+        EntryKind.PAUSE,
+        EntryKind.POSITIVE,
+        EntryKind.BREAK,
+        EntryKind.POSITIVE,
+        EntryKind.HOST,
     ]
     assert from_yaml.warnings == from_json.warnings == from_pickle.warnings == ()
     assert len({from_yaml.digest, from_json.digest, from_pickle.digest}) == 3
@@ -140,7 +176,11 @@ def test_pickle_is_detected_by_content_not_by_file_name(tmp_path):
     json_in_pkl.write_bytes(b'[{"start_time": 5, "executable": "/bin/true"}]')
 
     loaded = {p.name: load_schedule(str(p)) for p in (as_yaml_name, yaml_in_pkl, json_in_pkl)}
-    assert {name: s.source_format for name, s in loaded.items()} == {"x.yaml": "pickle", "x.pkl": "yaml", "y.pkl": "json"}
+    assert {name: s.source_format for name, s in loaded.items()} == {
+        "x.yaml": "pickle",
+        "x.pkl": "yaml",
+        "y.pkl": "json",
+    }
     for s in loaded.values():
         assert s.entries == (ScheduleEntry(0, 5.0, "/bin/true"),)
 
@@ -155,12 +195,18 @@ def test_every_protocol_is_detected_as_pickle(protocol):
 def test_reference_pickle_loads_with_every_protocol(protocol):
     blob = b"\x00\x01binary\xff\xfe" + bytes(range(256))
     records = [
-        reference_pause(-math.inf, math.inf),                                    # break at -inf
-        reference_record(-10, executable="drop.bin", ignore_failure=True,
-                         data=[{"location": "drop.bin", "content": blob, "executable": True},
-                               {"location": "empty", "content": b"", "executable": False},
-                               {"location": "text.txt", "content": "grüße\n", "executable": False}]),
-        reference_pause(0, 30),                                                   # pause at 0
+        reference_pause(-math.inf, math.inf),  # break at -inf
+        reference_record(
+            -10,
+            executable="drop.bin",
+            ignore_failure=True,
+            data=[
+                {"location": "drop.bin", "content": blob, "executable": True},
+                {"location": "empty", "content": b"", "executable": False},
+                {"location": "text.txt", "content": "grüße\n", "executable": False},
+            ],
+        ),
+        reference_pause(0, 30),  # pause at 0
         reference_record(7, executable="/bin/echo", arguments="a b", pause=None),
         reference_pause(-math.inf, 4),
     ]
@@ -168,17 +214,27 @@ def test_reference_pickle_loads_with_every_protocol(protocol):
     assert schedule.source_format == "pickle"
     assert schedule.entries == (
         ScheduleEntry(0, -math.inf, data=(PauseSpec(math.inf),), pause=True),
-        ScheduleEntry(1, -10.0, "drop.bin", ignore_failure=True, data=(
-            ContentDrop("drop.bin", blob, True),
-            ContentDrop("empty", b"", False),
-            ContentDrop("text.txt", "grüße\n".encode(), False),
-        )),
+        ScheduleEntry(
+            1,
+            -10.0,
+            "drop.bin",
+            ignore_failure=True,
+            data=(
+                ContentDrop("drop.bin", blob, True),
+                ContentDrop("empty", b"", False),
+                ContentDrop("text.txt", "grüße\n".encode(), False),
+            ),
+        ),
         ScheduleEntry(2, 0.0, data=(PauseSpec(30.0),), pause=True),
         ScheduleEntry(3, 7.0, "/bin/echo", "a b", pause=False),
         ScheduleEntry(4, -math.inf, data=(PauseSpec(4.0),), pause=True),
     )
     assert [e.kind for e in schedule.entries] == [
-        EntryKind.BREAK, EntryKind.NEGATIVE, EntryKind.PAUSE, EntryKind.POSITIVE, EntryKind.PAUSE,
+        EntryKind.BREAK,
+        EntryKind.NEGATIVE,
+        EntryKind.PAUSE,
+        EntryKind.POSITIVE,
+        EntryKind.PAUSE,
     ]
     assert schedule.warnings == ()
 
@@ -198,7 +254,9 @@ def test_pause_at_positive_time_keeps_its_time():
 
 
 def test_normal_entry_with_pause_none_is_not_a_pause():
-    (entry,) = load_schedule_bytes(reference_pickle([reference_record(3, executable="x", pause=None)], 2)).entries
+    (entry,) = load_schedule_bytes(
+        reference_pickle([reference_record(3, executable="x", pause=None)], 2)
+    ).entries
     assert entry.pause is False
     assert entry.kind is EntryKind.POSITIVE
 
@@ -216,7 +274,9 @@ def test_extra_pickle_attributes_are_ignored_with_a_warning_naming_them():
 
 
 def test_base_objects_schedule_entry_is_allowed_by_default():
-    blob = reference_pickle([reference_record(2, executable="/bin/true")], 2, class_path="base_objects.ScheduleEntry")
+    blob = reference_pickle(
+        [reference_record(2, executable="/bin/true")], 2, class_path="base_objects.ScheduleEntry"
+    )
     assert load_schedule_bytes(blob).entries == (ScheduleEntry(0, 2.0, "/bin/true"),)
 
 
@@ -235,7 +295,10 @@ def test_other_subclass_names_are_refused_unless_allow_listed(protocol):
 def test_allow_listing_a_subclass_keeps_the_reference_class_allowed():
     a = reference_pickle([reference_record(1)], 4, class_path="my_mc.DropEntry")
     b = reference_pickle([reference_record(1)], 4)
-    assert load_schedule_bytes(a, ["my_mc.DropEntry"]).entries == load_schedule_bytes(b, ["my_mc.DropEntry"]).entries
+    assert (
+        load_schedule_bytes(a, ["my_mc.DropEntry"]).entries
+        == load_schedule_bytes(b, ["my_mc.DropEntry"]).entries
+    )
 
 
 def test_refpickle_leaves_no_modules_behind():
@@ -249,7 +312,9 @@ def test_refpickle_leaves_no_modules_behind():
 # ----------------------------------------------------------------------------- YAML / JSON specifics
 def test_minus_inf_spelled_the_yaml_and_the_json_way():
     from_yaml = load_schedule_bytes(b"- start_time: -.inf\n  pause: true\n  data: [{pause_duration: 10}]\n")
-    from_json = load_schedule_bytes(b'[{"start_time": "-inf", "pause": true, "data": [{"pause_duration": 10}]}]')
+    from_json = load_schedule_bytes(
+        b'[{"start_time": "-inf", "pause": true, "data": [{"pause_duration": 10}]}]'
+    )
     expected = (ScheduleEntry(0, -math.inf, data=(PauseSpec(10.0),), pause=True),)
     assert from_yaml.entries == from_json.entries == expected
 
@@ -295,18 +360,45 @@ BAD_ENTRIES = [
     pytest.param({"executable": "/bin/echo"}, "start_time", id="start-missing"),
     pytest.param({"start_time": "soon", "executable": "/bin/echo"}, "start_time", id="start-string"),
     pytest.param({"start_time": math.inf, "executable": "/bin/echo"}, "start_time", id="start-inf-normal"),
-    pytest.param({"start_time": -math.inf, "executable": "/bin/echo"}, "start_time", id="start-minus-inf-normal"),
-    pytest.param({"start_time": 1, "executable": "/bin/echo", "arguments": [1, 2]}, "arguments", id="args-ints"),
-    pytest.param({"start_time": 1, "executable": "/bin/echo", "data": [{"location": "x"}]}, "data[0]",
-                 id="data-no-shape"),
-    pytest.param({"start_time": 1, "executable": "/bin/echo",
-                  "data": [{"location": "x", "content": "a", "filename": "b"}]}, "data[0]", id="data-two-shapes"),
-    pytest.param({"start_time": 1, "executable": "/bin/echo",
-                  "data": [{"location": "x", "content": "a", "mode": 493}]}, "data[0]", id="data-extra-key"),
-    pytest.param({"start_time": 1, "executable": "/bin/echo", "data": [{"location": "x", "interval": -3}]},
-                 "data[0].interval", id="data-negative-interval"),
-    pytest.param({"start_time": 1, "executable": "/bin/echo", "ignore_failure": "yes please"}, "ignore_failure",
-                 id="ignore-failure-string"),
+    pytest.param(
+        {"start_time": -math.inf, "executable": "/bin/echo"}, "start_time", id="start-minus-inf-normal"
+    ),
+    pytest.param(
+        {"start_time": 1, "executable": "/bin/echo", "arguments": [1, 2]}, "arguments", id="args-ints"
+    ),
+    pytest.param(
+        {"start_time": 1, "executable": "/bin/echo", "data": [{"location": "x"}]},
+        "data[0]",
+        id="data-no-shape",
+    ),
+    pytest.param(
+        {
+            "start_time": 1,
+            "executable": "/bin/echo",
+            "data": [{"location": "x", "content": "a", "filename": "b"}],
+        },
+        "data[0]",
+        id="data-two-shapes",
+    ),
+    pytest.param(
+        {
+            "start_time": 1,
+            "executable": "/bin/echo",
+            "data": [{"location": "x", "content": "a", "mode": 493}],
+        },
+        "data[0]",
+        id="data-extra-key",
+    ),
+    pytest.param(
+        {"start_time": 1, "executable": "/bin/echo", "data": [{"location": "x", "interval": -3}]},
+        "data[0].interval",
+        id="data-negative-interval",
+    ),
+    pytest.param(
+        {"start_time": 1, "executable": "/bin/echo", "ignore_failure": "yes please"},
+        "ignore_failure",
+        id="ignore-failure-string",
+    ),
 ]
 
 
@@ -329,17 +421,33 @@ def test_validation_error_names_index_executable_and_field(bad, field, fmt):
 
 
 BAD_PAUSES = [
-    pytest.param({"start_time": -5, "pause": True, "data": [{"pause_duration": 3}]}, "start_time", id="pause-at-minus-5"),
-    pytest.param({"start_time": math.inf, "pause": True, "data": [{"pause_duration": 3}]}, "start_time",
-                 id="pause-at-inf"),
-    pytest.param({"start_time": 5, "pause": True, "data": [{"pause_duration": -1}]}, "data[0].pause_duration",
-                 id="duration-minus-1"),
+    pytest.param(
+        {"start_time": -5, "pause": True, "data": [{"pause_duration": 3}]},
+        "start_time",
+        id="pause-at-minus-5",
+    ),
+    pytest.param(
+        {"start_time": math.inf, "pause": True, "data": [{"pause_duration": 3}]},
+        "start_time",
+        id="pause-at-inf",
+    ),
+    pytest.param(
+        {"start_time": 5, "pause": True, "data": [{"pause_duration": -1}]},
+        "data[0].pause_duration",
+        id="duration-minus-1",
+    ),
     pytest.param({"start_time": 5, "pause_duration": -1}, "pause_duration", id="shorthand-duration-minus-1"),
-    pytest.param({"start_time": 5, "pause": True, "data": [{"pause_duration": "long"}]}, "data[0].pause_duration",
-                 id="duration-string"),
+    pytest.param(
+        {"start_time": 5, "pause": True, "data": [{"pause_duration": "long"}]},
+        "data[0].pause_duration",
+        id="duration-string",
+    ),
     pytest.param({"start_time": 5, "pause": True}, "data", id="pause-without-duration"),
-    pytest.param({"start_time": 5, "pause": True, "executable": "/bin/echo", "data": [{"pause_duration": 3}]},
-                 "executable", id="pause-with-executable"),
+    pytest.param(
+        {"start_time": 5, "pause": True, "executable": "/bin/echo", "data": [{"pause_duration": 3}]},
+        "executable",
+        id="pause-with-executable",
+    ),
 ]
 
 
@@ -428,7 +536,9 @@ def test_all_problems_are_reported_at_once():
 
 def test_one_entry_with_several_problems_lists_them_all():
     with pytest.raises(ScheduleValidationError) as excinfo:
-        load_schedule_bytes(_yaml([{"start_time": "x", "executable": "/bin/e", "arguments": [1], "on_host": 3}]))
+        load_schedule_bytes(
+            _yaml([{"start_time": "x", "executable": "/bin/e", "arguments": [1], "on_host": 3}])
+        )
     fields = sorted(p.split("field ")[1].split(":")[0] for p in excinfo.value.problems)
     assert fields == ["'arguments'", "'on_host'", "'start_time'"]
 
@@ -444,7 +554,7 @@ def test_load_schedule_names_the_path_on_format_errors(tmp_path):
     assert "missing.pkl" in str(excinfo.value)
 
 
-# ----------------------------------------------------------------------------- malformed input stays a ScheduleError
+# ------------------------------------------------------------------ malformed input stays a ScheduleError
 # Whatever the bytes, the loader raises a ScheduleError (CLI exit 2), never another exception.
 DEPTH = 100_000
 
@@ -462,20 +572,40 @@ def test_deeply_nested_text_is_a_schedule_error(text):
         load_schedule_bytes(text)
 
 
+BIG = b"1" + b"0" * 400  # too large for a float
+HUGE = b"1" + b"0" * 5000  # more digits than Python's int <-> str conversion limit (4300)
+
+
 @pytest.mark.parametrize(
     "text",
     [
-        pytest.param(b"- {start_time: 1" + b"0" * 400 + b", executable: /bin/true}\n", id="yaml-start"),
-        pytest.param(b'[{"start_time": 1' + b"0" * 400 + b', "executable": "/bin/true"}]', id="json-start"),
-        pytest.param(b"- {start_time: 5, pause_duration: 1" + b"0" * 400 + b"}\n", id="yaml-pause-duration"),
-        pytest.param(b"- {start_time: 5, executable: x, data: [{location: a, interval: 1" + b"0" * 400 + b"}]}\n",
-                     id="yaml-interval"),
+        pytest.param(b"- {start_time: " + BIG + b", executable: /bin/true}\n", id="yaml-start"),
+        pytest.param(b'[{"start_time": ' + BIG + b', "executable": "/bin/true"}]', id="json-start"),
+        pytest.param(b"- {start_time: 5, pause_duration: " + BIG + b"}\n", id="yaml-pause-duration"),
+        pytest.param(
+            b"- {start_time: 5, executable: x, data: [{location: a, interval: " + BIG + b"}]}\n",
+            id="yaml-interval",
+        ),
     ],
 )
 def test_huge_integers_are_validation_errors(text):
     with pytest.raises(ScheduleValidationError) as excinfo:
         load_schedule_bytes(text)
     assert "entry 0" in str(excinfo.value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param(b"- {start_time: " + HUGE + b", executable: /bin/true}\n", id="yaml-start"),
+        pytest.param(
+            b'[{"start_time": 1, "executable": "x", "arguments": ' + HUGE + b"}]", id="json-arguments"
+        ),
+    ],
+)
+def test_integers_beyond_the_str_conversion_limit_are_schedule_errors(text):
+    with pytest.raises(ScheduleError):
+        load_schedule_bytes(text)
 
 
 @pytest.mark.parametrize(

@@ -46,13 +46,17 @@ def _records_from_text(data: bytes, fmt: str) -> Sequence[Mapping[str, Any]]:
             # JSON is also YAML; fall back only if YAML accepts it.
             try:
                 doc = yaml.safe_load(text)
-            except yaml.YAMLError:
+            except (yaml.YAMLError, ValueError, RecursionError):
                 raise ScheduleFormatError(f"invalid JSON: {exc}") from exc
+        except (ValueError, RecursionError) as exc:  # too deep, integer too long
+            raise ScheduleFormatError(f"invalid JSON: {type(exc).__name__}: {exc}") from exc
     else:
         try:
             doc = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             raise ScheduleFormatError(f"invalid YAML: {exc}") from exc
+        except (ValueError, RecursionError) as exc:
+            raise ScheduleFormatError(f"invalid YAML: {type(exc).__name__}: {exc}") from exc
     if isinstance(doc, Mapping) and set(doc) == {"schedule"}:
         doc = doc["schedule"]
     if doc is None:

@@ -9,7 +9,7 @@ runs arbitrary code, so :class:`RestrictedUnpickler` resolves *names* itself:
   whose only behaviour is to keep the state dict it is given;
 * ``copyreg._reconstructor`` / ``copy_reg._reconstructor`` -> a safe replacement that only
   builds a :class:`PickledEntry` (the real one calls ``base.__new__`` / ``base.__init__``);
-* ``builtins.object`` / ``__builtin__.object`` -> a marker for that replacement;
+* ``builtins.object`` / ``__builtin__.object`` -> a marker only that replacement accepts;
 * ``_codecs.encode`` and ``builtins.bytes`` -> safe bytes builders (protocol 0-2 bytes).
 
 Everything else is refused in ``find_class``, i.e. before it could ever be called, with
@@ -66,42 +66,63 @@ def _entry_class(name: str) -> type:
     return type("PickledEntry", (PickledEntry,), {"class_name": name})
 
 
-class _ObjectMarker:
-    """Returned for ``builtins.object``: only meaningful as ``_reconstructor``'s base argument."""
+class _SafeGlobal:
+    """What ``find_class`` returns for an admitted helper: a fresh, immutable callable per load.
+
+    A pickle's BUILD opcode would otherwise ``setattr`` on the shared function; here it raises.
+    """
+
+    __slots__ = ("_fn", "name")
+
+    def __init__(self, name: str, fn: Any) -> None:
+        self.name = name
+        self._fn = fn
+
+    def __call__(self, *args: Any) -> Any:
+        return self._fn(self.name, *args)
+
+    def __setstate__(self, state: Any) -> None:
+        raise UnsafePickleError(f"setting state on {self.name}")
 
 
-def _safe_reconstructor(cls: Any, base: Any, state: Any) -> PickledEntry:
+def _object_marker(name: str, *args: Any) -> Any:
+    """``builtins.object()`` called by a pickle: harmless, but nothing a schedule needs."""
+    raise UnsafePickleError(f"{name}() call")
+
+
+def _safe_reconstructor(name: str, cls: Any, base: Any, state: Any = None) -> PickledEntry:
     """Safe ``copyreg._reconstructor``: builds only allow-listed entries on a plain object base."""
     if not (isinstance(cls, type) and issubclass(cls, PickledEntry)):
-        raise UnsafePickleError(f"copyreg._reconstructor({getattr(cls, '__name__', cls)!r}, ...)")
-    if base is not _ObjectMarker or state is not None:
-        raise UnsafePickleError("copyreg._reconstructor with a base other than object")
+        raise UnsafePickleError(f"{name}({getattr(cls, '__name__', type(cls).__name__)}, ...)")
+    if not (isinstance(base, _SafeGlobal) and base.name.endswith(".object")) or state is not None:
+        base_name = base.name if isinstance(base, _SafeGlobal) else type(base).__name__
+        raise UnsafePickleError(f"{name} with base {base_name} (only object is allowed)")
     obj = cls.__new__(cls)
     obj.state = {}
     return obj
 
 
-def _safe_codecs_encode(text: Any, encoding: str = "utf-8") -> bytes:
+def _safe_codecs_encode(name: str, text: Any, encoding: str = "utf-8") -> bytes:
     """Safe ``_codecs.encode``: protocol 0-2 pickles spell bytes as ``encode(str, 'latin1')``."""
     if not isinstance(text, str) or encoding not in ("latin1", "latin-1", "utf-8", "utf8"):
-        raise UnsafePickleError(f"_codecs.encode({type(text).__name__}, {encoding!r})")
+        raise UnsafePickleError(f"{name}({type(text).__name__}, {str(encoding)[:20]!r})")
     return text.encode(encoding)
 
 
-def _safe_bytes(*args: Any) -> bytes:
+def _safe_bytes(name: str, *args: Any) -> bytes:
     """Safe ``builtins.bytes``: only ``bytes()`` or ``bytes(list_of_ints)``."""
     if not args:
         return b""
     if len(args) == 1 and isinstance(args[0], (list, tuple)) and all(isinstance(x, int) for x in args[0]):
         return bytes(args[0])
-    raise UnsafePickleError("builtins.bytes with unexpected arguments")
+    raise UnsafePickleError(f"{name} with unexpected arguments")
 
 
 _SAFE_GLOBALS: Dict[str, Any] = {
     "copyreg._reconstructor": _safe_reconstructor,
     "copy_reg._reconstructor": _safe_reconstructor,
-    "builtins.object": _ObjectMarker,
-    "__builtin__.object": _ObjectMarker,
+    "builtins.object": _object_marker,
+    "__builtin__.object": _object_marker,
     "_codecs.encode": _safe_codecs_encode,
     "builtins.bytes": _safe_bytes,
     "__builtin__.bytes": _safe_bytes,
@@ -129,7 +150,7 @@ class RestrictedUnpickler(pickle.Unpickler):
         if full in self._allowed:
             return self._allowed[full]
         if full in _SAFE_GLOBALS:
-            return _SAFE_GLOBALS[full]
+            return _SafeGlobal(full, _SAFE_GLOBALS[full])  # fresh per use: nothing shared to mutate
         raise UnsafePickleError(full)
 
     def persistent_load(self, pid: Any) -> Any:

@@ -8,6 +8,7 @@ together as one :class:`~vmr_handler.errors.ScheduleValidationError`.
 from __future__ import annotations
 
 import math
+import reprlib
 import sys
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -46,29 +47,59 @@ def _is_number(value: Any) -> bool:
 
 
 def parse_number(value: Any) -> Optional[float]:
-    """A number from an int/float or the strings ``inf``/``-inf``/``.inf`` (JSON), else None."""
+    """A float from an int/float or a numeric string (``"1e3"``, ``"inf"``, ``"-.inf"``), else None.
+
+    Integers too large for a float give None (reported as invalid, never an OverflowError).
+    """
     if _is_number(value):
-        return float(value)
-    if isinstance(value, str):
+        try:
+            return float(value)
+        except OverflowError:
+            return None
+    if isinstance(value, str) and len(value) < 64:
         text = value.strip().lower()
-        if text in ("inf", ".inf", "+inf", "+.inf", "infinity"):
+        if text in (".inf", "+.inf"):
             return math.inf
-        if text in ("-inf", "-.inf", "-infinity"):
+        if text == "-.inf":
             return -math.inf
+        try:
+            return float(text)
+        except ValueError:
+            return None
     return None
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel = 3
+_REPR.maxstring = 80
+_REPR.maxother = 80
+
+
+def show(value: Any) -> str:
+    """A short, safe ``repr`` of untrusted data for error messages (never raises)."""
+    try:
+        return _REPR.repr(value)
+    except (ValueError, RecursionError, TypeError):
+        return f"<{type(value).__name__}>"
+
+
+def _names(keys: Any) -> List[str]:
+    """Sorted printable names of mapping keys of any type."""
+    return sorted(k if isinstance(k, str) else show(k) for k in keys)
 
 
 class _Problems:
     def __init__(self) -> None:
         self.items: List[str] = []
 
-    def add(self, where: str, field: str, message: str) -> None:
-        self.items.append(f"{where}: field {field!r}: {message}")
+    def add(self, where: str, field: Any, message: str) -> None:
+        name = field if isinstance(field, str) else show(field)
+        self.items.append(f"{where}: field {name!r}: {message}")
 
 
 def _where(index: int, record: Mapping[str, Any]) -> str:
     exe = record.get("executable")
-    return f"entry {index} ({exe!r})" if isinstance(exe, str) and exe else f"entry {index}"
+    return f"entry {index} ({show(exe)})" if isinstance(exe, str) and exe else f"entry {index}"
 
 
 def _data_item(raw: Any, where: str, pos: int, problems: _Problems) -> Optional[DataItem]:
@@ -84,7 +115,7 @@ def _data_item(raw: Any, where: str, pos: int, problems: _Problems) -> Optional[
         problems.add(
             where,
             field,
-            f"keys {sorted(keys)} match none or several of the data shapes "
+            f"keys {_names(keys)} match none or several of the data shapes "
             "{location, content, executable}, {location, filename, executable}, "
             "{location, interval, destination}, {pause_duration}",
         )
@@ -96,9 +127,9 @@ def _data_item(raw: Any, where: str, pos: int, problems: _Problems) -> Optional[
     if missing or extra:
         detail = []
         if missing:
-            detail.append(f"missing {sorted(missing)}")
+            detail.append(f"missing {_names(missing)}")
         if extra:
-            detail.append(f"unknown {sorted(extra)}")
+            detail.append(f"unknown {_names(extra)}")
         problems.add(where, field, f"{shape} item: {', '.join(detail)}")
         return None
     if shape == "pause_duration":
@@ -107,19 +138,19 @@ def _data_item(raw: Any, where: str, pos: int, problems: _Problems) -> Optional[
             problems.add(
                 where,
                 f"{field}.pause_duration",
-                f"must be a number >= 0 or inf, got {raw['pause_duration']!r}",
+                f"must be a number >= 0 or inf, got {show(raw['pause_duration'])}",
             )
             return None
         return PauseSpec(duration)
     location = raw["location"]
     if not isinstance(location, str) or not location or "\x00" in location:
-        problems.add(where, f"{field}.location", f"must be a non-empty path string, got {location!r}")
+        problems.add(where, f"{field}.location", f"must be a non-empty path string, got {show(location)}")
         return None
     executable = raw.get("executable", False)
     if executable is None:
         executable = False
     if shape in ("content", "filename") and not isinstance(executable, bool):
-        problems.add(where, f"{field}.executable", f"must be true/false, got {executable!r}")
+        problems.add(where, f"{field}.executable", f"must be true/false, got {show(executable)}")
         return None
     if shape == "content":
         content = raw["content"]
@@ -132,17 +163,19 @@ def _data_item(raw: Any, where: str, pos: int, problems: _Problems) -> Optional[
     if shape == "filename":
         filename = raw["filename"]
         if not isinstance(filename, str) or not filename or "\x00" in filename:
-            problems.add(where, f"{field}.filename", f"must be a non-empty string, got {filename!r}")
+            problems.add(where, f"{field}.filename", f"must be a non-empty string, got {show(filename)}")
             return None
         return FileDrop(location, filename, executable)
     interval_raw = raw.get("interval")
     interval = None if interval_raw is None else parse_number(interval_raw)
     if interval_raw is not None and (interval is None or not math.isfinite(interval) or interval <= 0):
-        problems.add(where, f"{field}.interval", f"must be a number > 0 or null (once), got {interval_raw!r}")
+        problems.add(
+            where, f"{field}.interval", f"must be a number > 0 or null (once), got {show(interval_raw)}"
+        )
         return None
     destination = raw.get("destination")
     if destination is not None and not isinstance(destination, str):
-        problems.add(where, f"{field}.destination", f"must be a string or null, got {destination!r}")
+        problems.add(where, f"{field}.destination", f"must be a string or null, got {show(destination)}")
         return None
     return TransferOut(location, interval, destination)
 
@@ -157,11 +190,11 @@ def validate_record(
         if strict_fields:
             problems.add(
                 where,
-                sorted(unknown)[0],
-                f"unknown field(s) {sorted(unknown)}; known: {sorted(ENTRY_FIELDS)}",
+                _names(unknown)[0],
+                f"unknown field(s) {_names(unknown)}; known: {sorted(ENTRY_FIELDS)}",
             )
         else:
-            warnings.append(f"{where}: ignored extra attribute(s) {sorted(unknown)}")
+            warnings.append(f"{where}: ignored extra attribute(s) {_names(unknown)}")
     count_before = len(problems.items)
 
     # pause / data
@@ -169,7 +202,7 @@ def validate_record(
     if pause_raw is None:
         pause_raw = False
     if not isinstance(pause_raw, bool):
-        problems.add(where, "pause", f"must be true/false, got {pause_raw!r}")
+        problems.add(where, "pause", f"must be true/false, got {show(pause_raw)}")
         pause_raw = False
     data_raw = record.get("data", [])
     if data_raw is None:
@@ -186,19 +219,25 @@ def validate_record(
         duration = parse_number(record["pause_duration"])
         if duration is None or math.isnan(duration) or duration < 0:
             problems.add(
-                where, "pause_duration", f"must be a number >= 0 or inf, got {record['pause_duration']!r}"
+                where, "pause_duration", f"must be a number >= 0 or inf, got {show(record['pause_duration'])}"
             )
         else:
             data.append(PauseSpec(duration))
-    pauses = [d for d in data if isinstance(d, PauseSpec)]
-    is_pause = pause_raw or bool(pauses)
-    if is_pause and len(pauses) != 1:
-        problems.add(where, "data", f"a pause entry needs exactly one pause_duration, found {len(pauses)}")
+    # count pause_duration items as written (an invalid one is already reported above)
+    pause_items = (
+        sum(1 for raw in data_raw if isinstance(raw, Mapping) and "pause_duration" in raw)
+        if isinstance(data_raw, (list, tuple))
+        else 0
+    )
+    pause_items += 1 if strict_fields and "pause_duration" in record else 0
+    is_pause = pause_raw or pause_items > 0
+    if is_pause and pause_items != 1:
+        problems.add(where, "data", f"a pause entry needs exactly one pause_duration, found {pause_items}")
 
     # executable / arguments
     executable = record.get("executable")
     if executable is not None and (not isinstance(executable, str) or not executable or "\x00" in executable):
-        problems.add(where, "executable", f"must be a non-empty string or null, got {executable!r}")
+        problems.add(where, "executable", f"must be a non-empty string or null, got {show(executable)}")
         executable = None
     if is_pause and executable:
         problems.add(where, "executable", "a pause/break entry cannot run a program")
@@ -211,14 +250,14 @@ def validate_record(
     elif isinstance(arguments_raw, (list, tuple)) and all(isinstance(a, str) for a in arguments_raw):
         arguments = " ".join(arguments_raw)  # the reference joins lists with spaces
     else:
-        problems.add(where, "arguments", f"must be a string or a list of strings, got {arguments_raw!r}")
+        problems.add(where, "arguments", f"must be a string or a list of strings, got {show(arguments_raw)}")
     if "\x00" in arguments:
         problems.add(where, "arguments", "must not contain NUL bytes")
 
     for flag in ("ignore_failure", "on_host"):
         value = record.get(flag, False)
         if value is not None and not isinstance(value, bool):
-            problems.add(where, flag, f"must be true/false, got {value!r}")
+            problems.add(where, flag, f"must be true/false, got {show(value)}")
 
     # start_time
     start_raw = record.get("start_time")
@@ -227,7 +266,7 @@ def validate_record(
         problems.add(
             where,
             "start_time",
-            f"must be a number, got {start_raw!r}" if "start_time" in record else "is missing",
+            f"must be a number, got {show(start_raw)}" if "start_time" in record else "is missing",
         )
     elif math.isnan(start):
         problems.add(where, "start_time", "must not be NaN")
@@ -235,10 +274,12 @@ def validate_record(
         if 0 < start <= _FLOAT_TRICK_LIMIT:
             start = 0.0  # the reference's pause "at 0" (0 + sys.float_info.min)
         if start == math.inf or (start < 0 and start != -math.inf):
-            problems.add(where, "start_time", f"a pause/break may only be at -inf, 0 or > 0, got {start!r}")
+            problems.add(
+                where, "start_time", f"a pause/break may only be at -inf, 0 or > 0, got {show(start)}"
+            )
     else:
         if not math.isfinite(start):
-            problems.add(where, "start_time", f"must be a finite number, got {start!r}")
+            problems.add(where, "start_time", f"must be a finite number, got {show(start)}")
         elif start == 0:
             problems.add(where, "start_time", "0 is the experiment barrier; normal entries need < 0 or > 0")
 
