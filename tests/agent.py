@@ -35,7 +35,9 @@ class Agent:
         schedule: list of entry dicts (written as YAML) or raw bytes (written as-is).
     """
 
-    def __init__(self, root: Path, schedule: Any, *, start_buffer: float = 1.0, extra: Optional[List[str]] = None):
+    def __init__(
+        self, root: Path, schedule: Any, *, start_buffer: float = 1.0, extra: Optional[List[str]] = None
+    ):
         self.root = root
         self.launch = root / "launch"
         self.state = root / "s"
@@ -46,16 +48,27 @@ class Agent:
         else:
             self.schedule_path.write_text(yaml.safe_dump(schedule))
         self.args = [
-            "run", "--local", str(self.schedule_path), "--start-buffer", str(start_buffer),
-            "--launch-dir", str(self.launch), "--state-dir", str(self.state), "--report", str(self.report),
+            "run",
+            "--local",
+            str(self.schedule_path),
+            "--start-buffer",
+            str(start_buffer),
+            "--launch-dir",
+            str(self.launch),
+            "--state-dir",
+            str(self.state),
+            "--report",
+            str(self.report),
             *(extra or []),
         ]
         self.proc: Optional[subprocess.Popen] = None
 
-    def start(self) -> "Agent":
+    def start(self) -> Agent:
         """Start the agent; its stdout/stderr go to ``agent.log`` (a pipe nobody reads could fill)."""
         with open(self.root / "agent.log", "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "vmr_handler", *self.args], stdout=log, stderr=log)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "vmr_handler", *self.args], stdout=log, stderr=log
+            )
         return self
 
     def wait(self, timeout: float = WAIT) -> int:
@@ -96,7 +109,9 @@ class Agent:
                     out.append(ev)
         return out
 
-    def wait_for(self, pred: Callable[[List[Dict[str, Any]]], bool], timeout: float = WAIT) -> List[Dict[str, Any]]:
+    def wait_for(
+        self, pred: Callable[[List[Dict[str, Any]]], bool], timeout: float = WAIT
+    ) -> List[Dict[str, Any]]:
         """Poll the report until ``pred(events)`` holds (bounded)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -107,16 +122,22 @@ class Agent:
                 evs = self.events()
                 if pred(evs):
                     return evs
-                raise AssertionError(f"agent exited {self.proc.returncode} before condition; events: {evs[-5:]}")
+                raise AssertionError(
+                    f"agent exited {self.proc.returncode} before condition; events: {evs[-5:]}"
+                )
             time.sleep(0.05)
         raise AssertionError("timed out waiting for condition")
 
     def wait_event(self, type_: str, **match: Any) -> Dict[str, Any]:
         def pred(evs: List[Dict[str, Any]]) -> bool:
-            return any(e["type"] == type_ and all(e["data"].get(k) == v for k, v in match.items()) for e in evs)
+            return any(
+                e["type"] == type_ and all(e["data"].get(k) == v for k, v in match.items()) for e in evs
+            )
 
         evs = self.wait_for(pred)
-        return next(e for e in evs if e["type"] == type_ and all(e["data"].get(k) == v for k, v in match.items()))
+        return next(
+            e for e in evs if e["type"] == type_ and all(e["data"].get(k) == v for k, v in match.items())
+        )
 
     def by_index(self, type_: str) -> Dict[int, List[Dict[str, Any]]]:
         out: Dict[int, List[Dict[str, Any]]] = {}

@@ -148,8 +148,11 @@ def test_sigkill_then_restart_resumes_without_rerunning(tmp_path, agents):
     sched = [
         {"start_time": -10, "executable": "/bin/sh", "arguments": f"-c 'echo x >> {count_a}'"},
         # first run: hang; second run: finish at once
-        {"start_time": -5, "executable": "/bin/sh",
-         "arguments": f"-c 'echo x >> {count_b}; if [ $(wc -l < {count_b}) -eq 1 ]; then sleep 60; fi'"},
+        {
+            "start_time": -5,
+            "executable": "/bin/sh",
+            "arguments": f"-c 'echo x >> {count_b}; if [ $(wc -l < {count_b}) -eq 1 ]; then sleep 60; fi'",
+        },
         {"start_time": 0.5, "executable": "/bin/true"},
     ]
     a = _agent(agents, tmp_path, sched, start_buffer=0.1).start()
@@ -177,7 +180,10 @@ def _reboot_schedule(tmp_path: Path, how: str) -> list:
     if how == "exit":
         body = f"echo x >> {runs}; if [ $(wc -l < {runs}) -eq 1 ]; then exit 10; fi"
     else:
-        body = f"echo x >> {runs}; test ! -e reboot || echo STALE; if [ $(wc -l < {runs}) -eq 1 ]; then touch reboot; fi"
+        body = (
+            f"echo x >> {runs}; test ! -e reboot || echo STALE; "
+            f"if [ $(wc -l < {runs}) -eq 1 ]; then touch reboot; fi"
+        )
     return [
         {"start_time": -10, "executable": "/bin/sh", "arguments": f"-c '{body}'"},
         {"start_time": -10, "executable": "/bin/sh", "arguments": f"-c 'echo x >> {other}'"},
@@ -228,7 +234,7 @@ def test_output_is_streamed_while_running_and_lossless(tmp_path, agents):
         "o.write(b'first\\n'); o.flush(); time.sleep(1.0)\n"
         "o.write(b'\\xff\\xfe\\x00 not utf8\\n')\n"
         "o.write(b'42\\n')\n"
-        "o.write(b'{\"type\": \"output\", \"id\": 1}\\n')\n"
+        'o.write(b\'{"type": "output", "id": 1}\\n\')\n'
         "o.write(b'x' * (10 * 1024 * 1024) + b'\\n')\n"
         "o.write(b'no newline at end')\n"
         "sys.stderr.write('err line\\n')\n"
@@ -243,7 +249,8 @@ def test_output_is_streamed_while_running_and_lossless(tmp_path, agents):
     assert first["data"]["line"] == "first"
     assert a.wait() == 0, a.log()
     expected = (
-        b"first\n\xff\xfe\x00 not utf8\n42\n" b'{"type": "output", "id": 1}\n' + b"x" * (10 * 1024 * 1024) + b"\nno newline at end"
+        b"first\n\xff\xfe\x00 not utf8\n42\n"
+        b'{"type": "output", "id": 1}\n' + b"x" * (10 * 1024 * 1024) + b"\nno newline at end"
     )
     assert a.output_bytes(0) == expected
     assert a.output_bytes(0, "stderr") == b"err line\n"
@@ -294,11 +301,20 @@ def test_content_and_file_drops_with_modes_and_hashes(tmp_path, agents):
     res.mkdir()
     (res / "tool.sh").write_text("#!/bin/sh\necho tool $1\n")
     sched = [
-        {"start_time": -5, "executable": "tool.sh", "arguments": "ran",
-         "data": [{"location": "tool.sh", "filename": "tool.sh", "executable": True},
-                  {"location": "conf/a.txt", "content": "hello"}]},
-        {"start_time": -5, "executable": "tool.sh", "data": [{"location": "tool.sh", "filename": "tool.sh",
-                                                              "executable": True}]},
+        {
+            "start_time": -5,
+            "executable": "tool.sh",
+            "arguments": "ran",
+            "data": [
+                {"location": "tool.sh", "filename": "tool.sh", "executable": True},
+                {"location": "conf/a.txt", "content": "hello"},
+            ],
+        },
+        {
+            "start_time": -5,
+            "executable": "tool.sh",
+            "data": [{"location": "tool.sh", "filename": "tool.sh", "executable": True}],
+        },
     ]
     a = _agent(agents, tmp_path, sched, start_buffer=0, extra=["--resources", str(res)])
     assert a.run() == 0, a.log()
@@ -355,8 +371,10 @@ def test_other_schedule_starts_fresh_journal_kept_aside(tmp_path, agents):
 
 def test_finished_schedule_rerun_runs_nothing_again(tmp_path, agents):
     count = tmp_path / "n"
-    sched = [{"start_time": -1, "executable": "/bin/sh", "arguments": f"-c 'echo x >> {count}'"},
-             {"start_time": 0.1, "executable": "/bin/sh", "arguments": f"-c 'echo y >> {count}'"}]
+    sched = [
+        {"start_time": -1, "executable": "/bin/sh", "arguments": f"-c 'echo x >> {count}'"},
+        {"start_time": 0.1, "executable": "/bin/sh", "arguments": f"-c 'echo y >> {count}'"},
+    ]
     a = _agent(agents, tmp_path, sched, start_buffer=0)
     assert a.run() == 0
     assert a.run() == 0
