@@ -388,3 +388,60 @@ def test_hostile_pickle_is_refused_by_run(tmp_path, agents):
     assert a.run() == 2
     assert not marker.exists()
     assert "posix.system" in a.log()
+
+
+def test_minus_inf_pause_delays_stages_and_positive_entries(tmp_path, agents):
+    sched = [
+        {"start_time": float("-inf"), "pause": True, "data": [{"pause_duration": 1.0}]},
+        {"start_time": -5, "executable": "/bin/true"},
+        {"start_time": 0.5, "executable": "/bin/true"},
+    ]
+    a = _agent(agents, tmp_path, sched, start_buffer=0.1)
+    assert a.run() == 0, a.log()
+    ev = a.events()
+    types = [e["type"] for e in ev]
+    assert types.index("pause_started") < types.index("pause_ended") < types.index("stage_started")
+    began = a.events("pause_started")[0]["timestamp"]
+    assert a.events("stage_started")[0]["timestamp"] >= began + 1.0 - 0.01
+    start = a.events("start_time_set")[0]["data"]["start_time"]
+    assert a.by_index("entry_started")[2][0]["data"]["scheduled"] == pytest.approx(start + 1.5, abs=1e-6)
+
+
+def test_status_shows_active_positive_pause(tmp_path, agents):
+    sched = [
+        {"start_time": 0.2, "pause": True, "data": [{"pause_duration": 30}]},
+        {"start_time": 1, "executable": "/bin/true"},
+    ]
+    a = _agent(agents, tmp_path, sched, start_buffer=0.1).start()
+    a.wait_event("pause_started")
+    reply = json.loads(cli("status", "--state-dir", str(a.state), "--json").stdout)
+    result = reply["result"]
+    assert result["active_pause"]["kind"] == "pause" and result["active_pause"]["index"] == 0
+    assert result["next_entries"][0]["index"] == 1
+    assert result["next_entries"][0]["fire_at"] == pytest.approx(31)
+    a.signal(signal.SIGTERM)
+    assert a.wait() == 0
+
+
+def test_restart_in_positive_time_fires_overdue_entries_once(tmp_path, agents):
+    count = tmp_path / "n"
+    sched = [
+        {"start_time": 0.2, "executable": "/bin/sh", "arguments": f"-c 'echo a >> {count}'"},
+        {"start_time": 0.3, "pause": True, "data": [{"pause_duration": 0.2}]},
+        {"start_time": 3, "executable": "/bin/sh", "arguments": f"-c 'echo b >> {count}'"},
+        {"start_time": 4, "executable": "/bin/sh", "arguments": f"-c 'echo c >> {count}'"},
+    ]
+    a = _agent(agents, tmp_path, sched, start_buffer=0.1).start()
+    a.wait_event("pause_ended")
+    a.kill()
+    time.sleep(4.0)  # entries 2 and 3 become overdue while the agent is down
+    b = _agent(agents, tmp_path, sched, start_buffer=0.1)
+    b.report = tmp_path / "report2.jsonl"
+    b.args[b.args.index("--report") + 1] = str(b.report)
+    assert b.run() == 0, b.log()
+    assert sorted(count.read_text().split()) == ["a", "b", "c"]
+    late = {e["data"]["index"]: e["data"]["lateness"] for e in b.events("entry_started")}
+    assert sorted(late) == [2, 3] and all(v > 0.5 for v in late.values())
+    assert not b.events("pause_started")  # already reported before the crash
+    start_a = a.events("start_time_set")[0]["data"]["start_time"]
+    assert b.events("start_time_set")[0]["data"]["start_time"] == start_a  # never changes
