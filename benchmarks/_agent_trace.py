@@ -91,7 +91,12 @@ def _install() -> List[str]:
             traced.append("psutil_create_time")
     except ImportError:
         pass
-    # The spawn itself: asyncio.create_subprocess_exec as seen by the executor module.
+    # The synchronous fork/exec inside every spawn (blocks the event loop).
+    import subprocess
+
+    if _wrap(subprocess.Popen, "__init__", "popen"):
+        traced.append("popen")
+    # The whole spawn: asyncio.create_subprocess_exec call -> return (includes waiting).
     orig_cse: Callable[..., Any] = asyncio.create_subprocess_exec
 
     async def cse(*args: Any, **kwargs: Any) -> Any:
@@ -100,7 +105,7 @@ def _install() -> List[str]:
         _record("spawn", t_in, time.time())
         return proc
 
-    asyncio.create_subprocess_exec = cse  # type: ignore[assignment]
+    asyncio.create_subprocess_exec = cse
     traced.append("spawn")
     return traced
 

@@ -15,6 +15,7 @@ Sections:
   1b the same with ``/bin/date +%s.%N``: when the processes really ran (exec times).
   1c the same burst with timing probes inside the agent: where the lateness goes.
   2  1000 entries 10 ms apart over 10 s: lateness p50/p99/max.
+  2b the same with timing probes: what the late entries waited for.
   3  bare asyncio baseline: 200 processes at one instant, no vmr_handler; ratios.
   4  ``build_plan`` / ``vmr-handler plan --json`` for a 100 000-entry schedule.
   5  idle CPU% and RSS while waiting for an entry 20 s away; bare-Python RSS baseline.
@@ -55,17 +56,17 @@ TARGET_IDLE_CPU_PCT = 0.5
 TARGET_IDLE_RSS_MB = 50.0
 
 # --------------------------------------------------------------------------- child processes
-_CHILDREN: List[subprocess.Popen] = []
+_CHILDREN: List[subprocess.Popen[bytes]] = []
 
 
-def _spawn(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen:
+def _spawn(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
     """Start a child in its own session and remember it for cleanup."""
     proc = subprocess.Popen(list(argv), start_new_session=True, **kwargs)
     _CHILDREN.append(proc)
     return proc
 
 
-def _stop_child(proc: subprocess.Popen, term_timeout: float = 10.0) -> None:
+def _stop_child(proc: subprocess.Popen[bytes], term_timeout: float = 10.0) -> None:
     """SIGTERM ``proc`` (the agent then kills its own entry trees); SIGKILL what is left."""
     if proc.poll() is not None:
         return
@@ -107,7 +108,7 @@ def _cleanup_children() -> None:
     for proc in list(_CHILDREN):
         try:
             _stop_child(proc, term_timeout=5.0)
-        except Exception:  # noqa: BLE001 - best effort at exit
+        except Exception:
             pass
     _CHILDREN.clear()
 
@@ -205,7 +206,9 @@ class Results:
         self.rows: List[Tuple[str, str, str, str, str]] = []
         self.data: Dict[str, Any] = {}
 
-    def add(self, section: str, metric: str, measured: str, target: str = "", ok: Optional[bool] = None) -> None:
+    def add(
+        self, section: str, metric: str, measured: str, target: str = "", ok: Optional[bool] = None
+    ) -> None:
         self.rows.append((section, metric, target or "-", measured, label(ok)))
         print(f"    {metric:<44} {measured:>14}   target {target or '-':<10} {label(ok)}")
 
@@ -237,11 +240,17 @@ def run_agent(
     write_json(sched, records)
     report = os.path.join(workdir, "report.jsonl")
     args = [
-        "run", "--local", sched,
-        "--start-buffer", repr(start_buffer),
-        "--launch-dir", os.path.join(workdir, "launch"),
-        "--state-dir", os.path.join(workdir, "state"),
-        "--report", report,
+        "run",
+        "--local",
+        sched,
+        "--start-buffer",
+        repr(start_buffer),
+        "--launch-dir",
+        os.path.join(workdir, "launch"),
+        "--state-dir",
+        os.path.join(workdir, "state"),
+        "--report",
+        report,
     ]
     if not with_log:
         args.append("--quiet")
@@ -251,8 +260,15 @@ def run_agent(
         argv = [*agent_argv(), *args]
     stderr_path = os.path.join(workdir, "agent.stderr")
     with open(stderr_path, "wb") as err:
-        rc, wall = _run(argv, timeout, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                        cwd=workdir, env=child_env())
+        rc, wall = _run(
+            argv,
+            timeout,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            cwd=workdir,
+            env=child_env(),
+        )
     events = read_events(report)
     if rc != 0:
         with open(stderr_path, encoding="utf-8", errors="replace") as fh:
@@ -272,7 +288,9 @@ def burst_figures(events: List[Dict[str, Any]]) -> Dict[str, float]:
     return {
         "n": len(started),
         "exited": sum(1 for e in events if e.get("type") == "entry_exited"),
-        "p50": pct(lat, 50), "p99": pct(lat, 99), "max": max(lat) if lat else math.nan,
+        "p50": pct(lat, 50),
+        "p99": pct(lat, 99),
+        "max": max(lat) if lat else math.nan,
         "min": min(lat) if lat else math.nan,
         "spread": (max(ts) - min(ts)) * 1000.0 if ts else math.nan,
     }
@@ -287,19 +305,32 @@ def section_burst(root: str, res: Results, n: int, repeats: int, with_log: bool)
         out = run_agent(os.path.join(root, f"burst{k}"), records, with_log=with_log)
         fig = burst_figures(out["events"])
         runs.append(fig)
-        print(f"    run {k + 1}: rc={out['rc']} started={fig['n']} exited={fig['exited']} "
-              f"lateness min/p50/p99/max = {fig['min']:.1f}/{fig['p50']:.1f}/{fig['p99']:.1f}/{fig['max']:.1f} ms, "
-              f"spread {fig['spread']:.1f} ms, wall {out['wall']:.2f} s")
+        print(
+            f"    run {k + 1}: rc={out['rc']} started={fig['n']} exited={fig['exited']} "
+            f"lateness min/p50/p99/max = {fig['min']:.1f}/{fig['p50']:.1f}/"
+            f"{fig['p99']:.1f}/{fig['max']:.1f} ms, "
+            f"spread {fig['spread']:.1f} ms, wall {out['wall']:.2f} s"
+        )
         if fig["n"] != n:
             print(f"    WARNING: expected {n} entry_started events, got {fig['n']}")
     med = {key: statistics.median(r[key] for r in runs) for key in ("p50", "p99", "max", "min", "spread")}
     tag = f" (median of {repeats})" if repeats > 1 else ""
     res.add("1 burst", f"lateness p50{tag}", fmt_ms(med["p50"]))
-    res.add("1 burst", f"lateness p99{tag}", fmt_ms(med["p99"]), f"< {TARGET_LATENESS_P99_MS:g} ms",
-            med["p99"] < TARGET_LATENESS_P99_MS)
+    res.add(
+        "1 burst",
+        f"lateness p99{tag}",
+        fmt_ms(med["p99"]),
+        f"< {TARGET_LATENESS_P99_MS:g} ms",
+        med["p99"] < TARGET_LATENESS_P99_MS,
+    )
     res.add("1 burst", f"lateness max{tag}", fmt_ms(med["max"]))
-    res.add("1 burst", f"spread of entry_started{tag}", fmt_ms(med["spread"]), f"< {TARGET_SPREAD_MS:g} ms",
-            med["spread"] < TARGET_SPREAD_MS)
+    res.add(
+        "1 burst",
+        f"spread of entry_started{tag}",
+        fmt_ms(med["spread"]),
+        f"< {TARGET_SPREAD_MS:g} ms",
+        med["spread"] < TARGET_SPREAD_MS,
+    )
     res.data["burst"] = {"runs": runs, "median": med}
     return med
 
@@ -319,7 +350,9 @@ def section_exec_times(root: str, res: Results, n: int, with_log: bool) -> Dict[
                 pass
     lat = [(t - scheduled) * 1000.0 for t in execs]
     fig = {
-        "n": len(execs), "first": min(lat) if lat else math.nan, "p50": pct(lat, 50),
+        "n": len(execs),
+        "first": min(lat) if lat else math.nan,
+        "p50": pct(lat, 50),
         "max": max(lat) if lat else math.nan,
         "spread": (max(execs) - min(execs)) * 1000.0 if execs else math.nan,
         "reported_spread": burst_figures(out["events"])["spread"],
@@ -328,8 +361,13 @@ def section_exec_times(root: str, res: Results, n: int, with_log: bool) -> Dict[
     res.add("1b exec", "first process ran after", fmt_ms(fig["first"]))
     res.add("1b exec", "exec lateness p50", fmt_ms(fig["p50"]))
     res.add("1b exec", "last process ran after", fmt_ms(fig["max"]))
-    res.add("1b exec", "real exec spread (last - first)", fmt_ms(fig["spread"]), f"< {TARGET_SPREAD_MS:g} ms",
-            fig["spread"] < TARGET_SPREAD_MS)
+    res.add(
+        "1b exec",
+        "real exec spread (last - first)",
+        fmt_ms(fig["spread"]),
+        f"< {TARGET_SPREAD_MS:g} ms",
+        fig["spread"] < TARGET_SPREAD_MS,
+    )
     res.data["exec_times"] = fig
     return fig
 
@@ -389,13 +427,21 @@ def section_breakdown(root: str, res: Results, n: int) -> Dict[str, Any]:
         rows.append(("  -> parent cost per spawn", f"{info['per_spawn_ms']:.2f} ms"))
         rows.append(("first create_subprocess_exec returned at", fmt_ms(info["first_spawn_return_ms"])))
         rows.append(("last create_subprocess_exec returned at", fmt_ms(info["last_spawn_return_ms"])))
-    rows.append(("first / last entry_started at",
-                 f"{fmt_ms(rel(min(float(e['timestamp']) for e in started)))} / {fmt_ms(rel(last_started))}"))
+    rows.append(
+        (
+            "first / last entry_started at",
+            f"{fmt_ms(rel(min(float(e['timestamp']) for e in started)))} / {fmt_ms(rel(last_started))}",
+        )
+    )
     writes = within("report_write")
     if writes:
         info["report_writes"] = len(writes)
         info["report_write_ms"] = sum((b - a) for a, b in writes) * 1000.0
         rows.append((f"report writes in the burst ({len(writes)})", fmt_ms(info["report_write_ms"])))
+    popen = within("popen")
+    if popen:
+        info["popen_mean_ms"] = statistics.mean((b - a) * 1000.0 for a, b in popen)
+        rows.append(("mean subprocess.Popen (fork/exec) per spawn", f"{info['popen_mean_ms']:.2f} ms"))
     ct = within("psutil_create_time")
     if ct:
         info["create_time_ms"] = sum((b - a) for a, b in ct) * 1000.0
@@ -416,23 +462,120 @@ def section_spread(root: str, res: Results, n: int, step: float, with_log: bool)
     lat = [float(e["data"]["lateness"]) * 1000.0 for e in started]
     tenth = max(1, len(lat) // 10)
     fig = {
-        "n": len(lat), "p50": pct(lat, 50), "p99": pct(lat, 99), "max": max(lat) if lat else math.nan,
+        "n": len(lat),
+        "p50": pct(lat, 50),
+        "p99": pct(lat, 99),
+        "max": max(lat) if lat else math.nan,
         "over_10ms": sum(1 for x in lat if x > 10.0),
-        "p50_first_10pct": pct(lat[:tenth], 50), "p50_last_10pct": pct(lat[-tenth:], 50),
+        "p50_first_10pct": pct(lat[:tenth], 50),
+        "p50_last_10pct": pct(lat[-tenth:], 50),
     }
-    print(f"    rc={out['rc']} started={fig['n']}/{n} wall {out['wall']:.1f} s; "
-          f"{fig['over_10ms']} entries later than 10 ms; p50 first 10% {fig['p50_first_10pct']:.2f} ms, "
-          f"last 10% {fig['p50_last_10pct']:.2f} ms")
+    print(
+        f"    rc={out['rc']} started={fig['n']}/{n} wall {out['wall']:.1f} s; "
+        f"{fig['over_10ms']} entries later than 10 ms; p50 first 10% {fig['p50_first_10pct']:.2f} ms, "
+        f"last 10% {fig['p50_last_10pct']:.2f} ms"
+    )
     res.add("2 spread", "lateness p50", fmt_ms(fig["p50"]))
-    res.add("2 spread", "lateness p99", fmt_ms(fig["p99"]), f"< {TARGET_LATENESS_P99_MS:g} ms",
-            fig["p99"] < TARGET_LATENESS_P99_MS)
+    res.add(
+        "2 spread",
+        "lateness p99",
+        fmt_ms(fig["p99"]),
+        f"< {TARGET_LATENESS_P99_MS:g} ms",
+        fig["p99"] < TARGET_LATENESS_P99_MS,
+    )
     res.add("2 spread", "lateness max", fmt_ms(fig["max"]))
     res.data["spread"] = fig
     return fig
 
 
+def attribute(
+    spans: Dict[str, List[List[float]]], windows: List[Tuple[float, float]], names: Sequence[str]
+) -> Dict[str, List[float]]:
+    """For every window ``(scheduled, started)``: ms of it spent inside spans of each name."""
+    import bisect
+
+    out: Dict[str, List[float]] = {}
+    for name in names:
+        items = sorted(spans.get(name, []))
+        starts = [a for a, _b in items]
+        longest = max((b - a for a, b in items), default=0.0)
+        per: List[float] = []
+        for w0, w1 in windows:
+            lo = bisect.bisect_left(starts, w0 - longest)
+            hi = bisect.bisect_right(starts, w1)
+            total = 0.0
+            for a, b in items[lo:hi]:
+                total += max(0.0, min(b, w1) - max(a, w0))
+            per.append(total * 1000.0)
+        out[name] = per
+    return out
+
+
+def section_spread_breakdown(root: str, res: Results, n: int, step: float) -> Dict[str, Any]:
+    print(f"\n[2b] where the lateness of the {n} spread entries goes (in-process probes, diagnostic)")
+    records = [{"start_time": round(1 + i * step, 6), "executable": "/bin/true"} for i in range(n)]
+    workdir = os.path.join(root, "spread_trace")
+    os.makedirs(workdir, exist_ok=True)
+    trace = os.path.join(workdir, "trace.json")
+    out = run_agent(workdir, records, timeout=n * step + 90, trace=trace)
+    started = started_events(out["events"])
+    if not started or not os.path.exists(trace):
+        print("    (no trace)")
+        return {}
+    with open(trace, encoding="utf-8") as fh:
+        spans = json.load(fh)["spans"]
+    windows = [(float(e["data"]["scheduled"]), float(e["timestamp"])) for e in started]
+    lat = [(b - a) * 1000.0 for a, b in windows]
+    # Only synchronous spans: they block the one event-loop thread, so they never overlap.
+    names = ("journal_save", "popen", "prepare", "report_write", "psutil_create_time")
+    parts = attribute(spans, windows, names)
+    late = [i for i, x in enumerate(lat) if x > TARGET_LATENESS_P99_MS]
+    saves = spans.get("journal_save", [])
+    save_ms = [(b - a) * 1000.0 for a, b in saves]
+    info: Dict[str, Any] = {
+        "p50": pct(lat, 50),
+        "p99": pct(lat, 99),
+        "late": len(late),
+        "journal_saves": len(saves),
+        "journal_save_p50_ms": pct(save_ms, 50),
+        "journal_save_max_ms": max(save_ms, default=math.nan),
+        "journal_save_total_ms": sum(save_ms),
+    }
+    print(
+        f"    (this traced run: lateness p50 {info['p50']:.1f} ms, p99 {info['p99']:.1f} ms, "
+        f"{len(late)} entries > 10 ms)"
+    )
+    print(
+        f"    journal saves: {len(saves)} ({len(saves) / max(1, len(started)):.1f} per entry), "
+        f"p50 {info['journal_save_p50_ms']:.2f} ms, max {info['journal_save_max_ms']:.1f} ms, "
+        f"total {info['journal_save_total_ms'] / 1000:.2f} s of the loop's time"
+    )
+    print(
+        f"    {'mean ms of the lateness window the loop spent in':<44} "
+        f"{'all entries':>12} {'late (>10 ms)':>14}"
+    )
+    for name in names:
+        vals = parts[name]
+        all_mean = statistics.mean(vals) if vals else math.nan
+        late_mean = statistics.mean(vals[i] for i in late) if late else math.nan
+        info[f"in_{name}_ms"] = all_mean
+        info[f"late_in_{name}_ms"] = late_mean
+        print(f"      {name:<42} {all_mean:>12.2f} {late_mean:>14.2f}")
+    rest_all = [lat[i] - sum(parts[name][i] for name in names) for i in range(len(lat))]
+    print(
+        f"      {'other (asyncio, pipes, waiting)':<42} {statistics.mean(rest_all):>12.2f} "
+        f"{statistics.mean(rest_all[i] for i in late) if late else math.nan:>14.2f}"
+    )
+    print(
+        f"      {'(whole window = lateness)':<42} {statistics.mean(lat):>12.2f} "
+        f"{statistics.mean(lat[i] for i in late) if late else math.nan:>14.2f}"
+    )
+    res.data["spread_breakdown"] = info
+    return info
+
+
 # --------------------------------------------------------------------------- section 3
-BASELINE_SCRIPT = r'''
+BASELINE_SCRIPT = r"""
 import asyncio, json, os, shlex, sys, time
 n, mode, argv, cwd = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
 PIPE, DEVNULL = asyncio.subprocess.PIPE, asyncio.subprocess.DEVNULL
@@ -474,7 +617,7 @@ async def main():
     print(json.dumps({"instant": instant, "called": called, "returned": returned, "exec": execs}))
 
 asyncio.run(main())
-'''
+"""
 
 
 def run_baseline(root: str, n: int, mode: str, argv: List[str]) -> Dict[str, float]:
@@ -484,8 +627,13 @@ def run_baseline(root: str, n: int, mode: str, argv: List[str]) -> Dict[str, flo
             fh.write(BASELINE_SCRIPT)
     out_path = os.path.join(root, f"baseline_{mode}.json")
     with open(out_path, "wb") as out:
-        rc, _wall = _run([sys.executable, script, str(n), mode, json.dumps(argv), root], 60,
-                         stdin=subprocess.DEVNULL, stdout=out, cwd=root)
+        rc, _wall = _run(
+            [sys.executable, script, str(n), mode, json.dumps(argv), root],
+            60,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            cwd=root,
+        )
     with open(out_path, encoding="utf-8") as fh:
         doc = json.loads(fh.read() or "{}")
     instant = doc.get("instant", math.nan)
@@ -493,7 +641,10 @@ def run_baseline(root: str, n: int, mode: str, argv: List[str]) -> Dict[str, flo
     lat = [(t - instant) * 1000.0 for t in ret]
     execs = doc.get("exec", [])
     return {
-        "rc": rc, "n": len(ret), "p50": pct(lat, 50), "p99": pct(lat, 99),
+        "rc": rc,
+        "n": len(ret),
+        "p50": pct(lat, 50),
+        "p99": pct(lat, 99),
         "max": max(lat) if lat else math.nan,
         "spread": (max(ret) - min(ret)) * 1000.0 if ret else math.nan,
         "exec_spread": (max(execs) - min(execs)) * 1000.0 if execs else math.nan,
@@ -501,8 +652,14 @@ def run_baseline(root: str, n: int, mode: str, argv: List[str]) -> Dict[str, flo
     }
 
 
-def section_baseline(root: str, res: Results, n: int, repeats: int, agent: Dict[str, float],
-                     agent_exec: Optional[Dict[str, float]]) -> Dict[str, Any]:
+def section_baseline(
+    root: str,
+    res: Results,
+    n: int,
+    repeats: int,
+    agent: Dict[str, float],
+    agent_exec: Optional[Dict[str, float]],
+) -> Dict[str, Any]:
     print(f"\n[3] baseline: {n} processes at one instant from a minimal asyncio script (no vmr_handler)")
     variants = [
         ("plain", ["/bin/true"], "plain: create_subprocess_exec('/bin/true'), default watcher"),
@@ -517,10 +674,16 @@ def section_baseline(root: str, res: Results, n: int, repeats: int, agent: Dict[
         fig["n"] = runs[0]["n"]
         figs[key] = fig
         print(f"    {desc}")
-        print(f"      started {fig['n']}, lateness p50/p99/max = {fig['p50']:.1f}/{fig['p99']:.1f}/{fig['max']:.1f} ms, "
-              f"spread of start times {fig['spread']:.1f} ms"
-              + (f", real exec spread {fig['exec_spread']:.1f} ms, last exec {fig['exec_last']:.1f} ms"
-                 if not math.isnan(fig["exec_spread"]) else ""))
+        print(
+            f"      started {fig['n']}, lateness p50/p99/max = "
+            f"{fig['p50']:.1f}/{fig['p99']:.1f}/{fig['max']:.1f} ms, "
+            f"spread of start times {fig['spread']:.1f} ms"
+            + (
+                f", real exec spread {fig['exec_spread']:.1f} ms, last exec {fig['exec_last']:.1f} ms"
+                if not math.isnan(fig["exec_spread"])
+                else ""
+            )
+        )
     plain, shaped = figs["plain:true"], figs["shaped:true"]
     tag = f" (median of {repeats})" if repeats > 1 else ""
     res.add("3 baseline", f"plain: spread of start times{tag}", fmt_ms(plain["spread"]))
@@ -537,7 +700,11 @@ def section_baseline(root: str, res: Results, n: int, repeats: int, agent: Dict[
     if agent_exec:
         dshaped = figs["shaped:date"]
         res.add("3 baseline", "shaped: real exec spread (date)", fmt_ms(dshaped["exec_spread"]))
-        res.add("3 baseline", "agent / shaped real exec spread", ratio(agent_exec["spread"], dshaped["exec_spread"]))
+        res.add(
+            "3 baseline",
+            "agent / shaped real exec spread",
+            ratio(agent_exec["spread"], dshaped["exec_spread"]),
+        )
         res.add("3 baseline", "agent / shaped last exec", ratio(agent_exec["max"], dshaped["exec_last"]))
     res.data["baseline"] = figs
     return figs
@@ -561,9 +728,13 @@ def big_records(n: int) -> Tuple[List[Dict[str, Any]], float, int]:
     records: List[Dict[str, Any]] = []
     for i in range(normal):
         if i % 5 == 0:
-            records.append({"start_time": -(1 + (i % 50)), "executable": "/bin/true", "arguments": f"stage {i}"})
+            records.append(
+                {"start_time": -(1 + (i % 50)), "executable": "/bin/true", "arguments": f"stage {i}"}
+            )
         else:
-            records.append({"start_time": 1 + (i * 7.3) % 99990, "executable": "/bin/true", "arguments": f"run {i}"})
+            records.append(
+                {"start_time": 1 + (i * 7.3) % 99990, "executable": "/bin/true", "arguments": f"run {i}"}
+            )
     step = max(1, len(records) // (len(specials) + 1))
     break_index = -1
     for k, special in enumerate(specials):
@@ -593,7 +764,10 @@ def section_plan(root: str, res: Results, n: int, yaml_n: int, cli_repeats: int)
     from vmr_handler.schedule import load_schedule
     from vmr_handler.timeline import build_plan
 
-    print(f"\n[4] plan for a {n:,}-entry schedule (20% negative in 10 stages, positive, 4 pauses, 1 break + RESUME)")
+    print(
+        f"\n[4] plan for a {n:,}-entry schedule "
+        "(20% negative in 10 stages, positive, 4 pauses, 1 break + RESUME)"
+    )
     records, resume_at, break_index = big_records(n)
     path = os.path.join(root, "big.json")
     write_json(path, records)
@@ -601,13 +775,23 @@ def section_plan(root: str, res: Results, n: int, yaml_n: int, cli_repeats: int)
     t_parse, _ = best_of(1, lambda: json.loads(open(path, "rb").read()))  # noqa: SIM115
     t_load, schedule = best_of(1, lambda: load_schedule(path))
     t_plan, plan = best_of(3, lambda: build_plan(schedule.entries, [resume_at]))
-    t_dump, text = best_of(1, lambda: json.dumps(vcli.plan_json(plan)))
-    ok_plan = (plan.blocked_by is None and len(plan.resumes) == 1 and plan.resumes[0].ended_break == break_index)
-    print(f"    JSON file {size_mb:.1f} MB; plan sane (break {break_index} ended by RESUME at {resume_at:g}): {ok_plan}")
+    t_dump, _text = best_of(1, lambda: json.dumps(vcli.plan_json(plan)))
+    ok_plan = (
+        plan.blocked_by is None and len(plan.resumes) == 1 and plan.resumes[0].ended_break == break_index
+    )
+    print(
+        f"    JSON file {size_mb:.1f} MB; plan sane "
+        f"(break {break_index} ended by RESUME at {resume_at:g}): {ok_plan}"
+    )
     res.add("4 plan", "load JSON schedule (parse + validate)", fmt_ms(t_load * 1000))
     res.add("4 plan", "  of which json.loads", fmt_ms(t_parse * 1000))
-    res.add("4 plan", "build_plan (best of 3)", fmt_ms(t_plan * 1000), f"< {TARGET_BUILD_PLAN_S:g} s",
-            t_plan < TARGET_BUILD_PLAN_S)
+    res.add(
+        "4 plan",
+        "build_plan (best of 3)",
+        fmt_ms(t_plan * 1000),
+        f"< {TARGET_BUILD_PLAN_S:g} s",
+        t_plan < TARGET_BUILD_PLAN_S,
+    )
     res.add("4 plan", "plan_json + json.dumps", fmt_ms(t_dump * 1000))
 
     # The whole CLI in a subprocess (JSON schedule), and the interpreter+import floor.
@@ -615,16 +799,28 @@ def section_plan(root: str, res: Results, n: int, yaml_n: int, cli_repeats: int)
     walls = []
     for _ in range(cli_repeats):
         with open(out_path, "wb") as out:
-            rc, wall = _run([*agent_argv(), "plan", path, "--resume", repr(resume_at), "--json"], 300,
-                            stdin=subprocess.DEVNULL, stdout=out, cwd=root, env=child_env())
+            rc, wall = _run(
+                [*agent_argv(), "plan", path, "--resume", repr(resume_at), "--json"],
+                300,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                cwd=root,
+                env=child_env(),
+            )
         walls.append(wall)
         if rc != 0:
             print(f"    WARNING: plan CLI exited {rc}")
     with open(out_path, encoding="utf-8") as fh:
         cli_doc = json.load(fh)
     cli_ok = len(cli_doc.get("entries", [])) == n
-    _rc, floor = _run([*agent_argv(), "--version"], 60, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                      cwd=root, env=child_env())
+    _rc, floor = _run(
+        [*agent_argv(), "--version"],
+        60,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        cwd=root,
+        env=child_env(),
+    )
     tag = f" (best of {cli_repeats})" if cli_repeats > 1 else ""
     print(f"    CLI output has {len(cli_doc.get('entries', []))} entries: {cli_ok}")
     res.add("4 plan", f"`vmr-handler plan --json` wall{tag}", fmt_ms(min(walls) * 1000))
@@ -639,15 +835,25 @@ def section_plan(root: str, res: Results, n: int, yaml_n: int, cli_repeats: int)
     ytext = open(ypath, encoding="utf-8").read()  # noqa: SIM115
     t_ysafe, _ = best_of(1, lambda: yaml.safe_load(ytext))
     fig: Dict[str, Any] = {
-        "n": n, "json_mb": size_mb, "load_s": t_load, "json_parse_s": t_parse, "build_plan_s": t_plan,
-        "dump_s": t_dump, "cli_s": min(walls), "cli_floor_s": floor, "plan_ok": ok_plan, "cli_ok": cli_ok,
-        "yaml_n": yaml_n, "yaml_load_s": t_yload, "yaml_safe_load_s": t_ysafe,
+        "n": n,
+        "json_mb": size_mb,
+        "load_s": t_load,
+        "json_parse_s": t_parse,
+        "build_plan_s": t_plan,
+        "dump_s": t_dump,
+        "cli_s": min(walls),
+        "cli_floor_s": floor,
+        "plan_ok": ok_plan,
+        "cli_ok": cli_ok,
+        "yaml_n": yaml_n,
+        "yaml_load_s": t_yload,
+        "yaml_safe_load_s": t_ysafe,
     }
     scale = n / yaml_n
     res.add("4 plan", f"load YAML, {yaml_n:,} entries (loader)", fmt_ms(t_yload * 1000))
     res.add("4 plan", f"  extrapolated to {n:,} entries", fmt_ms(t_yload * scale * 1000))
     if hasattr(yaml, "CSafeLoader"):
-        t_yc, _ = best_of(1, lambda: yaml.load(ytext, Loader=yaml.CSafeLoader))  # noqa: S506 - CSafeLoader is safe
+        t_yc, _ = best_of(1, lambda: yaml.load(ytext, Loader=yaml.CSafeLoader))
         fig["yaml_csafe_s"] = t_yc
         res.add("4 plan", f"  yaml.safe_load only, {yaml_n:,}", fmt_ms(t_ysafe * 1000))
         res.add("4 plan", f"  yaml CSafeLoader only, {yaml_n:,}", fmt_ms(t_yc * 1000))
@@ -669,19 +875,24 @@ def sample_process(pid: int, seconds: float) -> Dict[str, float]:
     x1 = proc.num_ctx_switches()
     mem = proc.memory_info()
     try:
-        uss = proc.memory_full_info().uss
+        uss: float = proc.memory_full_info().uss
     except psutil.Error:
         uss = math.nan
     cpu_s = (c1.user - c0.user) + (c1.system - c0.system)
     return {
-        "cpu_pct": 100.0 * cpu_s / wall, "cpu_pct_psutil": pct_psutil, "cpu_s": cpu_s, "wall": wall,
-        "rss_mb": mem.rss / 2**20, "uss_mb": uss / 2**20,
+        "cpu_pct": 100.0 * cpu_s / wall,
+        "cpu_pct_psutil": pct_psutil,
+        "cpu_s": cpu_s,
+        "wall": wall,
+        "rss_mb": mem.rss / 2**20,
+        "uss_mb": uss / 2**20,
         "wakeups_per_s": ((x1.voluntary - x0.voluntary) + (x1.involuntary - x0.involuntary)) / wall,
-        "threads": proc.num_threads(), "fds": proc.num_fds(),
+        "threads": proc.num_threads(),
+        "fds": proc.num_fds(),
     }
 
 
-def wait_for_event(report: str, types: Sequence[str], timeout: float, proc: subprocess.Popen) -> bool:
+def wait_for_event(report: str, types: Sequence[str], timeout: float, proc: subprocess.Popen[bytes]) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -693,19 +904,40 @@ def wait_for_event(report: str, types: Sequence[str], timeout: float, proc: subp
 
 
 def section_idle(root: str, res: Results, wait_s: float, sample_s: float) -> Dict[str, Any]:
-    print(f"\n[5] idle agent: one positive entry {wait_s:g} s away; sample CPU over {sample_s:g} s, then SIGTERM")
+    print(
+        f"\n[5] idle agent: one positive entry {wait_s:g} s away; "
+        f"sample CPU over {sample_s:g} s, then SIGTERM"
+    )
     workdir = os.path.join(root, "idle")
     os.makedirs(workdir, exist_ok=True)
     sched = os.path.join(workdir, "schedule.json")
     write_json(sched, [{"start_time": wait_s, "executable": "/bin/true"}])
     report = os.path.join(workdir, "report.jsonl")
-    argv = [*agent_argv(), "run", "--local", sched, "--start-buffer", "0",
-            "--launch-dir", os.path.join(workdir, "launch"), "--state-dir", os.path.join(workdir, "state"),
-            "--report", report, "--quiet"]
+    argv = [
+        *agent_argv(),
+        "run",
+        "--local",
+        sched,
+        "--start-buffer",
+        "0",
+        "--launch-dir",
+        os.path.join(workdir, "launch"),
+        "--state-dir",
+        os.path.join(workdir, "state"),
+        "--report",
+        report,
+        "--quiet",
+    ]
     t_start = time.monotonic()
     with open(os.path.join(workdir, "agent.stderr"), "wb") as err:
-        proc = _spawn(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, cwd=workdir,
-                      env=child_env())
+        proc = _spawn(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            cwd=workdir,
+            env=child_env(),
+        )
     try:
         if not wait_for_event(report, ("experiment_started", "start_time_set"), 15.0, proc):
             raise RuntimeError("the agent did not reach the positive phase")
@@ -727,16 +959,25 @@ def section_idle(root: str, res: Results, wait_s: float, sample_s: float) -> Dic
     types = [e.get("type") for e in read_events(report)]
     fig["fired"] = types.count("entry_started")
     fig["stopped_event"] = "agent_stopped" in types
-    print(f"    agent ready (positive phase) after {fig['ready_s']:.2f} s; SIGTERM -> exit {fig['rc']} in "
-          f"{fig['stop_s'] * 1000:.0f} ms, agent_stopped reported: {fig['stopped_event']}, "
-          f"entries fired: {fig['fired']}")
-    print(f"    cpu {fig['cpu_s']:.3f} s in {fig['wall']:.2f} s (psutil.cpu_percent {fig['cpu_pct_psutil']:.2f} %), "
-          f"{fig['wakeups_per_s']:.1f} context switches/s, {fig['threads']} threads, {fig['fds']} fds, "
-          f"USS {fig['uss_mb']:.1f} MB")
+    print(
+        f"    agent ready (positive phase) after {fig['ready_s']:.2f} s; SIGTERM -> exit {fig['rc']} in "
+        f"{fig['stop_s'] * 1000:.0f} ms, agent_stopped reported: {fig['stopped_event']}, "
+        f"entries fired: {fig['fired']}"
+    )
+    print(
+        f"    cpu {fig['cpu_s']:.3f} s in {fig['wall']:.2f} s "
+        f"(psutil.cpu_percent {fig['cpu_pct_psutil']:.2f} %), "
+        f"{fig['wakeups_per_s']:.1f} context switches/s, {fig['threads']} threads, {fig['fds']} fds, "
+        f"USS {fig['uss_mb']:.1f} MB"
+    )
 
     # Baseline: a bare interpreter with the same third-party imports.
-    base = _spawn([sys.executable, "-c", "import asyncio, psutil, yaml; import time; time.sleep(30)"],
-                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd=workdir)
+    base = _spawn(
+        [sys.executable, "-c", "import asyncio, psutil, yaml; import time; time.sleep(30)"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        cwd=workdir,
+    )
     try:
         time.sleep(1.5)
         bfig = sample_process(base.pid, 1.0)
@@ -746,10 +987,20 @@ def section_idle(root: str, res: Results, wait_s: float, sample_s: float) -> Dic
             _CHILDREN.remove(base)
     fig["baseline_rss_mb"] = bfig["rss_mb"]
     fig["baseline_uss_mb"] = bfig["uss_mb"]
-    res.add("5 idle", f"agent CPU while waiting ({fig['wall']:.0f} s)", f"{fig['cpu_pct']:.2f} %",
-            f"< {TARGET_IDLE_CPU_PCT:g} %", fig["cpu_pct"] < TARGET_IDLE_CPU_PCT)
-    res.add("5 idle", "agent RSS", f"{fig['rss_mb']:.1f} MB", f"< {TARGET_IDLE_RSS_MB:g} MB",
-            fig["rss_mb"] < TARGET_IDLE_RSS_MB)
+    res.add(
+        "5 idle",
+        f"agent CPU while waiting ({fig['wall']:.0f} s)",
+        f"{fig['cpu_pct']:.2f} %",
+        f"< {TARGET_IDLE_CPU_PCT:g} %",
+        fig["cpu_pct"] < TARGET_IDLE_CPU_PCT,
+    )
+    res.add(
+        "5 idle",
+        "agent RSS",
+        f"{fig['rss_mb']:.1f} MB",
+        f"< {TARGET_IDLE_RSS_MB:g} MB",
+        fig["rss_mb"] < TARGET_IDLE_RSS_MB,
+    )
     res.add("5 idle", "bare python+asyncio+psutil+yaml RSS", f"{bfig['rss_mb']:.1f} MB")
     res.add("5 idle", "agent RSS / bare RSS", f"{fig['rss_mb'] / bfig['rss_mb']:.2f}x")
     res.data["idle"] = fig
@@ -759,10 +1010,20 @@ def section_idle(root: str, res: Results, wait_s: float, sample_s: float) -> Dic
 # --------------------------------------------------------------------------- main
 def environment(tmp_root: str) -> Dict[str, Any]:
     try:
-        commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, timeout=10, check=False).stdout.strip()
-        dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--", "vmr_handler"],
-                               capture_output=True, text=True, timeout=10, check=False).stdout.strip()
+        commit = subprocess.run(
+            ["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", REPO, "status", "--porcelain", "--", "vmr_handler"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout.strip()
         commit += " (+ uncommitted vmr_handler changes)" if dirty else ""
     except (OSError, subprocess.SubprocessError):
         commit = "?"
@@ -772,21 +1033,33 @@ def environment(tmp_root: str) -> Dict[str, Any]:
         version = "?"
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "python": platform.python_version(), "platform": platform.platform(),
-        "cpus": os.cpu_count(), "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-        "vmr_handler": version, "commit": commit, "tmp": f"{tmp_root} on {fs_type(tmp_root)}",
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "vmr_handler": version,
+        "commit": commit,
+        "tmp": f"{tmp_root} on {fs_type(tmp_root)}",
     }
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="smaller/shorter runs (smoke test)")
     parser.add_argument("--only", default="1,2,3,4,5", help="comma list of sections to run (default all)")
-    parser.add_argument("--tmp-root", default=tempfile.gettempdir(),
-                        help="where the agent's launch/state dirs go (the file system matters: fsync)")
+    parser.add_argument(
+        "--tmp-root",
+        default=tempfile.gettempdir(),
+        help="where the agent's launch/state dirs go (the file system matters: fsync)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
-    parser.add_argument("--with-log", action="store_true",
-                        help="let the agent write its readable log (stderr, to a file) instead of --quiet")
+    parser.add_argument(
+        "--with-log",
+        action="store_true",
+        help="let the agent write its readable log (stderr, to a file) instead of --quiet",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write all figures as JSON to FILE")
     args = parser.parse_args(argv)
     only = {s.strip() for s in args.only.split(",") if s.strip()}
@@ -811,13 +1084,23 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     def guarded(name: str, fn: Callable[[], Any]) -> Any:
         nonlocal failures
+        psutil.cpu_percent(None)
+        t_section = time.monotonic()
         try:
             return fn()
-        except Exception as exc:  # noqa: BLE001 - report and go on with the other sections
+        except Exception as exc:
             failures += 1
             print(f"    ERROR in section {name}: {exc!r}")
             res.rows.append((name, "ERROR", "-", repr(exc)[:60], "ERROR"))
             return None
+        finally:
+            busy = psutil.cpu_percent(None)
+            res.data.setdefault("machine", {})[name] = {"cpu_busy_pct": busy, "load1": os.getloadavg()[0]}
+            print(
+                f"    (section {name}: {time.monotonic() - t_section:.1f} s; "
+                f"whole machine CPU busy {busy:.0f} % "
+                f"during it, load1 {os.getloadavg()[0]:.2f} -- includes this benchmark's own work)"
+            )
 
     agent_burst: Optional[Dict[str, float]] = None
     agent_exec: Optional[Dict[str, float]] = None
@@ -829,13 +1112,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         if "2" in only:
             n2 = 300 if args.quick else 1000
             guarded("2", lambda: section_spread(root, res, n2, 0.01, args.with_log))
+            guarded("2b", lambda: section_spread_breakdown(root, res, n2, 0.01))
         if "3" in only:
             if agent_burst is None:
                 agent_burst = {"spread": math.nan, "max": math.nan}
             guarded("3", lambda: section_baseline(root, res, burst_n, repeats, agent_burst, agent_exec))
         if "4" in only:
-            guarded("4", lambda: section_plan(root, res, 100_000, 2_000 if args.quick else 10_000,
-                                              1 if args.quick else 2))
+            guarded(
+                "4",
+                lambda: section_plan(
+                    root, res, 100_000, 2_000 if args.quick else 10_000, 1 if args.quick else 2
+                ),
+            )
         if "5" in only:
             guarded("5", lambda: section_idle(root, res, 8.0 if args.quick else 20.0, 5.0))
     finally:
@@ -847,8 +1135,10 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     total = time.monotonic() - t0
     res.data["total_s"] = total
-    print(f"\nSummary ({res.data['mode']}, {env['date']}, {env['cpus']} CPUs, load {env['load']}, "
-          f"total {total:.0f} s)\n")
+    print(
+        f"\nSummary ({res.data['mode']}, {env['date']}, {env['cpus']} CPUs, load {env['load']}, "
+        f"total {total:.0f} s)\n"
+    )
     print(res.table())
     missed = sum(1 for r in res.rows if r[4] == "MISSED")
     print(f"\n{missed} target(s) MISSED, {failures} section error(s). Exit 0: figures only, no pass/fail.")

@@ -6,8 +6,8 @@ Phases, in order, each resumable from the journal:
 2. Negative stages in ascending order: prepare every entry of the stage (data drops), start
    them all together, wait until all have ended; reboot requests are honoured after the
    stage (exit code 10 or a ``reboot`` file).
-3. *Configured* (time 0). The experiment start time comes from an
-   :class:`StartTimeSource` (local mode: configured + start buffer).
+3. *Configured* (time 0). In local mode the experiment start time is configured + start
+   buffer, an absolute UTC instant journaled once and never changed.
 4. Positive time: every positive entry fires from a timer at ``start + fire_at`` on the
    monotonic clock (``loop.call_at``; no polling); entries with the same instant fire in one
    callback after one journal write. A RESUME recomputes the plan (pure
@@ -113,8 +113,9 @@ class Engine:
         config: :class:`EngineConfig`.
         sink: receives every :class:`~vmr_handler.events.Event` (must not block for long).
         clock: reference clock (default :class:`~vmr_handler.clock.SystemClock`).
-        start_time_source: coroutine function ``(configured_at_utc) -> start_utc``; default
-            local mode: ``configured_at + config.start_buffer``.
+
+    Construct it inside the running event loop. In local mode the experiment start time is
+    ``configured_at + config.start_buffer``.
 
     Raises (from :meth:`run`):
         JournalError: the state directory cannot be used.
@@ -142,6 +143,7 @@ class Engine:
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()  # set on RESUME / entry end / failure
         self._failure: Optional[str] = None
+        self._stop_reason = ""
         self._pos = _Positive()
         self._tasks: Set[asyncio.Task[Any]] = set()
 
@@ -266,7 +268,6 @@ class Engine:
 
         Returns EXIT_OK also after a reboot request was carried out and after a stop.
         """
-        self._stop_reason = ""
         self.emit(
             EventType.AGENT_STARTED,
             version=__version__,
