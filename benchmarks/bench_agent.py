@@ -425,6 +425,14 @@ def section_breakdown(root: str, res: Results, n: int) -> Dict[str, Any]:
         rows.append(("first spawn call (fork) at", fmt_ms(info["first_spawn_call_ms"])))
         rows.append(("last spawn call (fork) at", fmt_ms(info["last_spawn_call_ms"])))
         rows.append(("  -> parent cost per spawn", f"{info['per_spawn_ms']:.2f} ms"))
+        at_fork = [rel(c) for c in calls]
+        info["fork_lateness"] = {"p50": pct(at_fork, 50), "p99": pct(at_fork, 99), "max": max(at_fork)}
+        rows.append(
+            (
+                "lateness if taken at fork p50/p99",
+                f"{fmt_ms(info['fork_lateness']['p50'])} / {fmt_ms(info['fork_lateness']['p99'])}",
+            )
+        )
         rows.append(("first create_subprocess_exec returned at", fmt_ms(info["first_spawn_return_ms"])))
         rows.append(("last create_subprocess_exec returned at", fmt_ms(info["last_spawn_return_ms"])))
     rows.append(
@@ -448,6 +456,10 @@ def section_breakdown(root: str, res: Results, n: int) -> Dict[str, Any]:
         rows.append((f"psutil create_time() calls ({len(ct)})", fmt_ms(info["create_time_ms"])))
     for name, value in rows:
         print(f"    {name:<44} {value:>14}")
+    if "first_spawn_call_ms" in info:
+        res.add("1c probes", "before the first fork (prepare, journal)", fmt_ms(info["first_spawn_call_ms"]))
+        res.add("1c probes", "parent cost per spawn", f"{info['per_spawn_ms']:.2f} ms")
+        res.add("1c probes", "lateness if taken at fork, p99", fmt_ms(info["fork_lateness"]["p99"]))
     res.data["breakdown"] = info
     return info
 
@@ -569,6 +581,25 @@ def section_spread_breakdown(root: str, res: Results, n: int, step: float) -> Di
     print(
         f"      {'(whole window = lateness)':<42} {statistics.mean(lat):>12.2f} "
         f"{statistics.mean(lat[i] for i in late) if late else math.nan:>14.2f}"
+    )
+    tenth = max(1, len(save_ms) // 10)
+    jpath = os.path.join(workdir, "state", "journal.json")
+    info["journal_bytes"] = os.path.getsize(jpath) if os.path.exists(jpath) else 0
+    info["journal_save_p50_first_ms"] = pct(save_ms[:tenth], 50)
+    info["journal_save_p50_last_ms"] = pct(save_ms[-tenth:], 50)
+    print(
+        f"    journal save p50: first 10% of saves {info['journal_save_p50_first_ms']:.2f} ms, "
+        f"last 10% {info['journal_save_p50_last_ms']:.2f} ms; "
+        f"final journal.json {info['journal_bytes']:,} bytes (rewritten whole on every save)"
+    )
+    res.add("2b probes", "journal saves per entry", f"{len(saves) / max(1, len(started)):.1f}")
+    res.add("2b probes", "journal save p50 (json + 2 fsync)", f"{info['journal_save_p50_ms']:.2f} ms")
+    res.add("2b probes", "journal save p50, last 10% of saves", f"{info['journal_save_p50_last_ms']:.2f} ms")
+    res.add("2b probes", "loop time in journal saves", f"{info['journal_save_total_ms'] / 1000:.2f} s")
+    res.add(
+        "2b probes",
+        "share of lateness in journal saves",
+        f"{100.0 * info['in_journal_save_ms'] / max(1e-9, statistics.mean(lat)):.0f} %",
     )
     res.data["spread_breakdown"] = info
     return info
