@@ -1,7 +1,7 @@
 """Run ``vmr-handler`` in-process with timing probes around a few engine internals.
 
-Used by ``bench_agent.py`` (section "1c breakdown") to explain where the lateness of a burst
-of same-instant entries goes. Usage::
+Used by ``bench_agent.py`` (sections 1c and 2b) to explain where the lateness of a burst of
+same-instant entries, or of a fast stream of entries, goes. Usage::
 
     python benchmarks/_agent_trace.py TRACE.json run --local SCHEDULE ... (normal CLI args)
 
@@ -71,9 +71,24 @@ def _install() -> List[str]:
             ("_fire_group", "fire_group"),
             ("_prepare", "prepare"),
             ("_launch_all", "launch_all"),
-            ("_save", "journal_save"),
+            ("_save", "journal_save"),  # full snapshot: json + fsync + rename + dir fsync
         ):
             if _wrap(engine.Engine, attr, name):
+                traced.append(name)
+        # Working dirs made ahead of time; runs in a worker thread, not on the event loop.
+        # (A module global looked up at call time, so wrapping the module attribute works.)
+        if _wrap(engine, "_make_dirs", "make_dirs"):
+            traced.append("make_dirs")
+    except ImportError:
+        pass
+    try:
+        from vmr_handler import journal
+
+        for attr, name in (
+            ("_log_entry", "journal_append"),  # one entry change: json line + os.write
+            ("sync", "journal_sync"),  # fsync of journal.log (one per 50 ms burst)
+        ):
+            if _wrap(journal.Journal, attr, name):
                 traced.append(name)
     except ImportError:
         pass

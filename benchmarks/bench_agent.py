@@ -282,17 +282,27 @@ def started_events(events: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
 
 
 def burst_figures(events: List[Dict[str, Any]]) -> Dict[str, float]:
+    """Lateness and spread of a burst from the ``entry_started`` events.
+
+    ``spread`` is max - min of ``data.spawned_at`` (the reference UTC the agent takes just
+    before that entry's own fork; NaN if the agent does not report it). ``event_spread`` is
+    max - min of the event timestamps, which are taken after ``create_subprocess_exec``
+    returned, i.e. after the whole group forked: it measures only the bookkeeping tail.
+    """
     started = started_events(events)
     lat = [float(e["data"]["lateness"]) * 1000.0 for e in started if "lateness" in e["data"]]
     ts = [float(e["timestamp"]) for e in started]
+    spawned = [float(e["data"]["spawned_at"]) for e in started if "spawned_at" in e["data"]]
     return {
         "n": len(started),
+        "n_spawned_at": len(spawned),
         "exited": sum(1 for e in events if e.get("type") == "entry_exited"),
         "p50": pct(lat, 50),
         "p99": pct(lat, 99),
         "max": max(lat) if lat else math.nan,
         "min": min(lat) if lat else math.nan,
-        "spread": (max(ts) - min(ts)) * 1000.0 if ts else math.nan,
+        "spread": (max(spawned) - min(spawned)) * 1000.0 if spawned else math.nan,
+        "event_spread": (max(ts) - min(ts)) * 1000.0 if ts else math.nan,
     }
 
 
@@ -309,11 +319,18 @@ def section_burst(root: str, res: Results, n: int, repeats: int, with_log: bool)
             f"    run {k + 1}: rc={out['rc']} started={fig['n']} exited={fig['exited']} "
             f"lateness min/p50/p99/max = {fig['min']:.1f}/{fig['p50']:.1f}/"
             f"{fig['p99']:.1f}/{fig['max']:.1f} ms, "
-            f"spread {fig['spread']:.1f} ms, wall {out['wall']:.2f} s"
+            f"spread of spawned_at {fig['spread']:.1f} ms "
+            f"(of event timestamps {fig['event_spread']:.1f} ms), wall {out['wall']:.2f} s"
         )
         if fig["n"] != n:
             print(f"    WARNING: expected {n} entry_started events, got {fig['n']}")
-    med = {key: statistics.median(r[key] for r in runs) for key in ("p50", "p99", "max", "min", "spread")}
+        if fig["n_spawned_at"] != fig["n"]:
+            print(
+                f"    WARNING: only {fig['n_spawned_at']} of {fig['n']} entry_started events carry "
+                "spawned_at (older agent?); the spawned_at spread is n/a"
+            )
+    keys = ("p50", "p99", "max", "min", "spread", "event_spread")
+    med = {key: statistics.median(r[key] for r in runs) for key in keys}
     tag = f" (median of {repeats})" if repeats > 1 else ""
     res.add("1 burst", f"lateness p50{tag}", fmt_ms(med["p50"]))
     res.add(
@@ -326,11 +343,13 @@ def section_burst(root: str, res: Results, n: int, repeats: int, with_log: bool)
     res.add("1 burst", f"lateness max{tag}", fmt_ms(med["max"]))
     res.add(
         "1 burst",
-        f"spread of entry_started{tag}",
+        f"spread of spawned_at (fork times){tag}",
         fmt_ms(med["spread"]),
         f"< {TARGET_SPREAD_MS:g} ms",
-        med["spread"] < TARGET_SPREAD_MS,
+        None if math.isnan(med["spread"]) else med["spread"] < TARGET_SPREAD_MS,
     )
+    # Not a start-time spread: every event is emitted after the whole group forked.
+    res.add("1 burst", f"spread of event timestamps (after all forks){tag}", fmt_ms(med["event_spread"]))
     res.data["burst"] = {"runs": runs, "median": med}
     return med
 
