@@ -25,6 +25,7 @@ from vmr_handler.timeline import Plan, build_plan
 EXIT_USAGE = 2
 DEFAULT_STATE_DIR = "/var/lib/vmr-handler"
 DEFAULT_LAUNCH_DIR = "/var/launch"
+DEFAULT_CONFIG = "/etc/vmr-handler/config.yaml"
 
 
 def _seconds(text: str) -> float:
@@ -57,24 +58,29 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--local",
         metavar="SCHEDULE",
-        required=True,
-        help="run SCHEDULE with no host (pickle, YAML or JSON); required until a transport is given",
+        help="run SCHEDULE with no host (pickle, YAML or JSON); without it the agent talks to vmr-host",
     )
+    run.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"config file (YAML mapping; every key is also a flag; default {DEFAULT_CONFIG} if present)",
+    )
+    run.add_argument(
+        "--port",
+        metavar="PATH",
+        help="channel to the host: a character device (default /dev/virtio-ports/org.vmr.handler.0) "
+        "or unix:PATH for a unix socket",
+    )
+    run.add_argument("--vm-name", metavar="NAME", help="this VM's name in logs (default: hostname)")
+    run.add_argument("--debug-clock-skew", type=float, help=argparse.SUPPRESS)
     run.add_argument(
         "--start-buffer",
         type=_seconds,
-        default=60.0,
         metavar="SECONDS",
         help="experiment start = configured + SECONDS (default 60)",
     )
-    run.add_argument(
-        "--launch-dir", default=DEFAULT_LAUNCH_DIR, help=f"working dirs root (default {DEFAULT_LAUNCH_DIR})"
-    )
-    run.add_argument(
-        "--state-dir",
-        default=DEFAULT_STATE_DIR,
-        help=f"journal + control socket (default {DEFAULT_STATE_DIR})",
-    )
+    run.add_argument("--launch-dir", help=f"working dirs root (default {DEFAULT_LAUNCH_DIR})")
+    run.add_argument("--state-dir", help=f"journal, outbox + control socket (default {DEFAULT_STATE_DIR})")
     run.add_argument(
         "--resources",
         metavar="DIR",
@@ -208,16 +214,83 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Keys of the config file (each is also a ``run`` flag: ``state_dir`` is ``--state-dir``).
+CONFIG_KEYS = {
+    "port": str, "state_dir": str, "launch_dir": str, "reboot_command": str, "vm_name": str,
+    "allow_class": list, "start_buffer": (int, float), "heartbeat": (int, float),
+    "peer_timeout": (int, float),
+}  # fmt: skip
+
+
+def load_config(path: Optional[str]) -> Dict[str, Any]:
+    """Read the agent's config file (a YAML mapping of :data:`CONFIG_KEYS`).
+
+    ``path`` None reads :data:`DEFAULT_CONFIG` when it exists.
+
+    Raises:
+        VmrError: unreadable file, not a mapping, unknown key or wrong type (named).
+    """
+    import yaml
+
+    if path is None:
+        if not os.path.exists(DEFAULT_CONFIG):
+            return {}
+        path = DEFAULT_CONFIG
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = yaml.safe_load(fh) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise VmrError(f"cannot read config {path}: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise VmrError(f"config {path}: must be a mapping of keys {sorted(CONFIG_KEYS)}")
+    for key, value in doc.items():
+        if key not in CONFIG_KEYS:
+            raise VmrError(f"config {path}: unknown key {key!r}; known: {sorted(CONFIG_KEYS)}")
+        if not isinstance(value, CONFIG_KEYS[key]) or isinstance(value, bool):  # type: ignore[arg-type]
+            raise VmrError(f"config {path}: key {key!r} has the wrong type ({type(value).__name__})")
+    return doc
+
+
+def _setting(args: argparse.Namespace, config: Dict[str, Any], key: str, default: Any) -> Any:
+    value = getattr(args, key, None)
+    if value is not None and value != []:
+        return value
+    return config.get(key, default)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from vmr_handler.engine import DEFAULT_REBOOT_COMMAND, EngineConfig
 
-    schedule = _load(args.local, args.allow_class)
+    settings = load_config(args.config)
+    state_dir = _setting(args, settings, "state_dir", DEFAULT_STATE_DIR)
+    launch_dir = _setting(args, settings, "launch_dir", DEFAULT_LAUNCH_DIR)
+    allow = _setting(args, settings, "allow_class", [])
+    if args.local is None:
+        from vmr_handler.agent import AgentConfig, run_connected
+        from vmr_handler.transports.channel import DEFAULT_PORT
+
+        agent_config = AgentConfig(
+            port=_setting(args, settings, "port", DEFAULT_PORT),
+            state_dir=state_dir,
+            launch_dir=launch_dir,
+            reboot_command=_setting(args, settings, "reboot_command", None),
+            allow_classes=list(allow),
+            clock_skew=args.debug_clock_skew or 0.0,
+        )
+        name = _setting(args, settings, "vm_name", None)
+        if name:
+            agent_config.vm_name = name
+        for key in ("heartbeat", "peer_timeout"):
+            if key in settings:
+                setattr(agent_config, key, float(settings[key]))
+        return asyncio.run(run_connected(agent_config))
+    schedule = _load(args.local, allow)
     config = EngineConfig(
-        launch_dir=args.launch_dir,
-        state_dir=args.state_dir,
+        launch_dir=launch_dir,
+        state_dir=state_dir,
         resources_dir=args.resources or os.path.dirname(os.path.abspath(args.local)),
-        start_buffer=args.start_buffer,
-        reboot_command=args.reboot_command or DEFAULT_REBOOT_COMMAND,
+        start_buffer=float(_setting(args, settings, "start_buffer", 60.0)),
+        reboot_command=_setting(args, settings, "reboot_command", None) or DEFAULT_REBOOT_COMMAND,
     )
     return asyncio.run(_run_local(schedule, config, args.report, quiet=args.quiet))
 

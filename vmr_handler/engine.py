@@ -41,6 +41,7 @@ from vmr_handler.executor import (
     place_data,
     resolve_exec,
     shell_command,
+    target_path,
     working_dirs,
 )
 from vmr_handler.journal import DONE, FAILED, Journal
@@ -67,6 +68,7 @@ class EngineConfig:
         state_dir: journal and control socket directory.
         resources_dir: where ``filename`` drops are read from.
         start_buffer: seconds between *configured* and the experiment start (local mode).
+        local_start: see below.
         reboot_command: shell command run when a negative stage requests a reboot.
         env: environment for entries (None = the agent's own).
     """
@@ -77,6 +79,9 @@ class EngineConfig:
     start_buffer: float = 60.0
     reboot_command: str = DEFAULT_REBOOT_COMMAND
     env: Optional[Dict[str, str]] = None
+    #: True: start = configured + start_buffer (local mode). False: wait for the host's
+    #: experiment start time (:meth:`Engine.set_start_time`).
+    local_start: bool = True
 
 
 def _make_dirs(paths: List[str]) -> None:
@@ -184,13 +189,16 @@ class Engine:
             log.error("%s", exc)
 
     # ------------------------------------------------------------------ inputs
-    def resume(self) -> Dict[str, Any]:
-        """Handle a RESUME now (SPEC section 4). Returns ``{"at", "ended_break", "ignored"}``.
+    def resume(self, at: Optional[float] = None) -> Dict[str, Any]:
+        """Handle a RESUME (SPEC section 4). Returns ``{"at", "ended_break", "ignored"}``.
 
-        ``at`` is experiment seconds (``-inf`` before the experiment start time is known).
+        Args:
+            at: experiment seconds the RESUME is stamped with (the host's experiment time);
+                default now on the engine's clock, or ``-inf`` before the start time is known.
         """
         start = self.journal.start_time
-        at = -math.inf if start is None else self.clock.time() - start
+        if at is None:
+            at = -math.inf if start is None else self.clock.time() - start
         self.journal.add_resume(at)
         self._save()
         plan = build_plan(self.schedule.entries, self.journal.resumes)
@@ -560,9 +568,12 @@ class Engine:
                     EventType.TRANSFER_REGISTERED,
                     index=entry.index,
                     location=item.location,
+                    path=target_path(item.location, workdir),
                     interval=item.interval,
                     destination=item.destination,
-                    details="local mode: recorded only, no host to transfer to",
+                    details="local mode: recorded only, no host to transfer to"
+                    if self.config.local_start
+                    else "sent to the host once, or every interval seconds when it changed",
                 )
         return _Prepared(entry, workdir, argv)
 
@@ -692,18 +703,53 @@ class Engine:
         configured_at = self.journal.configured_at
         assert configured_at is not None
         self.emit(EventType.CONFIGURED, at=configured_at, stages=len(self.stages))
-        if self.journal.start_time is None:
+        if self.journal.start_time is not None and self.journal.resumed:
+            self.emit(
+                EventType.START_TIME_SET,
+                start_time=self.journal.start_time,
+                source="journal",
+                details="experiment start time kept from before the restart",
+            )
+        elif self.journal.start_time is None and self.config.local_start:
             self.journal.start_time = configured_at + self.config.start_buffer
             self._save()
-        start = self.journal.start_time
-        assert start is not None
+            self.emit(
+                EventType.START_TIME_SET,
+                start_time=self.journal.start_time,
+                source="local",
+                buffer=self.config.start_buffer,
+                details="experiment start = configured + start buffer",
+            )
+        self.phase = "configured, waiting at the barrier"
+        while self.journal.start_time is None:
+            await self._wait_woken()  # set_start_time() wakes us
+
+    def set_start_time(self, start: float) -> bool:
+        """The host's experiment start time (reference UTC seconds) arrived.
+
+        Returns False (and reports nothing new) when it was already set to the same value;
+        a different value is refused (the start time never changes) with an error logged.
+        """
+        current = self.journal.start_time
+        if current is not None:
+            if current != start:
+                log.error("refused a different experiment start time %.6f (already %.6f)", start, current)
+            return False
+        self.journal.start_time = start
+        self._save()
         self.emit(
             EventType.START_TIME_SET,
             start_time=start,
-            source="local",
-            buffer=self.config.start_buffer,
-            details="experiment start = configured + start buffer",
+            source="host",
+            details="experiment start time from the host barrier",
         )
+        self._wake.set()
+        return True
+
+    def clock_changed(self) -> None:
+        """The reference-clock offset changed: re-arm positive-time timers on the new clock."""
+        if self._pos.plan is not None:
+            self._arm_positive(self._pos.plan)
 
     # ------------------------------------------------------------------ phase 4: positive time
     async def _positive_phase(self) -> None:

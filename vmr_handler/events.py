@@ -108,9 +108,13 @@ class EventFactory:
 
     def make(self, type_: EventType, **data: Any) -> Event:
         """A new :class:`Event` of ``type_`` with ``data`` made JSON safe; timestamps never go backwards."""
+        return self.make_raw(type_.value, **data)
+
+    def make_raw(self, type_: str, **data: Any) -> Event:
+        """Like :meth:`make` for any type string (protocol control events)."""
         now = max(self._clock(), self._last)
         self._last = now
-        return Event(type_.value, now, f"{self._prefix}-{next(self._counter):08d}", json_safe(data))
+        return Event(type_, now, f"{self._prefix}-{next(self._counter):08d}", json_safe(data))
 
 
 def message(events: Iterable[Event], now: float) -> Dict[str, Any]:

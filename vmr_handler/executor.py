@@ -87,7 +87,8 @@ class PlacedFile:
     mode: int
 
 
-def _target(location: str, workdir: str) -> str:
+def target_path(location: str, workdir: str) -> str:
+    """Absolute path of a data ``location`` (relative = relative to the working dir ``workdir``)."""
     return location if os.path.isabs(location) else os.path.normpath(os.path.join(workdir, location))
 
 
@@ -145,7 +146,7 @@ def place_data(entry: ScheduleEntry, workdir: str, resources_dir: str) -> List[P
     for item in entry.data:
         if not isinstance(item, (ContentDrop, FileDrop)):
             continue
-        path = _target(item.location, workdir)
+        path = target_path(item.location, workdir)
         if isinstance(item, ContentDrop):
             payload = item.content
         else:
@@ -192,7 +193,7 @@ def resolve_exec(entry: ScheduleEntry, workdir: str) -> str:
                     or os.path.basename(item.location) == exe
                 )
             ):
-                return _target(item.location, workdir)
+                return target_path(item.location, workdir)
         found = shutil.which(exe)
         if found is None:
             raise EntryError(

@@ -1,0 +1,700 @@
+"""Connected mode: the agent talking to ``vmr-host`` over a byte channel (issue 4, docs/protocol.md).
+
+:class:`HostLink` keeps one conversation with the host alive across channel drops, host
+restarts and agent restarts: handshake on every (re)connection, NTP-style clock sync,
+at-least-once reports from the :class:`~vmr_handler.outbox.Outbox`, heartbeats (a
+virtio-serial guest cannot see the host leave), and dispatch of control events.
+:func:`run_connected` wires it to the :class:`~vmr_handler.engine.Engine`: it waits for the
+schedule (or reuses the one stored by a previous start), fetches VM-resource files, runs the
+engine with the host's start time, RESUMEs and clock, and sends transfers out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
+
+from vmr_handler import __version__
+from vmr_handler import protocol as P
+from vmr_handler.clock import SystemClock
+from vmr_handler.errors import EntryError, ScheduleError, VmrError
+from vmr_handler.events import Event, EventFactory, EventType, describe
+from vmr_handler.executor import resource_path
+from vmr_handler.journal import JOURNAL_NAME, atomic_write
+from vmr_handler.outbox import Outbox
+from vmr_handler.schedule import FileDrop, Schedule, load_schedule_bytes
+from vmr_handler.transports.channel import DEFAULT_PORT, ByteChannel, ChannelClosed, open_channel
+
+log = logging.getLogger(__name__)
+
+SCHEDULE_FILE = "schedule.bin"
+RESOURCES_DIR = "resources"
+APPLIED_RESUMES = "resumes-applied.json"
+#: Events per message and bytes per message when sending reports.
+BATCH_EVENTS = 200
+BATCH_BYTES = 512 * 1024
+#: Reports sent on this connection but not yet acked before the sender waits for acks.
+WINDOW_EVENTS = 2000
+TRANSFER_CHUNK = 256 * 1024
+
+
+@dataclass
+class AgentConfig:
+    """Connected-mode settings (config file keys and flags of the same names).
+
+    Attributes:
+        port: ``unix:PATH`` or a character device path.
+        heartbeat: seconds of silence after which a heartbeat is sent.
+        peer_timeout: seconds of silence after which the host is considered gone.
+        clock_skew: debug only: seconds added to this agent's own clock reading.
+    """
+
+    port: str = DEFAULT_PORT
+    state_dir: str = "/var/lib/vmr-handler"
+    launch_dir: str = "/var/launch"
+    reboot_command: Optional[str] = None
+    vm_name: str = field(default_factory=socket.gethostname)
+    allow_classes: List[str] = field(default_factory=list)
+    heartbeat: float = 5.0
+    peer_timeout: float = 15.0
+    clock_skew: float = 0.0
+    clock_samples: int = 8
+    clock_interval: float = 60.0
+
+
+class HostLink:
+    """The agent's side of the conversation with the host.
+
+    Args:
+        config: :class:`AgentConfig`.
+        outbox: reports to deliver.
+        clock: the agent's reference clock; its ``offset`` is set from clock sync.
+        on_event: called for each control event from the host (``schedule``, ``start_time``,
+            ``resume``); returns the ``data`` of the answer (a ``result``), or None for an ack.
+    """
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        outbox: Outbox,
+        clock: SystemClock,
+        on_event: Callable[[Event], Awaitable[Optional[Dict[str, Any]]]],
+    ) -> None:
+        self.config = config
+        self.outbox = outbox
+        self.clock = clock
+        self._on_event = on_event
+        self.events = EventFactory(clock.time)
+        self.boot_id = _boot_id()
+        self.welcomed = asyncio.Event()
+        self.on_clock: Optional[Callable[[], None]] = None
+        self._channel: Optional[ByteChannel] = None
+        self._write_lock = asyncio.Lock()
+        self._more = asyncio.Event()  # new reports or acks
+        self._sent: Set[str] = set()
+        self._samples: List[P.ClockSample] = []
+        self._clock_waiters: Dict[str, float] = {}
+        self._requests: Dict[str, asyncio.Queue[Event]] = {}
+        self._last_rx = time.monotonic()
+        self._last_tx = time.monotonic()
+        self.welcome: Dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ public
+    def notify(self) -> None:
+        """New reports are in the outbox."""
+        self._more.set()
+
+    async def run(self) -> None:
+        """Keep a channel open and a session running on it, forever (cancel to stop)."""
+        backoff = 0.05
+        while True:
+            try:
+                channel = await open_channel(self.config.port)
+            except OSError as exc:
+                log.debug("port %s not ready: %s", self.config.port, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(2.0, backoff * 2)
+                continue
+            backoff = 0.05
+            self._channel = channel
+            try:
+                await self._session(channel)
+            except ChannelClosed as exc:
+                log.info("channel to host closed: %s", exc)
+            finally:
+                self._channel = None
+                self.welcomed.clear()
+                channel.close()
+            await asyncio.sleep(0.1)
+
+    async def request(self, type_: str, **data: Any) -> Tuple[str, asyncio.Queue[Event]]:
+        """Send a request event; returns its id and the queue its answers (``answers`` = id) go to.
+
+        Raises:
+            ChannelClosed: no channel to send on.
+        """
+        event = self.events.make_raw(type_, **data)
+        queue: asyncio.Queue[Event] = asyncio.Queue()
+        self._requests[event.id] = queue
+        try:
+            await self._send([event])
+        except ChannelClosed:
+            self._requests.pop(event.id, None)
+            raise
+        return event.id, queue
+
+    def forget_request(self, ident: str) -> None:
+        self._requests.pop(ident, None)
+
+    # ------------------------------------------------------------------ session
+    async def _session(self, channel: ByteChannel) -> None:
+        self._sent.clear()
+        self._last_rx = time.monotonic()
+        await self._write(P.CONNECT_PREFIX)
+        await self._send_hello()
+        tasks = [
+            asyncio.ensure_future(self._reader(channel)),
+            asyncio.ensure_future(self._sender()),
+            asyncio.ensure_future(self._keepalive(channel)),
+            asyncio.ensure_future(self._clock_sync()),
+        ]
+        try:
+            done, _pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                exc = task.exception()
+                if exc is not None:
+                    raise exc
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _send_hello(self) -> None:
+        journal: Dict[str, Any] = {}
+        with (
+            contextlib.suppress(OSError, ValueError),
+            open(os.path.join(self.config.state_dir, JOURNAL_NAME), "rb") as fh,
+        ):
+            doc = json.loads(fh.read())
+            journal = {
+                "digest": doc.get("schedule_digest"),
+                "configured_at": doc.get("configured_at"),
+                "start_time": doc.get("start_time"),
+                "stages_done": doc.get("stages_done"),
+                "resumes": len(doc.get("resumes") or []),
+            }
+        await self._send(
+            [
+                self.events.make_raw(
+                    P.HELLO,
+                    protocol=P.PROTOCOL_VERSION,
+                    agent_version=__version__,
+                    boot_id=self.boot_id,
+                    vm=self.config.vm_name,
+                    journal=journal,
+                    unacked=len(self.outbox),
+                )
+            ]
+        )
+
+    async def _write(self, data: bytes) -> None:
+        channel = self._channel
+        if channel is None:
+            raise ChannelClosed("no channel")
+        async with self._write_lock:
+            await channel.write(data)
+        self._last_tx = time.monotonic()
+
+    async def _send(self, events: List[Event]) -> None:
+        await self._write(P.encode_message(events, self.clock.time()))
+
+    async def _reader(self, channel: ByteChannel) -> None:
+        decoder = P.FrameDecoder()
+        while True:
+            data = await channel.read()
+            self._last_rx = time.monotonic()
+            for message in decoder.feed(data):
+                for event in message.events:
+                    await self._dispatch(event)
+            if decoder.stats.malformed or decoder.stats.oversize:
+                log.warning("host sent bad frames: %s", decoder.stats.last_error)
+                decoder.stats.malformed = decoder.stats.oversize = 0
+
+    async def _dispatch(self, event: Event) -> None:
+        kind, data = event.type, event.data
+        if kind == P.HELLO:  # the host (re)connected: introduce ourselves, resend everything
+            self.welcomed.clear()
+            self._sent.clear()
+            await self._send_hello()
+        elif kind == P.WELCOME:
+            self.welcome = dict(data)
+            self.welcomed.set()
+            self._more.set()
+            log.info("host welcomed us as %s", data.get("vm"))
+        elif kind == P.ACK:
+            ids = data.get("ids")
+            if isinstance(ids, list):
+                self.outbox.ack(ids)
+                self._sent.difference_update(i for i in ids if isinstance(i, str))
+                self._more.set()
+        elif kind == P.CLOCK_RESP:
+            t4 = self.clock.local_time()
+            t1 = self._clock_waiters.pop(str(data.get("answers")), None)
+            t2, t3 = data.get("t2"), data.get("t3")
+            if t1 is not None and isinstance(t2, (int, float)) and isinstance(t3, (int, float)):
+                self._samples = [*self._samples[-15:], P.ClockSample(t1, float(t2), float(t3), t4)]
+        elif kind in (P.RESOURCE_CHUNK, P.RESULT) and str(data.get("answers")) in self._requests:
+            await self._requests[str(data["answers"])].put(event)
+        elif kind == P.HEARTBEAT:
+            pass
+        else:
+            answer = await self._on_event(event)
+            if answer is None:
+                await self._send([self.events.make_raw(P.ACK, ids=[event.id])])
+            else:
+                await self._send([self.events.make_raw(P.RESULT, **answer)])
+
+    async def _sender(self) -> None:
+        """Send every unacknowledged report (oldest first), in batches, with a window."""
+        await self.welcomed.wait()
+        while True:
+            self._more.clear()
+            batch: List[Dict[str, Any]] = []
+            size = 0
+            for ident in self.outbox.ids():
+                if len(self._sent) >= WINDOW_EVENTS:
+                    break
+                if ident in self._sent:
+                    continue
+                doc = self.outbox.read(ident)
+                if doc is None:
+                    continue
+                batch.append(doc)
+                self._sent.add(ident)
+                size += len(json.dumps(doc))
+                if len(batch) >= BATCH_EVENTS or size >= BATCH_BYTES:
+                    await self._send_docs(batch)
+                    batch, size = [], 0
+            if batch:
+                await self._send_docs(batch)
+            if not self.welcomed.is_set():
+                await self.welcomed.wait()
+                continue
+            await self._more.wait()
+
+    async def _send_docs(self, docs: List[Dict[str, Any]]) -> None:
+        events = [Event(d["type"], float(d["timestamp"]), d["id"], d.get("data", {})) for d in docs]
+        await self._send(events)
+
+    async def _keepalive(self, channel: ByteChannel) -> None:
+        step = min(1.0, self.config.heartbeat / 2)
+        last_hello = time.monotonic()
+        while True:
+            await asyncio.sleep(step)
+            now = time.monotonic()
+            if now - self._last_tx >= self.config.heartbeat:
+                await self._send([self.events.make_raw(P.HEARTBEAT)])
+            if now - self._last_rx >= self.config.peer_timeout:
+                if channel.sees_disconnects:
+                    raise ChannelClosed(f"host silent for {self.config.peer_timeout:.0f} s")
+                if self.welcomed.is_set():
+                    log.warning("host silent for %.0f s: waiting for it to come back", now - self._last_rx)
+                    self.welcomed.clear()
+            if not self.welcomed.is_set() and now - last_hello >= self.config.heartbeat:
+                last_hello = now
+                self._sent.clear()
+                await self._send_hello()  # a hello may have been lost while nobody listened
+
+    async def _clock_sync(self) -> None:
+        await self.welcomed.wait()
+        while True:
+            for _ in range(self.config.clock_samples):
+                event = self.events.make_raw(P.CLOCK_REQ, t1=0.0)
+                t1 = self.clock.local_time()
+                event = Event(event.type, event.timestamp, event.id, {"t1": t1})
+                self._clock_waiters[event.id] = t1
+                await self._send([event])
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)
+            best = P.best_offset(self._samples)
+            if best is not None and abs(best.offset - self.clock.offset) > 0.0005:
+                log.info("clock offset to host %.6f s (delay %.6f s)", best.offset, best.delay)
+                self.clock.offset = best.offset
+                if self.on_clock is not None:
+                    self.on_clock()
+            self._clock_waiters.clear()
+            await asyncio.sleep(self.config.clock_interval)
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            return fh.read().strip()
+    except OSError:
+        return uuid.uuid4().hex
+
+
+# ====================================================================== orchestration
+class ConnectedAgent:
+    """Runs one VM's part of the experiment under a host (``vmr-handler run`` without --local)."""
+
+    def __init__(self, config: AgentConfig, log_stream: Optional[Any] = sys.stderr) -> None:
+        self.config = config
+        os.makedirs(config.state_dir, mode=0o700, exist_ok=True)
+        self.clock = SystemClock(skew=config.clock_skew)
+        self.outbox = Outbox(config.state_dir)
+        self.link = HostLink(config, self.outbox, self.clock, self._on_control)
+        self._log = log_stream
+        self._schedule_ready: asyncio.Future[Schedule] = asyncio.get_running_loop().create_future()
+        self._schedule: Optional[Schedule] = None
+        self._engine: Any = None
+        self._resources: Dict[str, Dict[str, Any]] = {}
+        self._applied = self._load_applied()
+        self._pending_start: Optional[float] = None
+        self._transfers: List[asyncio.Task[None]] = []
+        self._stopped = asyncio.Event()
+
+    # -------------------------------------------------------------- control from the host
+    async def _on_control(self, event: Event) -> Optional[Dict[str, Any]]:
+        data = event.data
+        if event.type == P.SCHEDULE:
+            return self._take_schedule(event)
+        if event.type == P.START_TIME:
+            start = data.get("start_time")
+            if not isinstance(start, (int, float)):
+                return P.result_data(event.id, False, "start_time must be a number")
+            if self._engine is not None:
+                self._engine.set_start_time(float(start))
+            else:
+                self._pending_start = float(start)
+            return None
+        if event.type == P.RESUME:
+            if event.id in self._applied:
+                return P.result_data(event.id, True, "already applied", **self._applied[event.id])
+            if self._engine is None:
+                return P.result_data(event.id, False, "no schedule is running yet")
+            at = data.get("at")
+            outcome = self._engine.resume(float(at) if isinstance(at, (int, float)) else None)
+            self._applied[event.id] = {"ended_break": outcome["ended_break"], "ignored": outcome["ignored"]}
+            self._save_applied()
+            return P.result_data(
+                event.id,
+                True,
+                "ignored: no active break"
+                if outcome["ignored"]
+                else f"ended break at entry {outcome['ended_break']}",
+                **self._applied[event.id],
+            )
+        log.warning("unexpected %s event from host", event.type)
+        return P.result_data(event.id, False, f"unknown event type {event.type!r}")
+
+    def _take_schedule(self, event: Event) -> Dict[str, Any]:
+        data = event.data
+        try:
+            raw = base64.b64decode(str(data.get("data_b64", "")), validate=True)
+        except ValueError:
+            return P.result_data(event.id, False, "schedule data_b64 is not base64")
+        if data.get("sha256") and hashlib.sha256(raw).hexdigest() != data.get("sha256"):
+            return P.result_data(event.id, False, "schedule sha256 does not match its data")
+        try:
+            schedule = load_schedule_bytes(raw, self.config.allow_classes)
+        except ScheduleError as exc:
+            self._report(EventType.SCHEDULE_WARNING, status="error", details=f"schedule refused: {exc}")
+            return P.result_data(event.id, False, str(exc))
+        resources = data.get("resources")
+        if isinstance(resources, dict):
+            self._resources = {str(k): v for k, v in resources.items() if isinstance(v, dict)}
+        if self._schedule is not None:
+            same = self._schedule.digest == schedule.digest
+            return P.result_data(
+                event.id,
+                same,
+                "schedule already running"
+                if same
+                else "another schedule is already running; restart the agent to change it",
+            )
+        atomic_write(os.path.join(self.config.state_dir, SCHEDULE_FILE), raw)
+        atomic_write(
+            os.path.join(self.config.state_dir, "resources.json"), json.dumps(self._resources).encode()
+        )
+        self._schedule = schedule
+        if not self._schedule_ready.done():
+            self._schedule_ready.set_result(schedule)
+        return P.result_data(
+            event.id, True, f"schedule accepted ({len(schedule.entries)} entries)", digest=schedule.digest
+        )
+
+    def _stored_schedule(self) -> Optional[Schedule]:
+        path = os.path.join(self.config.state_dir, SCHEDULE_FILE)
+        try:
+            with open(path, "rb") as fh:
+                raw = fh.read()
+            schedule = load_schedule_bytes(raw, self.config.allow_classes)
+        except (OSError, ScheduleError):
+            return None
+        with (
+            contextlib.suppress(OSError, ValueError),
+            open(os.path.join(self.config.state_dir, "resources.json"), "rb") as fh,
+        ):
+            self._resources = json.loads(fh.read())
+        return schedule
+
+    def _load_applied(self) -> Dict[str, Dict[str, Any]]:
+        try:
+            with open(os.path.join(self.config.state_dir, APPLIED_RESUMES), "rb") as fh:
+                doc = json.loads(fh.read())
+            return doc if isinstance(doc, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def _save_applied(self) -> None:
+        atomic_write(os.path.join(self.config.state_dir, APPLIED_RESUMES), json.dumps(self._applied).encode())
+
+    # -------------------------------------------------------------- reports
+    def sink(self, event: Event) -> None:
+        """The engine's event sink: outbox (delivered to the host) + readable log."""
+        self.outbox.add(event)
+        self.link.notify()
+        if self._log is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._log.write(describe(event) + "\n")
+                self._log.flush()
+        if event.type == EventType.TRANSFER_REGISTERED.value:
+            self._transfers.append(asyncio.ensure_future(self._transfer(dict(event.data))))
+
+    def _report(self, type_: EventType, **data: Any) -> None:
+        self.sink(self.link.events.make(type_, **data))
+
+    async def _transfer(self, data: Dict[str, Any]) -> None:
+        """Send a transfer-out location to the host once, or every ``interval`` s when it changed."""
+        path = str(data.get("path") or data.get("location"))
+        location = str(data.get("location"))
+        interval = data.get("interval")
+        seen: Dict[str, str] = {}
+        while True:
+            for rel, full in _walk(path):
+                try:
+                    with open(full, "rb") as fh:
+                        content = fh.read()
+                    mtime = os.stat(full).st_mtime
+                except OSError:
+                    continue
+                digest = hashlib.sha256(content).hexdigest()
+                if seen.get(rel) == digest:
+                    continue
+                seen[rel] = digest
+                name = location if not rel else location.rstrip("/") + "/" + rel
+                for offset in range(0, max(1, len(content)), TRANSFER_CHUNK):
+                    piece = content[offset : offset + TRANSFER_CHUNK]
+                    self.outbox.add(
+                        self.link.events.make_raw(
+                            P.TRANSFER_CHUNK,
+                            location=name,
+                            offset=offset,
+                            size=len(content),
+                            sha256=digest,
+                            mtime=mtime,
+                            last=offset + TRANSFER_CHUNK >= len(content),
+                            data_b64=base64.b64encode(piece).decode("ascii"),
+                        )
+                    )
+                self.link.notify()
+            if not isinstance(interval, (int, float)) or interval <= 0:
+                return
+            await asyncio.sleep(float(interval))
+
+    # -------------------------------------------------------------- resources
+    async def _fetch_resources(self, schedule: Schedule) -> str:
+        """Fetch every VM-resource file the schedule drops into ``<state>/resources``."""
+        root = os.path.join(self.config.state_dir, RESOURCES_DIR)
+        os.makedirs(root, exist_ok=True)
+        names = sorted({d.filename for e in schedule.entries for d in e.data if isinstance(d, FileDrop)})
+        for name in names:
+            try:
+                resource_path(root, name)  # the name must stay inside the resource dir
+            except EntryError as exc:
+                self._report(EventType.SCHEDULE_WARNING, status="error", details=str(exc))
+                continue
+            want = self._resources.get(name, {}).get("sha256")
+            target = os.path.join(root, hashlib.sha256(name.encode()).hexdigest()[:16])
+            if want and os.path.exists(target) and _sha256_file(target) == want:
+                _link_name(root, name, target)
+                continue
+            error = await self._fetch_one(name, target)
+            if error:
+                self._report(
+                    EventType.SCHEDULE_WARNING, status="error", details=f"resource {name!r}: {error}"
+                )
+                continue
+            _link_name(root, name, target)
+        return root
+
+    async def _fetch_one(self, name: str, target: str) -> Optional[str]:
+        """Download one resource with resume-from-offset retries; None on success, else why not."""
+        tmp = target + ".part"
+        for _attempt in range(50):
+            offset = os.path.getsize(tmp) if os.path.exists(tmp) else 0
+            await self.link.welcomed.wait()
+            try:
+                ident, queue = await self.link.request(P.RESOURCE_REQUEST, name=name, offset=offset)
+            except ChannelClosed:
+                await asyncio.sleep(0.5)
+                continue
+            try:
+                while True:
+                    event = await asyncio.wait_for(queue.get(), 30)
+                    d = event.data
+                    if event.type == P.RESULT and d.get("status") == "error":
+                        return str(d.get("details"))
+                    have = os.path.getsize(tmp) if os.path.exists(tmp) else 0
+                    if d.get("offset") != have:
+                        break  # out of step (a resend): ask again from what we have
+                    with open(tmp, "ab") as fh:
+                        fh.write(base64.b64decode(str(d.get("data_b64", ""))))
+                    if d.get("last"):
+                        if _sha256_file(tmp) != d.get("sha256"):
+                            os.unlink(tmp)
+                            return "sha256 mismatch after download"
+                        os.replace(tmp, target)
+                        return None
+            except asyncio.TimeoutError:
+                continue
+            finally:
+                self.link.forget_request(ident)
+        return "gave up after 50 attempts"
+
+    # -------------------------------------------------------------- main
+    async def run(self) -> int:
+        """Connect, get the schedule, run it; returns the engine's exit code."""
+        from vmr_handler.engine import DEFAULT_REBOOT_COMMAND, Engine, EngineConfig
+        from vmr_handler.executor import install_child_watcher
+
+        install_child_watcher()
+        link_task = asyncio.ensure_future(self.link.run())
+        try:
+            schedule = self._stored_schedule()
+            if schedule is not None:
+                self._schedule = schedule
+            else:
+                schedule = await self._schedule_ready
+            resources = await self._fetch_resources(schedule)
+            config = EngineConfig(
+                launch_dir=self.config.launch_dir,
+                state_dir=self.config.state_dir,
+                resources_dir=resources,
+                reboot_command=self.config.reboot_command or DEFAULT_REBOOT_COMMAND,
+                local_start=False,
+            )
+            self._engine = engine = Engine(schedule, config, self.sink, self.clock)
+            self.link.on_clock = engine.clock_changed
+            if self._pending_start is not None:
+                engine.set_start_time(self._pending_start)
+            welcome_start = self.link.welcome.get("start_time")
+            if isinstance(welcome_start, (int, float)):
+                engine.set_start_time(float(welcome_start))
+            from vmr_handler.control import ControlServer
+
+            control = ControlServer(
+                self.config.state_dir,
+                {
+                    "status": lambda _r: {**engine.status(), "host": self._host_status()},
+                    "resume": lambda _r: engine.resume(),
+                },
+            )
+            await control.start()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._on_signal, engine, signal.Signals(sig).name)
+            try:
+                rc: int = await engine.run()
+            finally:
+                await control.close()
+            if not self._stopped.is_set():
+                await self._drain()
+            return rc
+        finally:
+            for task in self._transfers:
+                task.cancel()
+            link_task.cancel()
+            await asyncio.gather(link_task, *self._transfers, return_exceptions=True)
+            self.outbox.close()
+
+    def _host_status(self) -> Dict[str, Any]:
+        return {
+            "port": self.config.port,
+            "welcomed": self.link.welcomed.is_set(),
+            "clock_offset": self.clock.offset,
+            "unacked_reports": len(self.outbox),
+        }
+
+    def _on_signal(self, engine: Any, name: str) -> None:
+        self._stopped.set()
+        engine.stop(f"signal {name}")
+
+    async def _drain(self) -> None:
+        """After the schedule ends: wait until the host has acked every report, and keep
+        periodic transfers going, until stopped (SIGTERM)."""
+        while not self._stopped.is_set():
+            if not len(self.outbox) and all(t.done() for t in self._transfers):
+                return
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stopped.wait(), 0.05)
+
+
+def _walk(path: str) -> List[Tuple[str, str]]:
+    """``(relative name, full path)`` of a file, or of every file under a directory."""
+    if os.path.isdir(path):
+        out = []
+        for root, _dirs, files in os.walk(path, followlinks=False):
+            for name in sorted(files):
+                full = os.path.join(root, name)
+                if os.path.isfile(full) and not os.path.islink(full):
+                    out.append((os.path.relpath(full, path), full))
+        return out
+    return [("", path)] if os.path.isfile(path) else []
+
+
+def _sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _link_name(root: str, name: str, target: str) -> None:
+    """Make ``<root>/<name>`` (the name the schedule uses) point at the fetched file."""
+    dest = os.path.join(root, name)
+    if os.path.realpath(dest) == os.path.realpath(target):
+        return
+    os.makedirs(os.path.dirname(dest) or root, exist_ok=True)
+    tmp = dest + ".lnk"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    os.symlink(target, tmp)
+    os.replace(tmp, dest)
+
+
+async def run_connected(config: AgentConfig) -> int:
+    """Entry point of connected mode. Returns the exit code.
+
+    Raises:
+        VmrError: the state directory cannot be used.
+    """
+    try:
+        agent = ConnectedAgent(config)
+    except OSError as exc:
+        raise VmrError(f"cannot use state dir {config.state_dir}: {exc}") from exc
+    return await agent.run()
