@@ -49,6 +49,9 @@ class Outbox:
         except OSError as exc:
             raise JournalError(f"cannot open outbox {self.path}: {exc.strerror or exc}") from exc
         self._size = os.fstat(self._fd).st_size
+        if self._size and os.pread(self._fd, 1, self._size - 1) != b"\n":
+            os.write(self._fd, b"\n")  # end a line torn by a crash, or the next one joins it
+            self._size += 1
 
     def _load(self) -> None:
         try:

@@ -1,0 +1,58 @@
+"""The outbox keeps every report until acked, across restarts and torn writes."""
+
+from __future__ import annotations
+
+import time
+
+from vmr_handler.events import EventFactory, EventType
+from vmr_handler.outbox import Outbox
+
+
+def _events(n: int):
+    f = EventFactory(time.time)
+    return [f.make(EventType.OUTPUT, index=0, line=f"line {i}", blob="\x00\xff" * i) for i in range(n)]
+
+
+def test_pending_until_acked_and_survives_restart(tmp_path):
+    evs = _events(10)
+    box = Outbox(str(tmp_path))
+    for e in evs:
+        box.add(e)
+    box.ack([evs[0].id, evs[5].id, "unknown-id"])
+    assert len(box) == 8
+    box.close()
+    again = Outbox(str(tmp_path))
+    assert again.ids() == [e.id for i, e in enumerate(evs) if i not in (0, 5)]
+    assert again.read(evs[9].id)["data"]["blob"] == "\x00\xff" * 9
+    again.close()
+
+
+def test_torn_last_line_is_ignored(tmp_path):
+    evs = _events(3)
+    box = Outbox(str(tmp_path))
+    for e in evs:
+        box.add(e)
+    box.close()
+    with open(box.path, "ab") as fh:
+        fh.write(b'{"e":{"timestamp":1,"type":"out')  # agent killed mid-write
+    again = Outbox(str(tmp_path))
+    assert again.ids() == [e.id for e in evs]
+    extra = _events(1)[0]
+    again.add(extra)  # appends after the torn line; still readable after another restart
+    again.close()
+    third = Outbox(str(tmp_path))
+    assert third.ids()[-1] == extra.id and third.read(extra.id)["id"] == extra.id
+    third.close()
+
+
+def test_compaction_keeps_only_pending(tmp_path):
+    evs = _events(50)
+    box = Outbox(str(tmp_path))
+    for e in evs:
+        box.add(e)
+    box.ack([e.id for e in evs[:45]])
+    box.compact()
+    assert box.ids() == [e.id for e in evs[45:]]
+    assert all(box.read(e.id)["data"]["line"] == e.data["line"] for e in evs[45:])
+    box.close()
+    assert Outbox(str(tmp_path)).ids() == [e.id for e in evs[45:]]
