@@ -257,14 +257,14 @@ class HostLink:
                 self._samples = [*self._samples[-15:], P.ClockSample(t1, float(t2), float(t3), t4)]
         elif kind in (P.RESOURCE_CHUNK, P.RESULT) and str(data.get("answers")) in self._requests:
             await self._requests[str(data["answers"])].put(event)
-        elif kind == P.HEARTBEAT:
-            pass
-        else:
+        elif kind in (P.SCHEDULE, P.START_TIME, P.RESUME):
             answer = await self._on_event(event)
             if answer is None:
                 await self._send([self.events.make_raw(P.ACK, ids=[event.id])])
             else:
                 await self._send([self.events.make_raw(P.RESULT, **answer)])
+        elif kind != P.HEARTBEAT:
+            log.info("ignored %s event %s from the host", kind, event.id)  # never answered: no ping-pong
 
     async def _sender(self) -> None:
         """Send every unacknowledged report (oldest first), in batches, with a window."""
@@ -273,7 +273,7 @@ class HostLink:
             self._more.clear()
             batch: List[Dict[str, Any]] = []
             size = 0
-            for ident in self.outbox.ids():
+            for ident in self.outbox.ids(limit=WINDOW_EVENTS + BATCH_EVENTS):
                 if len(self._sent) >= WINDOW_EVENTS:
                     break
                 if ident in self._sent:

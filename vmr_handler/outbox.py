@@ -12,6 +12,7 @@ File format, one JSON object per line: ``{"e": <event dict>}`` for a report,
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections import OrderedDict
@@ -117,9 +118,9 @@ class Outbox:
             self.compact()
         return len(done)
 
-    def ids(self) -> List[str]:
-        """Pending ids in send order."""
-        return list(self._pending)
+    def ids(self, limit: Optional[int] = None) -> List[str]:
+        """Pending ids in send order (the first ``limit`` of them when given)."""
+        return list(self._pending) if limit is None else list(itertools.islice(self._pending, limit))
 
     def read(self, ident: str) -> Optional[Dict[str, Any]]:
         """The pending event ``ident`` as a dict, or None if it was acked meanwhile."""
