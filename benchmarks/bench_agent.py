@@ -4,20 +4,23 @@
 Run from the repository root::
 
     .venv/bin/python benchmarks/bench_agent.py            # full run (~1.5-3 min)
-    .venv/bin/python benchmarks/bench_agent.py --quick    # smoke run (~40 s)
+    .venv/bin/python benchmarks/bench_agent.py --quick    # smoke run (~45 s)
 
 Every figure is printed next to its target with an ``ok`` / ``MISSED`` label; the script
 never fails because something is slow (exit 0 unless the benchmark itself breaks, e.g.
 the agent cannot be started). See ``benchmarks/README.md`` for what each figure means.
 
 Sections:
-  1  200 entries at one instant through the real CLI: lateness p50/p99/max, spread.
+  1  200 entries at one instant through the real CLI: lateness p50/p99/max, spread of the
+     entries' ``spawned_at`` (fork times) and, for reference, of the event timestamps.
   1b the same with ``/bin/date +%s.%N``: when the processes really ran (exec times).
   1c the same burst with timing probes inside the agent: where the lateness goes.
   2  1000 entries 10 ms apart over 10 s: lateness p50/p99/max.
-  2b the same with timing probes: what the late entries waited for.
-  3  bare asyncio baseline: 200 processes at one instant, no vmr_handler; ratios.
-  4  ``build_plan`` / ``vmr-handler plan --json`` for a 100 000-entry schedule.
+  2b the same with timing probes: journal appends/fsyncs/snapshots, what entries waited for.
+  3  bare asyncio baseline: 200 processes at one instant, no vmr_handler; synchronous
+     spawn-loop floors (posix_spawn, Popen vfork/fork); agent / baseline ratios.
+  4  ``build_plan`` / ``vmr-handler plan --json`` for a 100 000-entry schedule; loading it
+     as YAML through the real loader (CSafeLoader + depth guard) vs the old yaml.safe_load.
   5  idle CPU% and RSS while waiting for an entry 20 s away; bare-Python RSS baseline.
 """
 
@@ -375,6 +378,7 @@ def section_exec_times(root: str, res: Results, n: int, with_log: bool) -> Dict[
         "max": max(lat) if lat else math.nan,
         "spread": (max(execs) - min(execs)) * 1000.0 if execs else math.nan,
         "reported_spread": burst_figures(out["events"])["spread"],
+        "reported_event_spread": burst_figures(out["events"])["event_spread"],
     }
     print(f"    rc={out['rc']} exec times seen: {fig['n']}/{n}")
     res.add("1b exec", "first process ran after", fmt_ms(fig["first"]))
@@ -405,6 +409,7 @@ def section_breakdown(root: str, res: Results, n: int) -> Dict[str, Any]:
     with open(trace, encoding="utf-8") as fh:
         doc = json.load(fh)
     spans: Dict[str, List[List[float]]] = doc["spans"]
+    traced = set(doc.get("traced", []))
     sched = float(started[0]["data"]["scheduled"])
     last_started = max(float(e["timestamp"]) for e in started)
 
@@ -421,16 +426,28 @@ def section_breakdown(root: str, res: Results, n: int) -> Dict[str, Any]:
         info["timer_late_ms"] = rel(fire[0][0])
         info["fire_group_ms"] = (fire[0][1] - fire[0][0]) * 1000.0
         rows.append(("timer callback ran after", fmt_ms(info["timer_late_ms"])))
-        rows.append((f"_fire_group ({n} x _prepare: mkdir, resolve)", fmt_ms(info["fire_group_ms"])))
+        rows.append((f"_fire_group ({n} x _prepare: dir, data, exec)", fmt_ms(info["fire_group_ms"])))
     prep = within("prepare")
     if prep:
         info["prepare_mean_us"] = statistics.mean((b - a) * 1e6 for a, b in prep)
         rows.append(("  mean _prepare per entry", f"{info['prepare_mean_us']:.0f} us"))
-    saves = within("journal_save")
-    if saves:
-        info["journal_saves"] = len(saves)
-        info["journal_save_ms"] = sum((b - a) for a, b in saves) * 1000.0
-        rows.append((f"journal saves before last start ({len(saves)})", fmt_ms(info["journal_save_ms"])))
+    for probe, what in (
+        ("journal_append", "journal appends"),
+        ("journal_sync", "journal.log fsyncs"),
+        ("journal_save", "journal snapshots"),
+    ):
+        got = within(probe)
+        info[f"{probe}_n"] = len(got)
+        info[f"{probe}_ms"] = sum((b - a) for a, b in got) * 1000.0
+        if probe in traced:
+            rows.append((f"{what} until last start ({len(got)})", fmt_ms(info[f"{probe}_ms"])))
+    mkd = spans.get("make_dirs", [])
+    if mkd:
+        a, b = mkd[0]
+        info["make_dirs_ms"] = (b - a) * 1000.0
+        info["make_dirs_done_ms"] = rel(b)
+        rows.append(("working dirs made ahead (worker thread)", fmt_ms(info["make_dirs_ms"])))
+        rows.append(("  ... done at (rel. to the scheduled instant)", fmt_ms(info["make_dirs_done_ms"])))
     spawn = [s for s in spans.get("spawn", []) if s[0] >= sched - 0.5]
     spawn = spawn[:n]
     if spawn:
@@ -448,10 +465,20 @@ def section_breakdown(root: str, res: Results, n: int) -> Dict[str, Any]:
         info["fork_lateness"] = {"p50": pct(at_fork, 50), "p99": pct(at_fork, 99), "max": max(at_fork)}
         rows.append(
             (
-                "lateness if taken at fork p50/p99",
+                "probed fork-call lateness p50/p99",
                 f"{fmt_ms(info['fork_lateness']['p50'])} / {fmt_ms(info['fork_lateness']['p99'])}",
             )
         )
+        # Cross-check: the agent's own lateness (spawned_at - scheduled) should match the probe.
+        own = sorted(float(e["data"]["lateness"]) * 1000.0 for e in started if "spawned_at" in e["data"])
+        if len(own) == len(at_fork):
+            info["spawned_at_vs_probe_max_ms"] = max(abs(x - y) for x, y in zip(own, sorted(at_fork)))
+            rows.append(
+                (
+                    "  agent's lateness vs probe, max |diff|",
+                    f"{info['spawned_at_vs_probe_max_ms']:.2f} ms",
+                )
+            )
         rows.append(("first create_subprocess_exec returned at", fmt_ms(info["first_spawn_return_ms"])))
         rows.append(("last create_subprocess_exec returned at", fmt_ms(info["last_spawn_return_ms"])))
     rows.append(
@@ -476,9 +503,13 @@ def section_breakdown(root: str, res: Results, n: int) -> Dict[str, Any]:
     for name, value in rows:
         print(f"    {name:<44} {value:>14}")
     if "first_spawn_call_ms" in info:
-        res.add("1c probes", "before the first fork (prepare, journal)", fmt_ms(info["first_spawn_call_ms"]))
+        res.add(
+            "1c probes",
+            "before the first fork (prepare, journal appends)",
+            fmt_ms(info["first_spawn_call_ms"]),
+        )
         res.add("1c probes", "parent cost per spawn", f"{info['per_spawn_ms']:.2f} ms")
-        res.add("1c probes", "lateness if taken at fork, p99", fmt_ms(info["fork_lateness"]["p99"]))
+        res.add("1c probes", "probed fork-call lateness, p99", fmt_ms(info["fork_lateness"]["p99"]))
     res.data["breakdown"] = info
     return info
 
@@ -554,32 +585,63 @@ def section_spread_breakdown(root: str, res: Results, n: int, step: float) -> Di
         print("    (no trace)")
         return {}
     with open(trace, encoding="utf-8") as fh:
-        spans = json.load(fh)["spans"]
-    windows = [(float(e["data"]["scheduled"]), float(e["timestamp"])) for e in started]
+        doc = json.load(fh)
+    spans: Dict[str, List[List[float]]] = doc["spans"]
+    traced = set(doc.get("traced", []))
+    # The lateness window of an entry: scheduled -> spawned_at (taken just before its fork),
+    # or -> the event timestamp for an agent that does not report spawned_at.
+    windows = [
+        (float(e["data"]["scheduled"]), float(e["data"].get("spawned_at", e["timestamp"]))) for e in started
+    ]
     lat = [(b - a) * 1000.0 for a, b in windows]
-    # Only synchronous spans: they block the one event-loop thread, so they never overlap.
-    names = ("journal_save", "popen", "prepare", "report_write", "psutil_create_time")
+    # Only synchronous spans on the event-loop thread: they block it, so they never overlap.
+    # (make_dirs runs in a worker thread and is left out.)
+    journal_names = ("journal_append", "journal_sync", "journal_save")
+    names = (*journal_names, "popen", "prepare", "report_write", "psutil_create_time")
+    missing = [name for name in names if name not in traced]
+    if missing:
+        print(f"    (no probe for: {', '.join(missing)} -- internal renamed or gone)")
     parts = attribute(spans, windows, names)
     late = [i for i, x in enumerate(lat) if x > TARGET_LATENESS_P99_MS]
-    saves = spans.get("journal_save", [])
-    save_ms = [(b - a) * 1000.0 for a, b in saves]
+    per_entry = max(1, len(started))
+
+    def durations(name: str) -> List[float]:
+        return [(b - a) * 1000.0 for a, b in spans.get(name, [])]
+
+    appends, syncs, snaps = durations("journal_append"), durations("journal_sync"), durations("journal_save")
     info: Dict[str, Any] = {
         "p50": pct(lat, 50),
         "p99": pct(lat, 99),
         "late": len(late),
-        "journal_saves": len(saves),
-        "journal_save_p50_ms": pct(save_ms, 50),
-        "journal_save_max_ms": max(save_ms, default=math.nan),
-        "journal_save_total_ms": sum(save_ms),
+        "wall_s": out["wall"],
+        "journal_appends": len(appends),
+        "journal_append_p50_ms": pct(appends, 50),
+        "journal_append_total_ms": sum(appends),
+        "journal_syncs": len(syncs),
+        "journal_sync_p50_ms": pct(syncs, 50),
+        "journal_sync_max_ms": max(syncs, default=math.nan),
+        "journal_sync_total_ms": sum(syncs),
+        "journal_snapshots": len(snaps),
+        "journal_snapshot_total_ms": sum(snaps),
     }
+    journal_total = sum(appends) + sum(syncs) + sum(snaps)
+    info["journal_total_ms"] = journal_total
     print(
-        f"    (this traced run: lateness p50 {info['p50']:.1f} ms, p99 {info['p99']:.1f} ms, "
-        f"{len(late)} entries > 10 ms)"
+        f"    (this traced run: lateness p50 {info['p50']:.2f} ms, p99 {info['p99']:.2f} ms, "
+        f"{len(late)} entries > 10 ms, wall {out['wall']:.1f} s)"
     )
     print(
-        f"    journal saves: {len(saves)} ({len(saves) / max(1, len(started)):.1f} per entry), "
-        f"p50 {info['journal_save_p50_ms']:.2f} ms, max {info['journal_save_max_ms']:.1f} ms, "
-        f"total {info['journal_save_total_ms'] / 1000:.2f} s of the loop's time"
+        f"    journal appends: {len(appends)} ({len(appends) / per_entry:.1f} per entry), "
+        f"p50 {info['journal_append_p50_ms'] * 1000:.0f} us, total {sum(appends):.0f} ms"
+    )
+    print(
+        f"    journal.log fsyncs (Journal.sync calls): {len(syncs)} "
+        f"({len(syncs) / per_entry:.2f} per entry), p50 {info['journal_sync_p50_ms']:.2f} ms, "
+        f"max {info['journal_sync_max_ms']:.1f} ms, total {sum(syncs):.0f} ms"
+    )
+    print(
+        f"    journal snapshots (full rewrites, Engine._save): {len(snaps)}, total {sum(snaps):.0f} ms; "
+        f"all journal work on the loop: {journal_total / 1000:.2f} s"
     )
     print(
         f"    {'mean ms of the lateness window the loop spent in':<44} "
@@ -591,35 +653,33 @@ def section_spread_breakdown(root: str, res: Results, n: int, step: float) -> Di
         late_mean = statistics.mean(vals[i] for i in late) if late else math.nan
         info[f"in_{name}_ms"] = all_mean
         info[f"late_in_{name}_ms"] = late_mean
-        print(f"      {name:<42} {all_mean:>12.2f} {late_mean:>14.2f}")
+        print(f"      {name:<42} {all_mean:>12.3f} {late_mean:>14.3f}")
     rest_all = [lat[i] - sum(parts[name][i] for name in names) for i in range(len(lat))]
     print(
-        f"      {'other (asyncio, pipes, waiting)':<42} {statistics.mean(rest_all):>12.2f} "
-        f"{statistics.mean(rest_all[i] for i in late) if late else math.nan:>14.2f}"
+        f"      {'other (asyncio, timer, waiting)':<42} {statistics.mean(rest_all):>12.3f} "
+        f"{statistics.mean(rest_all[i] for i in late) if late else math.nan:>14.3f}"
     )
     print(
-        f"      {'(whole window = lateness)':<42} {statistics.mean(lat):>12.2f} "
-        f"{statistics.mean(lat[i] for i in late) if late else math.nan:>14.2f}"
+        f"      {'(whole window = lateness)':<42} {statistics.mean(lat):>12.3f} "
+        f"{statistics.mean(lat[i] for i in late) if late else math.nan:>14.3f}"
     )
-    tenth = max(1, len(save_ms) // 10)
-    jpath = os.path.join(workdir, "state", "journal.json")
-    info["journal_bytes"] = os.path.getsize(jpath) if os.path.exists(jpath) else 0
-    info["journal_save_p50_first_ms"] = pct(save_ms[:tenth], 50)
-    info["journal_save_p50_last_ms"] = pct(save_ms[-tenth:], 50)
+    state = os.path.join(workdir, "state")
+    for fname in ("journal.json", "journal.log"):
+        fpath = os.path.join(state, fname)
+        info[f"{fname}_bytes"] = os.path.getsize(fpath) if os.path.exists(fpath) else None
     print(
-        f"    journal save p50: first 10% of saves {info['journal_save_p50_first_ms']:.2f} ms, "
-        f"last 10% {info['journal_save_p50_last_ms']:.2f} ms; "
-        f"final journal.json {info['journal_bytes']:,} bytes (rewritten whole on every save)"
+        f"    at exit: journal.json {info['journal.json_bytes']} bytes, "
+        f"journal.log {info['journal.log_bytes']} bytes (the final snapshot empties the log)"
     )
-    res.add("2b probes", "journal saves per entry", f"{len(saves) / max(1, len(started)):.1f}")
-    res.add("2b probes", "journal save p50 (json + 2 fsync)", f"{info['journal_save_p50_ms']:.2f} ms")
-    res.add("2b probes", "journal save p50, last 10% of saves", f"{info['journal_save_p50_last_ms']:.2f} ms")
-    res.add("2b probes", "loop time in journal saves", f"{info['journal_save_total_ms'] / 1000:.2f} s")
-    res.add(
-        "2b probes",
-        "share of lateness in journal saves",
-        f"{100.0 * info['in_journal_save_ms'] / max(1e-9, statistics.mean(lat)):.0f} %",
-    )
+    in_journal = sum(info[f"in_{name}_ms"] for name in journal_names)
+    info["journal_share_pct"] = 100.0 * in_journal / max(1e-9, statistics.mean(lat))
+    res.add("2b probes", "journal appends per entry", f"{len(appends) / per_entry:.1f}")
+    res.add("2b probes", "journal append p50", f"{info['journal_append_p50_ms'] * 1000:.0f} us")
+    res.add("2b probes", "journal.log fsyncs per entry", f"{len(syncs) / per_entry:.2f}")
+    res.add("2b probes", "journal.log fsync p50", f"{info['journal_sync_p50_ms']:.2f} ms")
+    res.add("2b probes", "journal snapshots (full rewrites)", f"{len(snaps)}")
+    res.add("2b probes", f"loop time in the journal (of {n * step:g} s)", f"{journal_total / 1000:.2f} s")
+    res.add("2b probes", "share of lateness in the journal", f"{info['journal_share_pct']:.0f} %")
     res.data["spread_breakdown"] = info
     return info
 
@@ -644,11 +704,12 @@ async def main():
     called, returned = [], []
 
     async def one():
-        called.append(time.time())
         if mode == "plain":
+            called.append(time.time())  # just before the fork (same as the agent's spawned_at)
             proc = await asyncio.create_subprocess_exec(*argv)
         else:  # the agent's spawn shape: sh -c "cd DIR && prog", pipes, new session
             script = "cd %s && %s" % (shlex.quote(cwd), " ".join(shlex.quote(a) for a in argv))
+            called.append(time.time())
             proc = await asyncio.create_subprocess_exec(
                 "/bin/sh", "-c", script, cwd=cwd, stdin=DEVNULL, stdout=PIPE, stderr=PIPE,
                 start_new_session=True)
@@ -669,12 +730,45 @@ async def main():
 asyncio.run(main())
 """
 
+# The floor: n spawns of `/bin/sh -c true` in a plain synchronous loop, no asyncio at all.
+SPAWN_FLOOR_SCRIPT = r"""
+import json, os, subprocess, sys, time
+n, how = int(sys.argv[1]), sys.argv[2]
+argv = ["/bin/sh", "-c", "true"]
+if how == "popen_fork":
+    subprocess._USE_VFORK = False  # CPython >= 3.11: fork() instead of vfork()
+pids, procs = [], []
+t0 = time.perf_counter()
+for _ in range(n):
+    if how == "posix_spawn":
+        pids.append(os.posix_spawn(argv[0], argv, os.environ))
+    else:  # the agent's Popen shape: stdin /dev/null, two pipes, new session
+        procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, start_new_session=True))
+loop_s = time.perf_counter() - t0
+for pid in pids:
+    os.waitpid(pid, 0)
+for p in procs:
+    p.communicate()
+print(json.dumps({"loop_s": loop_s}))
+"""
+SPAWN_FLOORS = (
+    ("posix_spawn", "os.posix_spawn loop"),
+    ("popen_vfork", "subprocess.Popen loop (vfork)"),
+    ("popen_fork", "subprocess.Popen loop (fork)"),
+)
+
+
+def _write_script(root: str, name: str, text: str) -> str:
+    path = os.path.join(root, name)
+    if not os.path.exists(path):
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    return path
+
 
 def run_baseline(root: str, n: int, mode: str, argv: List[str]) -> Dict[str, float]:
-    script = os.path.join(root, "baseline_spawn.py")
-    if not os.path.exists(script):
-        with open(script, "w", encoding="utf-8") as fh:
-            fh.write(BASELINE_SCRIPT)
+    script = _write_script(root, "baseline_spawn.py", BASELINE_SCRIPT)
     out_path = os.path.join(root, f"baseline_{mode}.json")
     with open(out_path, "wb") as out:
         rc, _wall = _run(
@@ -687,19 +781,34 @@ def run_baseline(root: str, n: int, mode: str, argv: List[str]) -> Dict[str, flo
     with open(out_path, encoding="utf-8") as fh:
         doc = json.loads(fh.read() or "{}")
     instant = doc.get("instant", math.nan)
+    called = doc.get("called", [])
     ret = doc.get("returned", [])
-    lat = [(t - instant) * 1000.0 for t in ret]
+    lat = [(t - instant) * 1000.0 for t in called]
     execs = doc.get("exec", [])
     return {
         "rc": rc,
-        "n": len(ret),
+        "n": len(called),
+        # at the fork (the agent's lateness / spawned_at definition)
         "p50": pct(lat, 50),
         "p99": pct(lat, 99),
         "max": max(lat) if lat else math.nan,
-        "spread": (max(ret) - min(ret)) * 1000.0 if ret else math.nan,
+        "spread": (max(called) - min(called)) * 1000.0 if called else math.nan,
+        # after create_subprocess_exec returned (the agent's event timestamps)
+        "ret_max": (max(ret) - instant) * 1000.0 if ret else math.nan,
+        "ret_spread": (max(ret) - min(ret)) * 1000.0 if ret else math.nan,
         "exec_spread": (max(execs) - min(execs)) * 1000.0 if execs else math.nan,
         "exec_last": (max(execs) - instant) * 1000.0 if execs else math.nan,
     }
+
+
+def run_spawn_floor(root: str, n: int, how: str) -> float:
+    """Seconds for ``n`` back-to-back spawns of ``/bin/sh -c true`` (the loop only, not the waits)."""
+    script = _write_script(root, "spawn_floor.py", SPAWN_FLOOR_SCRIPT)
+    out_path = os.path.join(root, f"floor_{how}.json")
+    with open(out_path, "wb") as out:
+        _run([sys.executable, script, str(n), how], 60, stdin=subprocess.DEVNULL, stdout=out, cwd=root)
+    with open(out_path, encoding="utf-8") as fh:
+        return float(json.loads(fh.read() or "{}").get("loop_s", math.nan))
 
 
 def section_baseline(
@@ -725,28 +834,43 @@ def section_baseline(
         figs[key] = fig
         print(f"    {desc}")
         print(
-            f"      started {fig['n']}, lateness p50/p99/max = "
+            f"      started {fig['n']}, lateness at fork p50/p99/max = "
             f"{fig['p50']:.1f}/{fig['p99']:.1f}/{fig['max']:.1f} ms, "
-            f"spread of start times {fig['spread']:.1f} ms"
+            f"spread of fork times {fig['spread']:.1f} ms; "
+            f"create_subprocess_exec returns: spread {fig['ret_spread']:.1f} ms, last {fig['ret_max']:.1f} ms"
             + (
-                f", real exec spread {fig['exec_spread']:.1f} ms, last exec {fig['exec_last']:.1f} ms"
+                f"; real exec spread {fig['exec_spread']:.1f} ms, last exec {fig['exec_last']:.1f} ms"
                 if not math.isnan(fig["exec_spread"])
                 else ""
             )
         )
+    floors: Dict[str, float] = {}
+    for how, desc in SPAWN_FLOORS:
+        loops = [run_spawn_floor(root, n, how) * 1000.0 for _ in range(repeats)]
+        floors[how] = statistics.median(loops)
+        print(
+            f"    floor: {n} x {desc} of /bin/sh -c true: "
+            + ", ".join(f"{x:.0f}" for x in loops)
+            + f" ms ({floors[how] / n:.2f} ms per spawn)"
+        )
     plain, shaped = figs["plain:true"], figs["shaped:true"]
     tag = f" (median of {repeats})" if repeats > 1 else ""
-    res.add("3 baseline", f"plain: spread of start times{tag}", fmt_ms(plain["spread"]))
-    res.add("3 baseline", f"plain: lateness max{tag}", fmt_ms(plain["max"]))
-    res.add("3 baseline", f"shaped: spread of start times{tag}", fmt_ms(shaped["spread"]))
-    res.add("3 baseline", f"shaped: lateness max{tag}", fmt_ms(shaped["max"]))
+    res.add("3 baseline", f"plain: spread of fork times{tag}", fmt_ms(plain["spread"]))
+    res.add("3 baseline", f"plain: lateness max at fork{tag}", fmt_ms(plain["max"]))
+    res.add("3 baseline", f"shaped: spread of fork times{tag}", fmt_ms(shaped["spread"]))
+    res.add("3 baseline", f"shaped: lateness p99 at fork{tag}", fmt_ms(shaped["p99"]))
+    res.add("3 baseline", f"shaped: lateness max at fork{tag}", fmt_ms(shaped["max"]))
+    for how, desc in SPAWN_FLOORS:
+        res.add("3 baseline", f"floor: {n} x {desc}{tag}", fmt_ms(floors[how]))
 
     def ratio(a: float, b: float) -> str:
-        return f"{a / b:.1f}x" if b and not math.isnan(a) and not math.isnan(b) else "n/a"
+        return f"{a / b:.2f}x" if b and not math.isnan(a) and not math.isnan(b) else "n/a"
 
-    res.add("3 baseline", "agent spread / plain spread", ratio(agent["spread"], plain["spread"]))
-    res.add("3 baseline", "agent spread / shaped spread", ratio(agent["spread"], shaped["spread"]))
-    res.add("3 baseline", "agent lateness max / shaped max", ratio(agent["max"], shaped["max"]))
+    res.add("3 baseline", "agent / plain spread of fork times", ratio(agent["spread"], plain["spread"]))
+    res.add("3 baseline", "agent / shaped spread of fork times", ratio(agent["spread"], shaped["spread"]))
+    res.add("3 baseline", "agent / posix_spawn loop", ratio(agent["spread"], floors["posix_spawn"]))
+    res.add("3 baseline", "agent / shaped lateness p99", ratio(agent["p99"], shaped["p99"]))
+    res.add("3 baseline", "agent / shaped lateness max", ratio(agent["max"], shaped["max"]))
     if agent_exec:
         dshaped = figs["shaped:date"]
         res.add("3 baseline", "shaped: real exec spread (date)", fmt_ms(dshaped["exec_spread"]))
@@ -756,7 +880,7 @@ def section_baseline(
             ratio(agent_exec["spread"], dshaped["exec_spread"]),
         )
         res.add("3 baseline", "agent / shaped last exec", ratio(agent_exec["max"], dshaped["exec_last"]))
-    res.data["baseline"] = figs
+    res.data["baseline"] = {**figs, "floors_ms": floors}
     return figs
 
 
@@ -797,6 +921,36 @@ def big_records(n: int) -> Tuple[List[Dict[str, Any]], float, int]:
     return records, resume_at, break_index
 
 
+def _yaml_scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))  # a JSON string is a valid YAML double-quoted scalar
+
+
+def yaml_block(records: List[Dict[str, Any]]) -> str:
+    """Block-style YAML for ``big_records`` (what a person writes), much faster than yaml.dump.
+
+    Handles what those records hold: scalars and lists of flat mappings.
+    """
+    out: List[str] = []
+    for rec in records:
+        lead = "- "
+        for key, value in rec.items():
+            if isinstance(value, list):
+                out.append(f"{lead}{key}:")
+                for item in value:
+                    inner = "  - "
+                    for k2, v2 in item.items():
+                        out.append(f"{inner}{k2}: {_yaml_scalar(v2)}")
+                        inner = "    "
+            else:
+                out.append(f"{lead}{key}: {_yaml_scalar(value)}")
+            lead = "  "
+    return "\n".join(out) + "\n"
+
+
 def best_of(k: int, fn: Callable[[], Any]) -> Tuple[float, Any]:
     best, value = math.inf, None
     for _ in range(k):
@@ -807,7 +961,9 @@ def best_of(k: int, fn: Callable[[], Any]) -> Tuple[float, Any]:
     return best, value
 
 
-def section_plan(root: str, res: Results, n: int, yaml_n: int, cli_repeats: int) -> Dict[str, Any]:
+def section_plan(
+    root: str, res: Results, n: int, yaml_n: int, cli_repeats: int, yaml_full_n: int
+) -> Dict[str, Any]:
     import yaml
 
     from vmr_handler import cli as vcli
@@ -876,14 +1032,38 @@ def section_plan(root: str, res: Results, n: int, yaml_n: int, cli_repeats: int)
     res.add("4 plan", f"`vmr-handler plan --json` wall{tag}", fmt_ms(min(walls) * 1000))
     res.add("4 plan", "  `vmr-handler --version` wall (floor)", fmt_ms(floor * 1000))
 
-    # YAML: the loader's yaml.safe_load (pure Python) vs libyaml's CSafeLoader, on a slice.
+    # YAML: the real loader (load_schedule: libyaml's CSafeLoader unless the depth guard
+    # sends the text to the pure-Python loader) on the whole schedule, and for comparison
+    # the pure-Python yaml.safe_load (the loader before commit a160422) on a slice.
+    from vmr_handler.schedule import loader as vloader
+
+    guard = getattr(vloader, "_yaml_loader_for", None)
+    full_path = os.path.join(root, f"big{yaml_full_n}.yaml")
+    full_text = yaml_block(records[:yaml_full_n])
+    with open(full_path, "w", encoding="utf-8") as fh:
+        fh.write(full_text)
+    probe = records[:200]
+    emitter_ok = yaml.load(yaml_block(probe), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) == probe
+    chosen = "?"
+    t_guard = math.nan
+    if guard is not None:
+        t_guard, chosen_loader = best_of(1, lambda: guard(full_text))
+        chosen = getattr(chosen_loader, "__name__", str(chosen_loader))
+    full_text = ""  # free it before loading
+    t_yfull, yfull = best_of(1, lambda: load_schedule(full_path))
+    yfull_ok = len(yfull.entries) == yaml_full_n
+    del yfull
     ypath = os.path.join(root, f"slice{yaml_n}.yaml")
-    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    ytext = yaml_block(records[:yaml_n])
     with open(ypath, "w", encoding="utf-8") as fh:
-        yaml.dump(records[:yaml_n], fh, Dumper=dumper, default_flow_style=False, sort_keys=False)
+        fh.write(ytext)
     t_yload, _ = best_of(1, lambda: load_schedule(ypath))
-    ytext = open(ypath, encoding="utf-8").read()  # noqa: SIM115
     t_ysafe, _ = best_of(1, lambda: yaml.safe_load(ytext))
+    print(
+        f"    YAML: {yaml_full_n:,} entries, {os.path.getsize(full_path) / 1e6:.1f} MB, block style "
+        f"(emitter round-trips: {emitter_ok}); loader chosen by the depth guard: {chosen}; "
+        f"loaded {yaml_full_n:,} entries: {yfull_ok}"
+    )
     fig: Dict[str, Any] = {
         "n": n,
         "json_mb": size_mb,
@@ -895,18 +1075,27 @@ def section_plan(root: str, res: Results, n: int, yaml_n: int, cli_repeats: int)
         "cli_floor_s": floor,
         "plan_ok": ok_plan,
         "cli_ok": cli_ok,
+        "yaml_full_n": yaml_full_n,
+        "yaml_loader": chosen,
+        "yaml_full_load_s": t_yfull,
+        "yaml_guard_s": t_guard,
         "yaml_n": yaml_n,
         "yaml_load_s": t_yload,
         "yaml_safe_load_s": t_ysafe,
     }
-    scale = n / yaml_n
+    res.add("4 plan", f"load YAML, {yaml_full_n:,} entries (loader: {chosen})", fmt_ms(t_yfull * 1000))
+    res.add("4 plan", f"  of which depth-guard scan, {yaml_full_n:,}", fmt_ms(t_guard * 1000))
     res.add("4 plan", f"load YAML, {yaml_n:,} entries (loader)", fmt_ms(t_yload * 1000))
-    res.add("4 plan", f"  extrapolated to {n:,} entries", fmt_ms(t_yload * scale * 1000))
     if hasattr(yaml, "CSafeLoader"):
         t_yc, _ = best_of(1, lambda: yaml.load(ytext, Loader=yaml.CSafeLoader))
         fig["yaml_csafe_s"] = t_yc
-        res.add("4 plan", f"  yaml.safe_load only, {yaml_n:,}", fmt_ms(t_ysafe * 1000))
-        res.add("4 plan", f"  yaml CSafeLoader only, {yaml_n:,}", fmt_ms(t_yc * 1000))
+        res.add("4 plan", f"  yaml CSafeLoader parse only, {yaml_n:,}", fmt_ms(t_yc * 1000))
+    res.add("4 plan", f"  yaml.safe_load (pure Python, old), {yaml_n:,}", fmt_ms(t_ysafe * 1000))
+    res.add(
+        "4 plan",
+        f"  old loader extrapolated to {yaml_full_n:,} (linear)",
+        fmt_ms(t_ysafe * yaml_full_n / yaml_n * 1000),
+    )
     res.data["plan"] = fig
     return fig
 
@@ -1165,13 +1354,18 @@ def main(argv: Optional[List[str]] = None) -> int:
             guarded("2b", lambda: section_spread_breakdown(root, res, n2, 0.01))
         if "3" in only:
             if agent_burst is None:
-                agent_burst = {"spread": math.nan, "max": math.nan}
+                agent_burst = {"spread": math.nan, "p99": math.nan, "max": math.nan}
             guarded("3", lambda: section_baseline(root, res, burst_n, repeats, agent_burst, agent_exec))
         if "4" in only:
             guarded(
                 "4",
                 lambda: section_plan(
-                    root, res, 100_000, 2_000 if args.quick else 10_000, 1 if args.quick else 2
+                    root,
+                    res,
+                    100_000,
+                    2_000 if args.quick else 10_000,
+                    1 if args.quick else 2,
+                    10_000 if args.quick else 100_000,
                 ),
             )
         if "5" in only:

@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import subprocess
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
@@ -84,9 +85,11 @@ class EngineConfig:
     local_start: bool = True
 
 
-def _make_dirs(paths: List[str]) -> None:
-    """Create working dirs ahead of time; failures are reported when the entry fires."""
+def _make_dirs(paths: List[str], stop: threading.Event) -> None:
+    """Create working dirs ahead of time (until ``stop``); failures are reported when the entry fires."""
     for path in paths:
+        if stop.is_set():
+            return
         with contextlib.suppress(OSError):
             os.makedirs(path, exist_ok=True)
 
@@ -160,6 +163,7 @@ class Engine:
         self._stop_reason = ""
         self._sync_handle: Optional[asyncio.TimerHandle] = None
         self._prep: Optional[asyncio.Future[None]] = None  # working dirs made ahead of time
+        self._prep_stop = threading.Event()
         self._pos = _Positive()
         self._tasks: Set[asyncio.Task[Any]] = set()
 
@@ -763,7 +767,7 @@ class Engine:
             for e in self.schedule.entries
             if e.kind is EntryKind.POSITIVE and self.journal.entry_state(e.index) is None
         ]
-        self._prep = asyncio.get_running_loop().run_in_executor(None, _make_dirs, dirs)
+        self._prep = asyncio.get_running_loop().run_in_executor(None, _make_dirs, dirs, self._prep_stop)
         loop = asyncio.get_running_loop()
         started_reported = False
         while True:
@@ -871,6 +875,7 @@ class Engine:
 
     # ------------------------------------------------------------------ shutdown
     async def _shutdown(self) -> None:
+        self._prep_stop.set()
         for handle in self._pos.timers:
             handle.cancel()
         self._pos.timers = []
