@@ -99,6 +99,7 @@ class HostLink:
         self.events = EventFactory(clock.time)
         self.boot_id = _boot_id()
         self.welcomed = asyncio.Event()
+        self.synced = asyncio.Event()  # the clock offset to the host has been estimated once
         self.on_clock: Optional[Callable[[], None]] = None
         self._channel: Optional[ByteChannel] = None
         self._write_lock = asyncio.Lock()
@@ -326,14 +327,19 @@ class HostLink:
                 event = Event(event.type, event.timestamp, event.id, {"t1": t1})
                 self._clock_waiters[event.id] = t1
                 await self._send([event])
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(0.5)
+                await asyncio.sleep(0.02)
+            for _ in range(50):  # answers of this burst (bounded wait)
+                if not self._clock_waiters:
+                    break
+                await asyncio.sleep(0.01)
             best = P.best_offset(self._samples)
             if best is not None and abs(best.offset - self.clock.offset) > 0.0005:
                 log.info("clock offset to host %.6f s (delay %.6f s)", best.offset, best.delay)
                 self.clock.offset = best.offset
                 if self.on_clock is not None:
                     self.on_clock()
+            if best is not None:
+                self.synced.set()
             self._clock_waiters.clear()
             await asyncio.sleep(self.config.clock_interval)
 
@@ -599,6 +605,8 @@ class ConnectedAgent:
             )
             self._engine = engine = Engine(schedule, config, self.sink, self.clock)
             self.link.on_clock = engine.clock_changed
+            # positive time runs on the host's clock: nothing is timed before the first sync
+            sync_task = asyncio.ensure_future(self._when_synced(engine))
             if self._pending_start is not None:
                 engine.set_start_time(self._pending_start)
             welcome_start = self.link.welcome.get("start_time")
@@ -620,9 +628,11 @@ class ConnectedAgent:
             try:
                 rc: int = await engine.run()
             finally:
+                sync_task.cancel()
                 await control.close()
-            if not self._stopped.is_set():
-                await self._drain()
+            # a service: stay connected after the schedule ends (reports still owed, periodic
+            # transfers, RESUMEs answered as ignored, status) until SIGTERM
+            await self._stopped.wait()
             return rc
         finally:
             for task in self._transfers:
@@ -630,6 +640,10 @@ class ConnectedAgent:
             link_task.cancel()
             await asyncio.gather(link_task, *self._transfers, return_exceptions=True)
             self.outbox.close()
+
+    async def _when_synced(self, engine: Any) -> None:
+        await self.link.synced.wait()
+        engine.set_clock_ready()
 
     def _host_status(self) -> Dict[str, Any]:
         return {
@@ -643,14 +657,6 @@ class ConnectedAgent:
         self._stopped.set()
         engine.stop(f"signal {name}")
 
-    async def _drain(self) -> None:
-        """After the schedule ends: wait until the host has acked every report, and keep
-        periodic transfers going, until stopped (SIGTERM)."""
-        while not self._stopped.is_set():
-            if not len(self.outbox) and all(t.done() for t in self._transfers):
-                return
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stopped.wait(), 0.05)
 
 
 def _walk(path: str) -> List[Tuple[str, str]]:

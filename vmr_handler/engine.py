@@ -164,6 +164,11 @@ class Engine:
         self._sync_handle: Optional[asyncio.TimerHandle] = None
         self._prep: Optional[asyncio.Future[None]] = None  # working dirs made ahead of time
         self._prep_stop = threading.Event()
+        #: Set once the reference clock can be trusted (at once in local mode; after the first
+        #: clock sync with the host otherwise): positive time waits for it.
+        self.clock_ready = asyncio.Event()
+        if config.local_start:
+            self.clock_ready.set()
         self._pos = _Positive()
         self._tasks: Set[asyncio.Task[Any]] = set()
 
@@ -725,8 +730,13 @@ class Engine:
                 details="experiment start = configured + start buffer",
             )
         self.phase = "configured, waiting at the barrier"
-        while self.journal.start_time is None:
-            await self._wait_woken()  # set_start_time() wakes us
+        while self.journal.start_time is None or not self.clock_ready.is_set():
+            await self._wait_woken()  # set_start_time() / set_clock_ready() wake us
+
+    def set_clock_ready(self) -> None:
+        """The reference clock is synchronised: positive time may be timed on it."""
+        self.clock_ready.set()
+        self._wake.set()
 
     def set_start_time(self, start: float) -> bool:
         """The host's experiment start time (reference UTC seconds) arrived.

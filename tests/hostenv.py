@@ -1,0 +1,176 @@
+"""Test harness: a real ``vmr-host serve`` and real ``vmr-handler run`` agents on this machine.
+
+Directories live under a short ``/tmp/vhXXXX`` path so unix socket paths stay < 108 bytes.
+Every wait is bounded; nothing asserts on speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+import yaml
+
+WAIT = 90.0
+
+
+class HostEnv:
+    """One experiment: schedules, resources, logs, channels; the host and its agents."""
+
+    def __init__(self, schedules: Dict[str, Any], start_buffer: float = 1.0) -> None:
+        self.root = Path(tempfile.mkdtemp(dir="/tmp", prefix="vh"))
+        self.schedules = self.root / "sch"
+        self.resources = self.root / "res"
+        self.logs = self.root / "logs"
+        self.channels = self.root / "ch"
+        for d in (self.schedules, self.resources, self.logs, self.channels):
+            d.mkdir()
+        for vm, sched in schedules.items():
+            (self.schedules / f"{vm}.yaml").write_text(yaml.safe_dump(sched))
+        self.start_buffer = start_buffer
+        self.host: Optional[subprocess.Popen] = None
+        self.agents: Dict[str, subprocess.Popen] = {}
+
+    # ---------------------------------------------------------------- processes
+    def start_host(self, *extra: str) -> subprocess.Popen:
+        log = open(self.root / "host.out", "ab")  # noqa: SIM115 - owned by the process
+        self.host = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "vmr_handler.host",
+                "serve",
+                "--schedules",
+                str(self.schedules),
+                "--resources",
+                str(self.resources),
+                "--logs",
+                str(self.logs),
+                "--channels",
+                str(self.channels),
+                "--start-buffer",
+                str(self.start_buffer),
+                *extra,
+            ],
+            stdout=log,
+            stderr=log,
+        )
+        log.close()
+        self.wait_for(lambda: (self.logs / "vmr-host.sock").exists(), "host control socket")
+        return self.host
+
+    def kill_host(self) -> None:
+        assert self.host is not None
+        self.host.kill()
+        self.host.wait(timeout=WAIT)
+
+    def sock(self, vm: str) -> str:
+        return str(self.channels / f"{vm}.sock")
+
+    def state(self, vm: str) -> Path:
+        return self.root / "vm" / vm / "state"
+
+    def start_agent(self, vm: str, *extra: str, port: Optional[str] = None) -> subprocess.Popen:
+        base = self.root / "vm" / vm
+        base.mkdir(parents=True, exist_ok=True)
+        log = open(base / "agent.out", "ab")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "vmr_handler",
+                "run",
+                "--port",
+                port or f"unix:{self.sock(vm)}",
+                "--state-dir",
+                str(base / "state"),
+                "--launch-dir",
+                str(base / "launch"),
+                "--vm-name",
+                vm,
+                *extra,
+            ],
+            stdout=log,
+            stderr=log,
+        )
+        log.close()
+        self.agents[vm] = proc
+        return proc
+
+    def agent_log(self, vm: str) -> str:
+        path = self.root / "vm" / vm / "agent.out"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def host_log(self) -> str:
+        path = self.root / "host.out"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "vmr_handler.host", *args, "--logs", str(self.logs)],
+            capture_output=True,
+            text=True,
+            timeout=WAIT,
+        )
+
+    def status(self) -> Dict[str, Any]:
+        res = self.cli("status", "--json")
+        assert res.returncode == 0, res.stderr
+        return json.loads(res.stdout)
+
+    # ---------------------------------------------------------------- logs
+    def events(self, vm: str, type_: Optional[str] = None) -> List[Dict[str, Any]]:
+        path = self.logs / f"{vm}.jsonl"
+        if not path.exists():
+            return []
+        out = []
+        for line in path.read_text().splitlines():
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            if type_ is None or rec["event"]["type"] == type_:
+                out.append(rec)
+        return out
+
+    def wait_for(self, pred: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = pred()
+            if value:
+                return value
+            if self.host is not None and self.host.poll() is not None:
+                raise AssertionError(
+                    f"vmr-host exited {self.host.returncode} waiting for {what}:\n{self.host_log()}"
+                )
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}\nhost:\n{self.host_log()[-3000:]}")
+
+    def wait_event(self, vm: str, type_: str, **match: Any) -> Dict[str, Any]:
+        def find() -> Optional[Dict[str, Any]]:
+            for rec in self.events(vm, type_):
+                if all(rec["event"]["data"].get(k) == v for k, v in match.items()):
+                    return rec
+            return None
+
+        return self.wait_for(find, f"{vm}: {type_} {match}\nagent:\n{self.agent_log(vm)[-2000:]}")
+
+    def close(self) -> None:
+        for proc in [*self.agents.values(), *([self.host] if self.host else [])]:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in [*self.agents.values(), *([self.host] if self.host else [])]:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if os.environ.get("VMR_KEEP_TEST_DIRS") is None:
+            shutil.rmtree(self.root, ignore_errors=True)
