@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import signal
 import time
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -148,7 +149,7 @@ def test_resource_drop_and_transfer_out(env_factory):
     assert got[0].read_text() == "made by tool\n"
     copy = env.wait_for(lambda: list(root.rglob("os-release")), "transfer of /etc/os-release")
     assert copy[0] == root / "etc" / "os-release"
-    assert copy[0].read_bytes() == open("/etc/os-release", "rb").read()
+    assert copy[0].read_bytes() == Path("/etc/os-release").read_bytes()
 
 
 def test_host_kill9_and_restart_loses_and_duplicates_nothing(env_factory):

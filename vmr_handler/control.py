@@ -38,16 +38,32 @@ def socket_path(state_dir: str) -> str:
     return path
 
 
+def checked_socket_path(path: str) -> str:
+    """``path`` made absolute, checked to fit a unix socket address (the host's control socket).
+
+    Raises:
+        ControlError: the path is too long for a unix socket.
+    """
+    path = os.path.abspath(path)
+    if len(path.encode()) > MAX_SOCKET_PATH:
+        raise ControlError(
+            f"control socket path {path} is longer than {MAX_SOCKET_PATH} bytes; use a shorter path"
+        )
+    return path
+
+
 class ControlServer:
     """Serves control requests for a running engine.
 
     Args:
         state_dir: where the socket lives.
         handlers: ``{"status": fn, "resume": fn}``; each takes the request dict and returns a result dict.
+        path: the socket's path instead of ``<state_dir>/control.sock`` (``vmr-host`` uses
+            ``<logs>/vmr-host.sock``).
     """
 
-    def __init__(self, state_dir: str, handlers: Dict[str, Handler]) -> None:
-        self.path = socket_path(state_dir)
+    def __init__(self, state_dir: str, handlers: Dict[str, Handler], *, path: Optional[str] = None) -> None:
+        self.path = socket_path(state_dir) if path is None else checked_socket_path(path)
         self._handlers = handlers
         self._server: Optional[asyncio.AbstractServer] = None
 
@@ -140,4 +156,40 @@ def request(state_dir: str, cmd: str, timeout: float = 10.0) -> Dict[str, Any]:
         raise ControlError(f"bad reply from vmr-handler at {path}: {data[:200]!r}") from exc
     if not isinstance(reply, dict):
         raise ControlError(f"bad reply from vmr-handler at {path}: {reply!r}")
+    return reply
+
+
+def request_at(
+    path: str, payload: Dict[str, Any], timeout: float = 10.0, program: str = "vmr-host"
+) -> Dict[str, Any]:
+    """Send one control request ``payload`` (``{"cmd": ..., ...}``) to the socket at ``path``
+    and return the reply (``{"status", "details"|"result"}``).
+
+    Raises:
+        ControlError: nothing answers at ``path`` (``program`` names what was expected there),
+            or the reply is not a JSON object.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        sock.connect(path)
+        sock.sendall(json.dumps(payload).encode() + b"\n")
+        while not data.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except FileNotFoundError as exc:
+        raise ControlError(f"no running {program} found: {path} does not exist") from exc
+    except OSError as exc:
+        raise ControlError(f"cannot talk to {program} at {path}: {exc}") from exc
+    finally:
+        sock.close()
+    try:
+        reply = json.loads(data.decode("utf-8"))
+    except ValueError as exc:
+        raise ControlError(f"bad reply from {program} at {path}: {data[:200]!r}") from exc
+    if not isinstance(reply, dict):
+        raise ControlError(f"bad reply from {program} at {path}: {reply!r}")
     return reply
