@@ -218,3 +218,60 @@ def test_agent_sigkill_and_restart_carries_on(env_factory):
     env.wait_event("a", "entry_interrupted", index=1)
     started0 = [r for r in env.events("a", "entry_started") if r["event"]["data"]["index"] == 0]
     assert len(started0) == 1
+
+
+def test_hostile_guest_does_not_touch_good_vms(env_factory):
+    import json as _json
+    import os
+    import random
+    import socket as _socket
+
+    good = {
+        f"vm{i}": [
+            {"start_time": -1, "executable": "sleep", "arguments": str(0.3 * i)},
+            {"start_time": 1, "executable": "/bin/echo", "arguments": f"ok {i}"},
+        ]
+        for i in range(3)
+    }
+    env = env_factory({**good, "evil": [{"start_time": 1, "executable": "/bin/true"}]}, start_buffer=1.0)
+    env.start_host("--expect", "vm0,vm1,vm2")
+    for vm in good:
+        env.start_agent(vm)
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    env.wait_for(lambda: os.path.exists(env.sock("evil")), "evil socket")
+    s.connect(env.sock("evil"))
+    s.settimeout(30)
+    rnd = random.Random(7)
+    s.sendall(rnd.randbytes(200_000))  # random bytes
+    s.sendall(b"\n{not json}\n[1,2,3]\n")
+    forged = {
+        "now": 1.0,
+        "events": [
+            {"timestamp": 1.0, "type": "configured", "id": "x1", "data": {"at": 1.0}},
+            {"timestamp": 1.0, "type": "hello", "id": "x2", "data": {"vm": "vm0", "protocol": 1}},
+        ],
+    }
+    s.sendall(_json.dumps(forged).encode() + b"\n")
+    chunk = b"A" * (1 << 20)
+    for _ in range(100):  # a 100 MB frame, streamed
+        s.sendall(chunk)
+    s.sendall(b"\n")
+    flood = (
+        _json.dumps({"now": 1.0, "events": [{"timestamp": 1.0, "type": "heartbeat", "id": "h", "data": {}}]})
+        + "\n"
+    ).encode()
+    s.sendall(flood * 10_000)
+    s.close()
+    for vm in good:
+        out = env.wait_event(vm, "output", index=1)
+        assert out["event"]["data"]["line"] == f"ok {vm[-1]}"
+    starts = {env.wait_event(vm, "entry_started", index=1)["event"]["data"]["scheduled"] for vm in good}
+    assert len(starts) == 1
+    status = env.status()
+    evil = next(v for v in status["vms"] if v["vm"] == "evil")
+    assert evil["frames"]["malformed"] >= 2 and evil["frames"]["oversize"] >= 1
+    assert evil["refused"]["vm_mismatch"] >= 1  # claimed to be vm0: identity is the channel
+    assert "evil" not in status["experiment"]["expected"]
+    for vm in good:  # nothing of the hostile channel in good VMs' logs
+        assert all(r["vm"] == vm for r in env.events(vm))
+    assert env.host is not None and env.host.poll() is None
