@@ -588,14 +588,25 @@ class ConnectedAgent:
         from vmr_handler.executor import install_child_watcher
 
         install_child_watcher()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, signal.Signals(sig).name)
         link_task = asyncio.ensure_future(self.link.run())
         try:
             schedule = self._stored_schedule()
             if schedule is not None:
                 self._schedule = schedule
             else:
-                schedule = await self._schedule_ready
+                stopped: asyncio.Future[Any] = asyncio.ensure_future(self._stopped.wait())
+                ready: asyncio.Future[Any] = self._schedule_ready
+                await asyncio.wait([ready, stopped], return_when=asyncio.FIRST_COMPLETED)
+                stopped.cancel()
+                if self._stopped.is_set():
+                    return 0
+                schedule = self._schedule_ready.result()
             resources = await self._fetch_resources(schedule)
+            if self._stopped.is_set():
+                return 0
             config = EngineConfig(
                 launch_dir=self.config.launch_dir,
                 state_dir=self.config.state_dir,
@@ -622,9 +633,6 @@ class ConnectedAgent:
                 },
             )
             await control.start()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self._on_signal, engine, signal.Signals(sig).name)
             try:
                 rc: int = await engine.run()
             finally:
@@ -653,10 +661,10 @@ class ConnectedAgent:
             "unacked_reports": len(self.outbox),
         }
 
-    def _on_signal(self, engine: Any, name: str) -> None:
+    def _on_signal(self, name: str) -> None:
         self._stopped.set()
-        engine.stop(f"signal {name}")
-
+        if self._engine is not None:
+            self._engine.stop(f"signal {name}")
 
 
 def _walk(path: str) -> List[Tuple[str, str]]:
