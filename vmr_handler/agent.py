@@ -24,7 +24,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
 
 from vmr_handler import __version__
 from vmr_handler import protocol as P
@@ -48,6 +48,8 @@ BATCH_BYTES = 512 * 1024
 #: Reports sent on this connection but not yet acked before the sender waits for acks.
 WINDOW_EVENTS = 2000
 TRANSFER_CHUNK = 256 * 1024
+#: Seconds without any ack while reports are in flight before they are sent again.
+RESEND_AFTER = 10.0
 
 
 @dataclass
@@ -104,12 +106,13 @@ class HostLink:
         self._channel: Optional[ByteChannel] = None
         self._write_lock = asyncio.Lock()
         self._more = asyncio.Event()  # new reports or acks
-        self._sent: Set[str] = set()
+        self._sent: Dict[str, float] = {}  # report id -> monotonic time sent on this connection
         self._samples: List[P.ClockSample] = []
         self._clock_waiters: Dict[str, float] = {}
         self._requests: Dict[str, asyncio.Queue[Event]] = {}
         self._last_rx = time.monotonic()
         self._last_tx = time.monotonic()
+        self._hello_sent_at = 0.0
         self.welcome: Dict[str, Any] = {}
 
     # ------------------------------------------------------------------ public
@@ -183,6 +186,7 @@ class HostLink:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _send_hello(self) -> None:
+        self._hello_sent_at = time.monotonic()
         journal: Dict[str, Any] = {}
         with (
             contextlib.suppress(OSError, ValueError),
@@ -238,7 +242,8 @@ class HostLink:
         if kind == P.HELLO:  # the host (re)connected: introduce ourselves, resend everything
             self.welcomed.clear()
             self._sent.clear()
-            await self._send_hello()
+            if time.monotonic() - self._hello_sent_at > 1.0:  # else our own hello is on its way
+                await self._send_hello()
         elif kind == P.WELCOME:
             self.welcome = dict(data)
             self.welcomed.set()
@@ -248,7 +253,9 @@ class HostLink:
             ids = data.get("ids")
             if isinstance(ids, list):
                 self.outbox.ack(ids)
-                self._sent.difference_update(i for i in ids if isinstance(i, str))
+                for ident in ids:
+                    if isinstance(ident, str):
+                        self._sent.pop(ident, None)
                 self._more.set()
         elif kind == P.CLOCK_RESP:
             t4 = self.clock.local_time()
@@ -283,7 +290,7 @@ class HostLink:
                 if doc is None:
                     continue
                 batch.append(doc)
-                self._sent.add(ident)
+                self._sent[ident] = time.monotonic()
                 size += len(json.dumps(doc))
                 if len(batch) >= BATCH_EVENTS or size >= BATCH_BYTES:
                     await self._send_docs(batch)
@@ -313,6 +320,12 @@ class HostLink:
                 if self.welcomed.is_set():
                     log.warning("host silent for %.0f s: waiting for it to come back", now - self._last_rx)
                     self.welcomed.clear()
+            stale = [i for i, at in self._sent.items() if now - at > RESEND_AFTER]
+            if stale and self.welcomed.is_set():
+                # in flight and never acked (a frame the host dropped, e.g. rate limit): send again
+                for ident in stale:
+                    del self._sent[ident]
+                self._more.set()
             if not self.welcomed.is_set() and now - last_hello >= self.config.heartbeat:
                 last_hello = now
                 self._sent.clear()

@@ -1,0 +1,164 @@
+"""Unit tests of the host's on-disk stores: per-VM logs (de-dup, quota, crash tail),
+transfer confinement and limits, the resource store. Real files in a temp dir, no sockets."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import pytest
+
+from vmr_handler.events import Event
+from vmr_handler.host.resources import ResourceRefused, ResourceStore
+from vmr_handler.host.store import TransferRefused, TransferStore, VmLog, printable
+
+
+def _ev(i: int, type_: str = "output", **data) -> Event:
+    return Event(type_, 1000.0 + i, f"id-{i}", data or {"line": f"line {i}", "stream": "stdout"})
+
+
+def test_vmlog_writes_each_id_once_and_rebuilds_after_restart(tmp_path):
+    log = VmLog(str(tmp_path), "vm", quota=1 << 30)
+    log.open()
+    new = log.write([(_ev(1), 5.0), (_ev(2), 5.0), (_ev(1), 5.0)])
+    assert [e.id for e in new] == ["id-1", "id-2"] and log.duplicates == 1
+    log.close()
+    # a crash mid-line leaves a partial tail: cut at the next open
+    with open(tmp_path / "vm.jsonl", "ab") as fh:
+        fh.write(b'{"host_received": 6.0, "vm": "vm", "event": {"id": "id-3"')
+    replayed = []
+    log = VmLog(str(tmp_path), "vm", quota=1 << 30)
+    log.open(replay=lambda e, t: replayed.append((e.id, t)))
+    assert replayed == [("id-1", 5.0), ("id-2", 5.0)]
+    assert log.write([(_ev(2), 7.0), (_ev(3), 7.0)])[0].id == "id-3"
+    log.close()
+    lines = [json.loads(x) for x in (tmp_path / "vm.jsonl").read_text().splitlines()]
+    assert [r["event"]["id"] for r in lines] == ["id-1", "id-2", "id-3"]
+    assert lines[0] == {"host_received": 5.0, "vm": "vm",
+                        "event": {"timestamp": 1001.0, "type": "output", "id": "id-1",
+                                  "data": {"line": "line 1", "stream": "stdout"}}}  # fmt: skip
+    assert "line 3" in (tmp_path / "vm.log").read_text()
+
+
+def test_vmlog_quota_counts_instead_of_storing(tmp_path):
+    log = VmLog(str(tmp_path), "vm", quota=400)
+    log.open()
+    items = [(_ev(i), 1.0) for i in range(10)]
+    new = log.write(items)
+    assert len(new) == 10  # all received (and so acknowledged)...
+    assert log.stored < 10 and log.dropped_events == 10 - log.stored  # ...not all stored
+    assert (tmp_path / "vm.jsonl").stat().st_size <= 400
+    assert log.write(items) == [] and log.duplicates == 10
+    log.close()
+
+
+def test_vmlog_never_chokes_on_hostile_data(tmp_path):
+    log = VmLog(str(tmp_path), "vm", quota=1 << 20)
+    log.open()
+    odd = [
+        Event("output", 1.0, "a", {"line_b64": "%%%not base64", "index": "x"}),
+        Event("output", 2.0, "b", {"line": 12345}),
+        Event("x" * 64, 3.0, "c", {"nan": float("nan"), "inf": float("inf")}),
+        Event("output", 4.0, "d", {"line": "\x1b]0;pwned\x07\r\x00 end"}),
+    ]
+    assert len(log.write([(e, 9.0) for e in odd])) == 4
+    log.close()
+    text = (tmp_path / "vm.log").read_text()
+    assert "\x1b" not in text and "\x07" not in text and "\x00" not in text and "\r" not in text
+    for line in (tmp_path / "vm.jsonl").read_text().splitlines():
+        json.loads(line)  # strict JSON (nan/inf as strings)
+
+
+def test_printable():
+    assert printable("a\nb\x1b[0m\tc") == "a\\nb\\x1b[0m\tc"
+    assert printable("x" * 50, limit=10).startswith("x" * 10 + "...")
+
+
+@pytest.mark.parametrize(
+    "location", ["", "..", "../x", "a/../../x", "/..", "a/b/../../..", "x\x00y", None, 5, "./.", "/"]
+)
+def test_transfer_confine_refuses(location):
+    with pytest.raises(TransferRefused):
+        TransferStore.confine(location)
+
+
+@pytest.mark.parametrize(
+    ("location", "parts"),
+    [("/var/log/x", ["var", "log", "x"]), ("a//b/./c", ["a", "b", "c"]), ("..x/y..", ["..x", "y.."])],
+)
+def test_transfer_confine_accepts(location, parts):
+    assert TransferStore.confine(location) == parts
+
+
+def _sha(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+def test_transfer_out_of_order_chunks_and_new_versions(tmp_path):
+    t = TransferStore(str(tmp_path), "vm", max_file=1000, max_total=10_000)
+    t.open()
+    data = bytes(range(200))
+    # chunks arrive out of order (a resend after a reconnect): the whole file is hashed at the end
+    assert not t.write_chunk("d/f", 100, data[100:150], 200, _sha(data), False).complete
+    assert not t.write_chunk("d/f", 0, data[:100], 200, _sha(data), False).complete
+    out = t.write_chunk("d/f", 150, data[150:], 200, _sha(data), True, 1.5e9)
+    assert out.complete and out.sha256_ok
+    f = tmp_path / "transfers" / "vm" / "d" / "f"
+    assert f.read_bytes() == data and f.stat().st_mtime == 1.5e9
+    # a new version (offset 0 again) replaces it; the total counts the file once
+    t.write_chunk("d/f", 0, b"v2", 2, _sha(b"v2"), True)
+    assert f.read_bytes() == b"v2" and t.total == 2
+    assert not any(p.name.endswith(".vmr-part") for p in f.parent.iterdir())
+
+
+def test_transfer_limits(tmp_path):
+    t = TransferStore(str(tmp_path), "vm", max_file=100, max_total=150)
+    t.open()
+    with pytest.raises(TransferRefused, match="per-file"):
+        t.write_chunk("big", 0, b"x" * 10, 101, None, False)
+    with pytest.raises(TransferRefused, match="past the announced size"):
+        t.write_chunk("f", 0, b"x" * 20, 10, None, False)
+    with pytest.raises(TransferRefused, match="offset"):
+        t.write_chunk("f", -1, b"x", 10, None, False)
+    t.write_chunk("a", 0, b"x" * 100, 100, _sha(b"x" * 100), True)
+    with pytest.raises(TransferRefused, match="per-VM"):
+        t.write_chunk("b", 0, b"y" * 60, 60, _sha(b"y" * 60), True)
+    # what is on disk at start counts towards the total
+    t2 = TransferStore(str(tmp_path), "vm", max_file=100, max_total=150)
+    t2.open()
+    assert t2.total == 100
+
+
+def test_transfer_symlinks_refused(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    t = TransferStore(str(tmp_path / "logs"), "vm", max_file=100, max_total=1000)
+    t.open()
+    root = tmp_path / "logs" / "transfers" / "vm"
+    os.symlink(outside, root / "dir")
+    os.symlink(outside / "file", root / "file")
+    (root / "real").mkdir()
+    os.symlink(root / "real", root / "inside")
+    for loc in ("dir/x", "file", "inside/x"):
+        with pytest.raises(TransferRefused):
+            t.write_chunk(loc, 0, b"z", 1, _sha(b"z"), True)
+    assert list(outside.iterdir()) == [] and list((root / "real").iterdir()) == []
+
+
+def test_resource_store_confinement(tmp_path):
+    res = tmp_path / "res"
+    (res / "sub").mkdir(parents=True)
+    (res / "sub" / "ok.bin").write_bytes(b"ok")
+    (tmp_path / "secret").write_bytes(b"s")
+    os.symlink(tmp_path / "secret", res / "out")
+    os.symlink(res / "sub" / "ok.bin", res / "in")
+    store = ResourceStore(str(res))
+    info = store.info("sub/ok.bin")
+    assert info.size == 2 and info.sha256 == _sha(b"ok")
+    assert store.info("in").sha256 == _sha(b"ok")  # a symlink that stays inside is fine
+    for name in ("../secret", "/etc/passwd", "out", "sub", "nope", "", None, "sub/../../secret"):
+        with pytest.raises(ResourceRefused):
+            store.info(name)
+    with pytest.raises(ResourceRefused, match="no --resources"):
+        ResourceStore(None).info("x")

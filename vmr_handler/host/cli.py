@@ -1,0 +1,397 @@
+"""``vmr-host`` command line: argparse front end of the host controller.
+
+Commands::
+
+    vmr-host serve --schedules DIR [--resources DIR] [--logs DIR] [--channels DIR]
+                   [--start-buffer SECONDS] [--expect VM,...] [--connect] [--allow-class NAME]...
+    vmr-host status [--logs DIR] [--json]
+    vmr-host resume (VM... | --all) [--logs DIR] [--json]
+    vmr-host release [--exclude VM...] [--logs DIR] [--json]
+
+Exit codes: 0 success; 1 runtime error (no running vmr-host, a socket in use, the disk);
+2 bad usage or bad input (unusable schedule, unknown VM, a socket path too long, a request
+the running host refused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+from vmr_handler import __version__
+from vmr_handler.errors import ControlError, ScheduleError
+from vmr_handler.host.config import VM_NAME, HostConfig, VmSpec
+from vmr_handler.schedule import FileDrop, load_schedule_bytes
+
+EXIT_OK = 0
+EXIT_RUNTIME = 1
+EXIT_USAGE = 2
+DEFAULT_LOGS = "vmr-logs"
+SCHEDULE_SUFFIXES = (".pkl", ".pickle", ".yaml", ".yml", ".json")
+
+log = logging.getLogger("vmr_handler.host")
+
+
+class UsageError(Exception):
+    """Bad command-line input (exit 2)."""
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text!r}")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = _seconds(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vmr-host",
+        description="Host controller of a vmr-handler experiment: delivers schedules over each VM's "
+        "virtio-serial channel, runs the start barrier, relays RESUME, keeps per-VM logs.",
+    )
+    parser.add_argument("--version", action="version", version=f"vmr-host {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="more logging (info; twice: debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def logs(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--logs", default=DEFAULT_LOGS, metavar="DIR", help=f"logs directory (default ./{DEFAULT_LOGS})"
+        )
+
+    serve = sub.add_parser("serve", help="serve every VM's channel (runs until SIGTERM)")
+    serve.add_argument(
+        "--schedules", required=True, metavar="DIR", help="one schedule per VM: <vm>.pkl|.yaml|.json"
+    )
+    serve.add_argument("--resources", metavar="DIR", help="VM-resource files for `filename` drops")
+    logs(serve)
+    serve.add_argument(
+        "--channels",
+        metavar="DIR",
+        help="where the <vm>.sock channel sockets are (default <logs>/channels)",
+    )
+    serve.add_argument(
+        "--start-buffer",
+        type=_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="start = last VM configured + SECONDS (default 60)",
+    )
+    serve.add_argument(
+        "--expect",
+        action="append",
+        default=[],
+        metavar="VM,...",
+        help="the VMs the barrier waits for (default: every schedule)",
+    )
+    serve.add_argument(
+        "--connect",
+        action="store_true",
+        help="QEMU is the socket server (server=on,wait=off): connect to each <vm>.sock, reconnect "
+        "with backoff",
+    )
+    serve.add_argument(
+        "--allow-class",
+        action="append",
+        default=[],
+        metavar="MODULE.NAME",
+        help="also admit this schedule-entry class name in pickles (repeatable)",
+    )
+
+    # debug/test tuning (docs/host.md): keep --heartbeat well under the agent's 15 s silence limit
+    serve.add_argument("--heartbeat", type=_positive, default=5.0, help=argparse.SUPPRESS)
+    serve.add_argument("--silent-after", type=_positive, default=15.0, help=argparse.SUPPRESS)
+
+    status = sub.add_parser("status", help="every VM and whom the barrier waits for")
+    logs(status)
+    status.add_argument("--json", action="store_true", help="print the full status as JSON")
+
+    resume = sub.add_parser("resume", help="send a RESUME to VMs (stamped with host experiment time)")
+    resume.add_argument("vms", nargs="*", metavar="VM")
+    resume.add_argument("--all", action="store_true", help="every VM")
+    logs(resume)
+    resume.add_argument("--json", action="store_true")
+
+    release = sub.add_parser("release", help="start the experiment without VMs that are missing")
+    release.add_argument(
+        "--exclude",
+        nargs="+",
+        default=[],
+        metavar="VM",
+        help="drop these VMs from the barrier (without: start without everyone still missing)",
+    )
+    logs(release)
+    release.add_argument("--json", action="store_true")
+    return parser
+
+
+# ---------------------------------------------------------------------------------- serve
+def load_specs(schedules: str, allow: Sequence[str]) -> Dict[str, VmSpec]:
+    """Read and validate every ``<vm>.<suffix>`` schedule in ``schedules``.
+
+    Raises:
+        UsageError: no such directory, no schedule, a duplicate or invalid VM name, or a
+            schedule that cannot be used (the loader's message, naming the file).
+    """
+    try:
+        names = sorted(os.listdir(schedules))
+    except OSError as exc:
+        raise UsageError(f"cannot read --schedules {schedules}: {exc.strerror}") from exc
+    specs: Dict[str, VmSpec] = {}
+    for filename in names:
+        stem, suffix = os.path.splitext(filename)
+        if suffix.lower() not in SCHEDULE_SUFFIXES:
+            continue
+        path = os.path.join(schedules, filename)
+        if not os.path.isfile(path):
+            continue
+        if not VM_NAME.match(stem):
+            raise UsageError(
+                f"{path}: {stem!r} is not a usable VM name (letters, digits, '.', '_', '-'; at most 64)"
+            )
+        if stem in specs:
+            raise UsageError(f"two schedules for VM {stem!r}: {specs[stem].schedule_path} and {path}")
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except OSError as exc:
+            raise UsageError(f"cannot read {path}: {exc.strerror}") from exc
+        try:
+            schedule = load_schedule_bytes(data, allow)
+        except ScheduleError as exc:
+            raise UsageError(f"schedule {path} cannot be used: {exc}") from exc
+        filenames = frozenset(
+            item.filename for e in schedule.entries for item in e.data if isinstance(item, FileDrop)
+        )
+        specs[stem] = VmSpec(
+            stem, path, data, hashlib.sha256(data).hexdigest(), schedule.source_format, filenames
+        )
+    if not specs:
+        raise UsageError(f"no schedules (<vm>{'|'.join(SCHEDULE_SUFFIXES)}) in {schedules}")
+    return specs
+
+
+def build_config(args: argparse.Namespace) -> HostConfig:
+    """A :class:`HostConfig` from ``serve`` arguments.
+
+    Raises:
+        UsageError: bad schedules or ``--expect`` naming a VM without a schedule.
+    """
+    import dataclasses
+
+    from vmr_handler.host.config import Limits
+
+    specs = load_specs(args.schedules, args.allow_class)
+    limits = dataclasses.replace(Limits(), heartbeat=args.heartbeat, silent_after=args.silent_after)
+    expected = frozenset(specs)
+    if args.expect:
+        names = [n.strip() for chunk in args.expect for n in chunk.split(",") if n.strip()]
+        unknown = sorted(set(names) - set(specs))
+        if unknown:
+            raise UsageError(
+                f"--expect names VM(s) without a schedule in {args.schedules}: {', '.join(unknown)}"
+            )
+        if not names:
+            raise UsageError("--expect names no VM")
+        expected = frozenset(names)
+    if args.resources and not os.path.isdir(args.resources):
+        raise UsageError(f"--resources {args.resources} is not a directory")
+    logs = args.logs
+    return HostConfig(
+        vms=specs,
+        expected=expected,
+        logs=logs,
+        channels=args.channels or os.path.join(logs, "channels"),
+        resources=args.resources,
+        start_buffer=args.start_buffer,
+        connect=args.connect,
+        limits=limits,
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run the host controller until SIGTERM/SIGINT (exit 0), or fail at set-up (1/2)."""
+    from vmr_handler.host.server import HostServer
+
+    config = build_config(args)
+    server = HostServer(config)
+    server.open()
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await server.run(stop)
+
+    asyncio.run(main())
+    log.warning("vmr-host stopped")
+    return EXIT_OK
+
+
+# -------------------------------------------------------------------------------- clients
+def _request(args: argparse.Namespace, payload: Dict[str, Any]) -> Dict[str, Any]:
+    from vmr_handler.control import request_at
+    from vmr_handler.host.server import control_socket_path
+
+    return request_at(control_socket_path(args.logs), payload)
+
+
+def _ago(now: float, ts: Optional[float]) -> str:
+    if ts is None:
+        return "-"
+    d = now - ts
+    return f"{d:.1f}s ago" if d < 120 else f"{d / 60:.0f}m ago"
+
+
+def _utc(ts: Optional[float]) -> str:
+    if ts is None:
+        return "-"
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int((ts % 1) * 1000):03d}Z"
+
+
+def format_status(result: Dict[str, Any]) -> str:
+    """The human form of a ``status`` result."""
+    now = float(result.get("now") or time.time())
+    exp = result["experiment"]
+    lines: List[str] = []
+    if exp["start_time"] is None:
+        waiting = exp["waiting_for"]
+        lines.append(
+            f"experiment start: not set; barrier waiting for {len(waiting)} VM(s): "
+            + (", ".join(waiting) if waiting else "nobody")
+        )
+    else:
+        delta = exp["start_time"] - now
+        when = f"in {delta:.1f}s" if delta > 0 else f"{-delta:.1f}s ago"
+        lines.append(f"experiment start: {_utc(exp['start_time'])} ({when})")
+    cfg = exp["configured"]
+    lines.append(
+        f"expected: {len(exp['expected'])} VM(s), configured {sum(1 for v in exp['expected'] if v in cfg)}"
+        + (f"; excluded: {', '.join(exp['excluded'])}" if exp["excluded"] else "")
+        + (f"; released: {', '.join(exp['released'])}" if exp["released"] else "")
+    )
+    header = ("VM", "CONN", "STATE", "STAGE", "LAST SEEN", "LATENESS", "FAILURES", "NOTES")
+    rows = [header]
+    for vm in result["vms"]:
+        conn = "yes" if vm["connected"] else "no"
+        if vm["connected"] and vm.get("silent"):
+            conn = "silent"
+        late = vm["max_lateness"]
+        notes: List[str] = []
+        if not vm["expected"]:
+            notes.append("not expected")
+        if vm["failed"]:
+            notes.append(f"failed: {vm['failed'][:60]}")
+        if vm["schedule"]["state"] == "rejected":
+            notes.append(f"schedule rejected: {(vm['schedule']['details'] or '')[:60]}")
+        bad = vm["frames"]["malformed"] + vm["frames"]["oversize"] + sum(vm["refused"].values())
+        if bad:
+            notes.append(f"{bad} refused/malformed")
+        rows.append(
+            (
+                vm["vm"],
+                conn,
+                vm["state"],
+                vm["stage"] or "-",
+                _ago(now, vm["last_seen"]),
+                "-" if late is None else f"{late * 1000:.1f}ms",
+                str(vm["failures"]),
+                "; ".join(notes),
+            )
+        )
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(header))]
+    for r in rows:
+        lines.append("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
+    pending = [r for r in result.get("resumes", []) if set(r["targets"]) - set(r["answered"])]
+    for r in pending:
+        missing = sorted(set(r["targets"]) - set(r["answered"]))
+        lines.append(f"RESUME {r['id']} (at {r['at']}) not yet answered by: {', '.join(missing)}")
+    return "\n".join(lines)
+
+
+def cmd_client(args: argparse.Namespace) -> int:
+    """``status``/``resume``/``release``: talk to the running ``vmr-host serve``."""
+    if args.command == "status":
+        payload: Dict[str, Any] = {"cmd": "status"}
+    elif args.command == "resume":
+        if bool(args.vms) == bool(args.all):
+            raise UsageError("resume needs VM names or --all (not both)")
+        payload = {"cmd": "resume", "all": True} if args.all else {"cmd": "resume", "vms": args.vms}
+    else:
+        payload = {"cmd": "release", "exclude": args.exclude}
+    reply = _request(args, payload)
+    if reply.get("status") != "success":
+        print(f"vmr-host: error: {reply.get('details')}", file=sys.stderr)
+        return EXIT_USAGE
+    result = reply["result"]
+    if args.json:
+        print(json.dumps(result, indent=1))
+    elif args.command == "status":
+        print(format_status(result))
+    elif args.command == "resume":
+        at = result["at"]
+        print(
+            f"RESUME {result['id']} at host experiment time {at if isinstance(at, str) else f'{at:.3f}'} s: "
+            f"sent to {', '.join(result['sent_now']) or 'none'}"
+            + (
+                f"; pending (sent at their next handshake): {', '.join(result['pending'])}"
+                if result["pending"]
+                else ""
+            )
+        )
+    else:
+        if result["start_time"] is not None:
+            print(f"experiment start time set: {_utc(result['start_time'])}")
+        else:
+            excluded, waiting = ", ".join(result["excluded"]), ", ".join(result["waiting_for"])
+            print(f"excluded {excluded}; still waiting for {waiting}")
+    return EXIT_OK
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of the ``vmr-host`` console script. Returns the exit code."""
+    parser = _parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    level = logging.WARNING
+    if args.verbose:
+        level = logging.INFO
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(message)s")
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    from vmr_handler.host.server import HostSetupError
+
+    try:
+        if args.command == "serve":
+            return cmd_serve(args)
+        return cmd_client(args)
+    except UsageError as exc:
+        print(f"vmr-host: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except HostSetupError as exc:
+        print(f"vmr-host: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except ControlError as exc:
+        print(f"vmr-host: error: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
+    except BrokenPipeError:
+        return EXIT_OK
+    except OSError as exc:
+        print(f"vmr-host: error: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME

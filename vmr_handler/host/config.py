@@ -1,0 +1,107 @@
+"""Settings of a ``vmr-host serve`` run: paths, timings and the hostile-guest limits.
+
+Limits are per VM (SPEC section 7: every guest is hostile); defaults are the table of
+``docs/protocol.md`` ("Limits").
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Dict, FrozenSet, Optional, Tuple
+
+from vmr_handler.protocol import MAX_FRAME
+
+#: A VM name is used in file names (``<vm>.sock``, ``<vm>.jsonl``): keep it plain.
+VM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-VM limits (bytes, counts, seconds).
+
+    Attributes:
+        max_frame: largest frame accepted (longer ones are dropped unbuffered).
+        max_events: events per message (a larger message is dropped whole and counted).
+        rate: messages per second per VM (token bucket; excess frames dropped, counted).
+        burst: bucket size, messages.
+        log_quota: bytes of ``<vm>.jsonl`` written per VM; beyond it events are counted,
+            acknowledged and not stored.
+        transfer_file: largest transferred file, bytes.
+        transfer_total: bytes of transfers kept per VM.
+        resource_chunk: bytes of file data per ``resource_chunk``.
+        resource_streams: concurrent resource downloads per VM.
+        write_buffer: bytes queued towards a VM that does not read before the host drops
+            the connection.
+        read_rate: bytes per second read from one VM (reading pauses beyond it).
+        read_burst: bytes read from one VM at full speed before ``read_rate`` applies.
+        heartbeat: seconds of send silence after which the host sends a ``heartbeat``.
+        silent_after: seconds without any frame after which a connected peer is *silent*.
+    """
+
+    max_frame: int = MAX_FRAME
+    max_events: int = 1000
+    rate: float = 2000.0
+    burst: float = 2000.0
+    log_quota: int = GiB
+    transfer_file: int = 256 * MiB
+    transfer_total: int = GiB
+    resource_chunk: int = 256 * 1024
+    resource_streams: int = 2
+    write_buffer: int = 64 * MiB
+    read_rate: float = 64 * MiB
+    read_burst: float = 16 * MiB
+    heartbeat: float = 5.0
+    silent_after: float = 15.0
+
+
+@dataclass(frozen=True)
+class VmSpec:
+    """One VM served: its name and schedule.
+
+    Attributes:
+        name: the VM name (from the schedule file name).
+        schedule_path: the schedule file.
+        schedule_bytes: its bytes, delivered as-is.
+        digest: sha256 hex of ``schedule_bytes``.
+        format: ``pickle``, ``yaml`` or ``json``.
+        filenames: the ``filename`` drops the schedule names (the only resources this VM
+            may request).
+    """
+
+    name: str
+    schedule_path: str
+    schedule_bytes: bytes
+    digest: str
+    format: str
+    filenames: FrozenSet[str] = frozenset()
+
+
+@dataclass
+class HostConfig:
+    """Everything ``vmr-host serve`` was told.
+
+    Attributes:
+        vms: served VMs by name.
+        expected: names the barrier waits for.
+        logs: logs directory (per-VM logs, ``experiment.json``, transfers, control socket).
+        channels: directory of the ``<vm>.sock`` channel sockets.
+        resources: VM-resource directory, or None.
+        start_buffer: seconds from the last configured VM to the experiment start.
+        connect: True = QEMU is the socket server and vmr-host connects (mode 2).
+        limits: per-VM limits.
+        reconnect: (initial, max) seconds of the reconnect backoff in connect mode.
+    """
+
+    vms: Dict[str, VmSpec]
+    expected: FrozenSet[str]
+    logs: str
+    channels: str
+    resources: Optional[str] = None
+    start_buffer: float = 60.0
+    connect: bool = False
+    limits: Limits = field(default_factory=Limits)
+    reconnect: Tuple[float, float] = (0.1, 2.0)

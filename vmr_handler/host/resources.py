@@ -1,0 +1,114 @@
+"""The VM-resource store (``--resources DIR``): files for ``filename`` drops, served by name.
+
+A name is served only when (a) it is one of the ``filename`` drops of the requesting VM's
+own schedule, (b) it is a relative path without ``..`` components, and (c) its
+``os.path.realpath`` is a regular file inside the resource directory (so a symlink that
+leads out of the directory is refused too). Sizes and sha256 digests are cached by
+``(device, inode, size, mtime)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+
+class ResourceRefused(Exception):
+    """A resource request the host will not serve; the message says why (sent to the agent)."""
+
+
+@dataclass(frozen=True)
+class ResourceInfo:
+    """A resolved resource file.
+
+    Attributes:
+        name: the requested name.
+        path: its real path (inside the resource directory).
+        size: bytes.
+        sha256: hex digest of the whole file.
+    """
+
+    name: str
+    path: str
+    size: int
+    sha256: str
+
+
+def _sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while True:
+            piece = fh.read(1024 * 1024)
+            if not piece:
+                return h.hexdigest()
+            h.update(piece)
+
+
+class ResourceStore:
+    """Resolves and hashes resource files.
+
+    Args:
+        root: the resource directory, or None when the host serves no resources.
+    """
+
+    def __init__(self, root: Optional[str]) -> None:
+        self.root = os.path.realpath(root) if root else None
+        self._cache: Dict[str, Tuple[Tuple[int, int, int, int], str]] = {}
+
+    def resolve(self, name: Any) -> Tuple[str, os.stat_result]:
+        """The real path and stat of resource ``name``.
+
+        Raises:
+            ResourceRefused: no resource directory, a bad/escaping name, not found, or not a
+                regular file.
+        """
+        if self.root is None:
+            raise ResourceRefused("this host serves no VM resources (no --resources directory)")
+        if not isinstance(name, str) or not name or len(name) > 1024 or "\x00" in name:
+            raise ResourceRefused("resource name must be a non-empty string")
+        parts = name.split("/")
+        if name.startswith("/") or any(p == ".." for p in parts):
+            raise ResourceRefused(f"resource name {name!r} refused: absolute or with '..'")
+        path = os.path.realpath(os.path.join(self.root, name))
+        if not path.startswith(self.root + os.sep):
+            raise ResourceRefused(f"resource name {name!r} refused: resolves outside the resource directory")
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            raise ResourceRefused(f"resource {name!r} not found") from exc
+        if not stat.S_ISREG(st.st_mode):
+            raise ResourceRefused(f"resource {name!r} is not a regular file")
+        return path, st
+
+    def info(self, name: Any) -> ResourceInfo:
+        """Resolve ``name`` and return its size and sha256 (hashing it if not cached).
+
+        Blocking (reads the whole file when it changed): call it from a thread for large
+        files on a running event loop.
+
+        Raises:
+            ResourceRefused: as :meth:`resolve`, or the file cannot be read.
+        """
+        path, st = self.resolve(name)
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        cached = self._cache.get(path)
+        if cached is not None and cached[0] == key:
+            return ResourceInfo(str(name), path, st.st_size, cached[1])
+        try:
+            digest = _sha256_file(path)
+        except OSError as exc:
+            raise ResourceRefused(f"resource {name!r} cannot be read: {exc.strerror}") from exc
+        self._cache[path] = (key, digest)
+        return ResourceInfo(str(name), path, st.st_size, digest)
+
+    def is_cached(self, name: Any) -> bool:
+        """True when :meth:`info` would answer without reading the file (cheap to call inline)."""
+        try:
+            path, st = self.resolve(name)
+        except ResourceRefused:
+            return True  # answered at once with the refusal
+        cached = self._cache.get(path)
+        return cached is not None and cached[0] == (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)

@@ -1,0 +1,700 @@
+"""``vmr-host serve``: one asyncio event loop serving every VM's channel (no thread per VM).
+
+Two QEMU wirings (``docs/host.md``):
+
+* **listen** (default): vmr-host listens on ``<channels>/<vm>.sock`` for each VM and QEMU
+  connects as a client (``-chardev socket,id=c0,path=<channels>/<vm>.sock,reconnect=1``).
+  One connection per VM socket at a time: a second concurrent one is closed and counted.
+* **connect** (``--connect``): QEMU is the server (``server=on,wait=off``); vmr-host
+  connects to ``<channels>/<vm>.sock`` and reconnects with exponential backoff
+  (``tenacity``) whenever the socket is absent or the connection drops.
+
+The server owns the experiment: the :class:`~vmr_handler.host.barrier.Barrier`, the
+RESUMEs issued, and their persistence in ``<logs>/experiment.json``; it hands each VM's
+bytes to that VM's :class:`~vmr_handler.host.session.VmSession`. The control socket
+``<logs>/vmr-host.sock`` (mode 0600) answers ``status``, ``resume`` and ``release``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import socket
+import stat
+import time
+import uuid
+from typing import Any, Dict, List, Mapping, Optional
+
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
+
+from vmr_handler import __version__
+from vmr_handler.control import MAX_SOCKET_PATH, ControlServer
+from vmr_handler.errors import ControlError, VmrError
+from vmr_handler.events import Event
+from vmr_handler.host.barrier import Barrier
+from vmr_handler.host.config import HostConfig
+from vmr_handler.host.resources import ResourceRefused, ResourceStore
+from vmr_handler.host.session import HostEvents, VmSession
+from vmr_handler.host.store import ExperimentStore, TransferStore, VmLog
+from vmr_handler.protocol import RESUME, START_TIME
+
+log = logging.getLogger("vmr_handler.host")
+
+CONTROL_SOCKET = "vmr-host.sock"
+LOCK_FILE = "vmr-host.lock"
+READ_SIZE = 64 * 1024
+STATE_VERSION = 1
+
+
+class HostSetupError(VmrError):
+    """``vmr-host serve`` cannot start; ``exit_code`` is 2 for bad input, 1 otherwise."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def control_socket_path(logs: str) -> str:
+    """Path of the host control socket for logs directory ``logs``.
+
+    Raises:
+        ControlError: the path is too long for a unix socket.
+    """
+    path = os.path.join(os.path.abspath(logs), CONTROL_SOCKET)
+    if len(path.encode()) > MAX_SOCKET_PATH:
+        raise ControlError(
+            f"control socket path {path} is {len(path.encode())} bytes, longer than the unix socket "
+            f"limit of {MAX_SOCKET_PATH}; use a shorter --logs"
+        )
+    return path
+
+
+def channel_path(channels: str, vm: str) -> str:
+    """``<channels>/<vm>.sock`` as an absolute path."""
+    return os.path.join(os.path.abspath(channels), vm + ".sock")
+
+
+class StreamLink:
+    """A :class:`~vmr_handler.host.session.Link` over an asyncio stream writer.
+
+    Args:
+        writer: the connection's writer.
+        limit: bytes queued towards a peer that does not read before the link closes itself.
+        on_overflow: called once when that happens.
+    """
+
+    def __init__(self, writer: asyncio.StreamWriter, limit: int, on_overflow: Any) -> None:
+        self.writer = writer
+        self.limit = limit
+        self.on_overflow = on_overflow
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """True once closed (by either side)."""
+        return self._closed or self.writer.is_closing()
+
+    def send_bytes(self, data: bytes) -> None:
+        """Queue ``data``; close the link if the peer lets more than ``limit`` bytes pile up."""
+        if self.closed:
+            return
+        self.writer.write(data)
+        if self.writer.transport.get_write_buffer_size() > self.limit:
+            self.on_overflow()
+            self.close()
+
+    async def drain(self) -> None:
+        """Wait for the write buffer to drain (raises ConnectionError when the peer is gone)."""
+        if self.closed:
+            raise ConnectionResetError("link closed")
+        await self.writer.drain()
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self.writer.close()
+
+
+class ResumeRecord:
+    """A RESUME the operator issued: one id for every target VM.
+
+    Attributes:
+        id: event id (stable across host restarts; the agent applies each id once).
+        at: host experiment seconds (``-inf`` before the start time is set).
+        issued: UTC epoch seconds when it was issued.
+        targets: VM names it was sent to.
+        answered: VM name -> the agent's answer (status, details, ended_break, ignored, received).
+    """
+
+    def __init__(
+        self, id: str, at: float, issued: float, targets: List[str], answered: Dict[str, Any]
+    ) -> None:
+        self.id = id
+        self.at = at
+        self.issued = issued
+        self.targets = targets
+        self.answered = answered
+
+    def event(self) -> Event:
+        """The ``resume`` event (the same every time it is sent)."""
+        return Event(RESUME, self.issued, self.id, {"at": self.at if math.isfinite(self.at) else "-inf"})
+
+    def to_dict(self) -> Dict[str, Any]:
+        """JSON-safe form for ``experiment.json``."""
+        return {
+            "id": self.id,
+            "at": self.at if math.isfinite(self.at) else "-inf",
+            "issued": self.issued,
+            "targets": self.targets,
+            "answered": self.answered,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ResumeRecord:
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            ValueError: bad shape.
+        """
+        at = float(d["at"])
+        if math.isnan(at) or at == math.inf:
+            raise ValueError(f"bad resume time {d['at']!r}")
+        targets = d["targets"]
+        answered = d.get("answered", {})
+        if not isinstance(targets, list) or not isinstance(answered, dict):
+            raise ValueError("bad resume record")
+        return cls(str(d["id"]), at, float(d["issued"]), [str(t) for t in targets], dict(answered))
+
+
+class HostServer:
+    """Serves every VM of ``config`` on one event loop.
+
+    Call :meth:`open` (synchronous set-up: directories, state, logs replay), then
+    ``await`` :meth:`run` until the ``stop`` event is set.
+
+    Args:
+        config: what ``vmr-host serve`` was told.
+    """
+
+    def __init__(self, config: HostConfig) -> None:
+        self.config = config
+        self.limits = config.limits
+        self.events = HostEvents()
+        self.store = ExperimentStore(config.logs)
+        self.barrier = Barrier(config.expected, config.start_buffer)
+        self.start_id: Optional[str] = None
+        self.start_set_at: Optional[float] = None
+        self.resumes: List[ResumeRecord] = []
+        self.sessions: Dict[str, VmSession] = {}
+        self.resources = ResourceStore(config.resources)
+        self._opened = False
+        self._loading = False
+        self._servers: List[asyncio.AbstractServer] = []
+        self._tasks: List[asyncio.Task[None]] = []
+        self._sockets: List[str] = []
+        self._control: Optional[ControlServer] = None
+        self._lock_fd: Optional[int] = None
+
+    # ------------------------------------------------------------------ set-up
+    def check_paths(self) -> None:
+        """Every unix socket path fits (< 108 bytes).
+
+        Raises:
+            HostSetupError: (exit 2) naming the first path that is too long.
+        """
+        try:
+            control_socket_path(self.config.logs)
+        except ControlError as exc:
+            raise HostSetupError(str(exc), 2) from exc
+        for vm in sorted(self.config.vms):
+            path = channel_path(self.config.channels, vm)
+            if len(path.encode()) > MAX_SOCKET_PATH:
+                raise HostSetupError(
+                    f"channel socket path {path} is {len(path.encode())} bytes, longer than the unix "
+                    f"socket limit of {MAX_SOCKET_PATH}; use a shorter --channels directory",
+                    2,
+                )
+
+    def open(self) -> None:
+        """Create directories, restore ``experiment.json``, replay every VM's ``.jsonl``.
+
+        Raises:
+            HostSetupError: a path is too long (exit 2), or the state cannot be read or the
+                directories cannot be made (exit 1).
+        """
+        self.check_paths()
+        cfg = self.config
+        try:
+            os.makedirs(cfg.logs, mode=0o750, exist_ok=True)
+            self._lock_logs()
+            if not cfg.connect:
+                os.makedirs(cfg.channels, mode=0o750, exist_ok=True)
+            saved = self.store.load()
+            self._restore(saved)
+        except OSError as exc:
+            raise HostSetupError(f"cannot prepare {cfg.logs}: {exc}") from exc
+        except ValueError as exc:
+            raise HostSetupError(f"cannot restore the experiment state: {exc}") from exc
+        resource_info = self._resource_info()
+        self._loading = True
+        try:
+            for name, spec in sorted(cfg.vms.items()):
+                vmlog = VmLog(cfg.logs, name, self.limits.log_quota)
+                transfers = TransferStore(
+                    cfg.logs, name, self.limits.transfer_file, self.limits.transfer_total
+                )
+                session = VmSession(
+                    spec,
+                    name in cfg.expected,
+                    self.limits,
+                    vmlog,
+                    transfers,
+                    self.resources,
+                    self,
+                    self.events,
+                    resource_info.get(name, {}),
+                )
+                if session.schedule_frame_size > self.limits.max_frame:
+                    raise HostSetupError(
+                        f"schedule {spec.schedule_path} ({len(spec.schedule_bytes)} bytes) does not fit one "
+                        f"protocol frame: its schedule message is {session.schedule_frame_size} bytes, the "
+                        f"limit is {self.limits.max_frame} (about 760 KiB of schedule)",
+                        2,
+                    )
+                self.sessions[name] = session
+                try:
+                    transfers.open()
+                    vmlog.open(replay=session.apply)
+                except OSError as exc:
+                    raise HostSetupError(f"cannot open the logs of {name}: {exc}") from exc
+        finally:
+            self._loading = False
+        if self.barrier.start_time is not None and self.start_id is None:
+            self._mark_start()
+        self._save()
+        self._opened = True
+
+    def _lock_logs(self) -> None:
+        """Hold ``<logs>/vmr-host.lock`` for the life of the process (one host per logs dir).
+
+        Raises:
+            HostSetupError: another vmr-host holds it (exit 1).
+        """
+        import fcntl
+
+        path = os.path.join(self.config.logs, LOCK_FILE)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            logs = os.path.abspath(self.config.logs)
+            raise HostSetupError(
+                f"another vmr-host is running with --logs {logs} ({path} is locked)"
+            ) from exc
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def _restore(self, saved: Mapping[str, Any]) -> None:
+        cfg = self.config
+        if not saved:
+            return
+        barrier = saved.get("barrier", {})
+        if not isinstance(barrier, Mapping):
+            raise ValueError("'barrier' must be an object")
+        self.barrier = Barrier.from_dict(barrier, cfg.expected, cfg.start_buffer)
+        start_id = saved.get("start_time_id")
+        self.start_id = start_id if isinstance(start_id, str) and start_id else None
+        set_at = saved.get("start_set_at")
+        self.start_set_at = float(set_at) if isinstance(set_at, (int, float)) else None
+        resumes = saved.get("resumes", [])
+        if not isinstance(resumes, list):
+            raise ValueError("'resumes' must be a list")
+        try:
+            self.resumes = [ResumeRecord.from_dict(r) for r in resumes]
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"bad resume record: {exc}") from exc
+        if self.barrier.start_time is not None:
+            log.info("restored experiment start time %.3f", self.barrier.start_time)
+
+    def _resource_info(self) -> Dict[str, Dict[str, Dict[str, Any]]]:
+        """Per VM: ``{filename: {"size", "sha256"}}`` of the resources its schedule names."""
+        out: Dict[str, Dict[str, Dict[str, Any]]] = {}
+        for name, spec in self.config.vms.items():
+            info: Dict[str, Dict[str, Any]] = {}
+            for filename in sorted(spec.filenames):
+                try:
+                    r = self.resources.info(filename)
+                except ResourceRefused as exc:
+                    log.warning("%s: %s (the agent will be refused it)", name, exc)
+                    continue
+                info[filename] = {"size": r.size, "sha256": r.sha256}
+            out[name] = info
+        return out
+
+    def state_dict(self) -> Dict[str, Any]:
+        """What ``experiment.json`` holds."""
+        return {
+            "version": STATE_VERSION,
+            "host_version": __version__,
+            "barrier": self.barrier.to_dict(),
+            "start_time_id": self.start_id,
+            "start_set_at": self.start_set_at,
+            "resumes": [r.to_dict() for r in self.resumes],
+        }
+
+    def _save(self) -> None:
+        try:
+            self.store.save(self.state_dict())
+        except OSError as exc:
+            log.error("cannot save %s: %s", self.store.path, exc)
+
+    # ------------------------------------------------------------------ HostApi
+    def start_event(self) -> Optional[Event]:
+        """The ``start_time`` event (stable id), or None before the start is set."""
+        start = self.barrier.start_time
+        if start is None or self.start_id is None:
+            return None
+        return Event(START_TIME, self.start_set_at or start, self.start_id, {"start_time": start})
+
+    def pending_resumes(self, vm: str) -> List[Event]:
+        """``resume`` events issued to ``vm`` and not yet answered, oldest first."""
+        return [r.event() for r in self.resumes if vm in r.targets and vm not in r.answered]
+
+    def on_configured(self, vm: str, at: float) -> None:
+        """Record ``vm`` configured at host UTC ``at``; set and announce the start when it was the last."""
+        if vm in self.barrier.configured:
+            return
+        just_set = self.barrier.configure(vm, at)
+        if vm in self.barrier.active:
+            waiting = self.barrier.waiting_for()
+            log.info("%s configured; barrier waits for %s", vm, ", ".join(waiting) or "nobody")
+        if just_set:
+            self._start_was_set()
+        elif not self._loading:
+            self._save()
+
+    def on_resume_answer(self, vm: str, resume_id: str, data: Mapping[str, Any], at: float) -> None:
+        """``vm`` answered RESUME ``resume_id``: record it (it is no longer re-sent to ``vm``)."""
+        for r in self.resumes:
+            if r.id == resume_id and vm in r.targets and vm not in r.answered:
+                r.answered[vm] = {
+                    "status": data.get("status"),
+                    "details": data.get("details"),
+                    "ended_break": data.get("ended_break"),
+                    "ignored": data.get("ignored"),
+                    "received": at,
+                }
+                if not self._loading:
+                    self._save()
+                return
+
+    def _mark_start(self) -> None:
+        self.start_id = f"start-{uuid.uuid4().hex[:16]}"
+        self.start_set_at = time.time()
+
+    def _start_was_set(self) -> None:
+        self._mark_start()
+        self._save()
+        start = self.barrier.start_time
+        log.warning(
+            "experiment start time set: %.3f UTC (%s); sent to every connected VM",
+            start,
+            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start or 0)),
+        )
+        if not self._loading:
+            for s in self.sessions.values():
+                s.push_start_time()
+
+    # ------------------------------------------------------------------ control
+    def cmd_status(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        """``status``: the experiment and every VM."""
+        now = time.time()
+        b = self.barrier
+        return {
+            "now": now,
+            "host_version": __version__,
+            "mode": "connect" if self.config.connect else "listen",
+            "logs": os.path.abspath(self.config.logs),
+            "channels": os.path.abspath(self.config.channels),
+            "experiment": {
+                "start_time": b.start_time,
+                "start_in": None if b.start_time is None else b.start_time - now,
+                "start_buffer": b.buffer,
+                "expected": sorted(b.expected),
+                "configured": dict(sorted(b.configured.items())),
+                "waiting_for": b.waiting_for(),
+                "excluded": sorted(b.excluded),
+                "released": sorted(b.released),
+                "released_at": b.released_at,
+            },
+            "resumes": [r.to_dict() for r in self.resumes],
+            "vms": [s.status(b.start_time, now) for _n, s in sorted(self.sessions.items())],
+        }
+
+    def _names(self, value: Any, what: str) -> List[str]:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"'{what}' must be a list of VM names")
+        unknown = sorted(set(value) - set(self.sessions))
+        if unknown:
+            raise ValueError(
+                f"unknown VM(s): {', '.join(unknown)} (served: {', '.join(sorted(self.sessions))})"
+            )
+        return list(dict.fromkeys(value))
+
+    def cmd_resume(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        """``resume`` ``{"vms": [...]}`` or ``{"all": true}``: issue a RESUME stamped with host
+        experiment time ``at = now - start`` (``-inf`` before the start is set).
+
+        Raises:
+            ValueError: neither or both of ``vms``/``all``, or an unknown VM.
+        """
+        everyone = request.get("all") is True
+        if everyone == ("vms" in request and request["vms"] not in (None, [])):
+            raise ValueError("resume needs VM names or all (not both)")
+        targets = sorted(self.sessions) if everyone else self._names(request.get("vms"), "vms")
+        now = time.time()
+        start = self.barrier.start_time
+        at = -math.inf if start is None else now - start
+        record = ResumeRecord(f"resume-{uuid.uuid4().hex[:16]}", at, now, targets, {})
+        self.resumes.append(record)
+        self._save()
+        event = record.event()
+        sent = [vm for vm in targets if self.sessions[vm].push_resume(event)]
+        log.warning("RESUME %s at experiment time %s to %s", record.id, event.data["at"], ", ".join(targets))
+        return {
+            "id": record.id,
+            "at": record.at,
+            "targets": targets,
+            "sent_now": sent,
+            "pending": [vm for vm in targets if vm not in sent],
+        }
+
+    def cmd_release(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        """``release`` ``{"exclude": [...]}``: start without the named VMs (or without every
+        VM still missing when the list is empty).
+
+        Raises:
+            ValueError: the start is already set, or a name is not an expected VM.
+        """
+        exclude = request.get("exclude") or []
+        if not isinstance(exclude, list) or not all(isinstance(v, str) for v in exclude):
+            raise ValueError("'exclude' must be a list of VM names")
+        start = self.barrier.release(time.time(), exclude)
+        if start is not None:
+            self._start_was_set()
+        else:
+            self._save()
+        b = self.barrier
+        return {
+            "start_time": b.start_time,
+            "waiting_for": b.waiting_for(),
+            "excluded": sorted(b.excluded),
+            "released": sorted(b.released),
+        }
+
+    # ------------------------------------------------------------------ serving
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until ``stop`` is set, then close everything cleanly.
+
+        Raises:
+            HostSetupError: a socket cannot be bound (in use by another process: exit 1; a
+                non-socket file in the way: exit 2).
+        """
+        if not self._opened:
+            self.open()
+        _raise_fd_limit(5 * len(self.sessions) + 64)
+        try:
+            self._control = ControlServer(
+                self.config.logs,
+                {"status": self.cmd_status, "resume": self.cmd_resume, "release": self.cmd_release},
+                path=control_socket_path(self.config.logs),
+            )
+            await self._control.start()
+        except ControlError as exc:
+            raise HostSetupError(str(exc).replace("vmr-handler", "vmr-host")) from exc
+        except OSError as exc:
+            raise HostSetupError(f"cannot bind the control socket: {exc}") from exc
+        try:
+            if self.config.connect:
+                for vm in sorted(self.sessions):
+                    self._tasks.append(asyncio.ensure_future(self._connector(vm)))
+            else:
+                for vm in sorted(self.sessions):
+                    await self._listen(vm)
+            self._tasks.append(asyncio.ensure_future(self._ticker()))
+            log.warning(
+                "vmr-host %s serving %d VM(s) (%s mode, channels %s); barrier waits for %s",
+                __version__,
+                len(self.sessions),
+                "connect" if self.config.connect else "listen",
+                os.path.abspath(self.config.channels),
+                ", ".join(self.barrier.waiting_for()) or "nobody",
+            )
+            await stop.wait()
+        finally:
+            await self._shutdown()
+
+    async def _listen(self, vm: str) -> None:
+        path = channel_path(self.config.channels, vm)
+        _clear_stale_socket(path)
+
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await self._serve_connection(vm, reader, writer)
+
+        old_umask = os.umask(0o117)
+        try:
+            server = await asyncio.start_unix_server(accept, path=path)
+        except OSError as exc:
+            raise HostSetupError(f"cannot listen on {path}: {exc}") from exc
+        finally:
+            os.umask(old_umask)
+        os.chmod(path, 0o660)
+        self._servers.append(server)
+        self._sockets.append(path)
+
+    async def _serve_connection(
+        self, vm: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        session = self.sessions[vm]
+
+        def overflow() -> None:
+            session.counters.write_overflow += 1
+            log.warning(
+                "%s: peer does not read; %d bytes queued: connection dropped", vm, self.limits.write_buffer
+            )
+
+        link = StreamLink(writer, self.limits.write_buffer, overflow)
+        if not session.attach(link, time.time()):
+            link.close()
+            return
+        log.info("%s: connected", vm)
+        reason = "closed by peer"
+        try:
+            while not link.closed:
+                data = await reader.read(READ_SIZE)
+                if not data:
+                    break
+                session.feed(data, time.time())
+                pause = session.read_pause(len(data))
+                if pause > 0:
+                    await asyncio.sleep(min(pause, 1.0))
+            if link.closed and reason == "closed by peer":
+                reason = "closed by host"
+        except (ConnectionError, OSError) as exc:
+            reason = f"error: {exc}"
+        except asyncio.CancelledError:
+            reason = "host stopping"
+            raise
+        except Exception as exc:  # a bug must not take the host (or other VMs) down
+            reason = f"internal error: {type(exc).__name__}: {exc}"
+            log.exception("%s: internal error handling input; connection dropped", vm)
+        finally:
+            session.detach(link, time.time(), reason)
+            link.close()
+            log.info("%s: disconnected (%s)", vm, reason)
+
+    async def _connector(self, vm: str) -> None:
+        path = channel_path(self.config.channels, vm)
+        initial, maximum = self.config.reconnect
+        while True:
+            failures = 0
+
+            def note_failure(retry_state: Any) -> None:
+                nonlocal failures
+                failures += 1
+                if failures == 1:
+                    exc = retry_state.outcome.exception() if retry_state.outcome else None
+                    log.info("%s: cannot connect to %s (%s); retrying with backoff", vm, path, exc)
+
+            reader: Optional[asyncio.StreamReader] = None
+            writer: Optional[asyncio.StreamWriter] = None
+            async for attempt in AsyncRetrying(
+                wait=wait_exponential_jitter(initial=initial, max=maximum, jitter=initial),
+                retry=retry_if_exception_type(OSError),
+                before_sleep=note_failure,
+                reraise=True,
+            ):
+                with attempt:
+                    reader, writer = await asyncio.open_unix_connection(path)
+            assert reader is not None and writer is not None
+            await self._serve_connection(vm, reader, writer)
+            await asyncio.sleep(initial)
+
+    async def _ticker(self) -> None:
+        period = min(1.0, self.limits.heartbeat / 2, self.limits.silent_after / 2)
+        while True:
+            await asyncio.sleep(period)
+            now = time.time()
+            for s in self.sessions.values():
+                try:
+                    s.tick(now)
+                except Exception:  # never let one VM stop the heartbeats of all
+                    log.exception("%s: tick failed", s.name)
+
+    async def _shutdown(self) -> None:
+        for s in self.sessions.values():
+            if s.link is not None:
+                s.link.close()
+        for task in self._tasks:
+            task.cancel()
+        for server in self._servers:
+            server.close()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.sleep(0)
+        for path in self._sockets:
+            try:
+                if stat.S_ISSOCK(os.lstat(path).st_mode):
+                    os.unlink(path)
+            except OSError:
+                pass
+        if self._control is not None:
+            await self._control.close()
+        self._save()
+        for s in self.sessions.values():
+            s.log.close()
+
+
+def _clear_stale_socket(path: str) -> None:
+    """Remove a socket file left by a dead process; refuse when someone answers on it.
+
+    Raises:
+        HostSetupError: another process listens there (exit 1), or it is not a socket (exit 2).
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise HostSetupError(f"{path} exists and is not a socket; remove it or choose other --channels", 2)
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)
+        return
+    finally:
+        probe.close()
+    raise HostSetupError(
+        f"{path} is in use by another process (is another vmr-host or a QEMU in server mode using it? "
+        "for QEMU as the server use --connect)"
+    )
+
+
+def _raise_fd_limit(needed: int) -> None:
+    """Raise the soft open-files limit towards ``needed`` (listener, connection, two logs per VM)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < needed:
+            target = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ImportError, ValueError, OSError) as exc:
+        log.warning("cannot raise the open-files limit to %d: %s", needed, exc)

@@ -1,0 +1,486 @@
+"""What the host keeps on disk (SPEC section 8): per-VM logs, experiment state, transfers.
+
+Layout under the logs directory::
+
+    <logs>/<vm>.log              readable: one ``events.describe`` line per event, host notes
+    <logs>/<vm>.jsonl            one line per event, each id exactly once:
+                                 {"host_received": <UTC>, "vm": "<vm>", "event": {timestamp,type,id,data}}
+    <logs>/experiment.json       start time, configured times, exclusions, RESUMEs (atomic)
+    <logs>/transfers/<vm>/<loc>  files transferred out of the VM (confined to that directory)
+
+Each event is written and flushed *before* the host acknowledges it, and the set of ids
+already written is rebuilt from ``<vm>.jsonl`` at start, so an agent that resends (after
+a channel drop or a ``kill -9`` of the host) never gets an event logged twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+from vmr_handler.events import Event, describe, json_safe
+
+log = logging.getLogger("vmr_handler.host")
+
+JSONL_SUFFIX = ".jsonl"
+LOG_SUFFIX = ".log"
+EXPERIMENT_FILE = "experiment.json"
+TRANSFERS_DIR = "transfers"
+#: Longest readable log line kept (the .jsonl has everything).
+MAX_LOG_LINE = 4096
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str, limit: int = MAX_LOG_LINE) -> str:
+    """``text`` safe for a terminal: control characters (ANSI escapes, CR, newlines) shown as
+    ``\\xNN`` escapes, cut at ``limit`` characters. Guests are hostile; operators ``cat`` logs."""
+    text = text.replace("\n", "\\n")
+    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    if len(text) > limit:
+        text = text[:limit] + f"... ({len(text)} chars)"
+    return text
+
+
+def describe_safe(event: Event) -> str:
+    """:func:`vmr_handler.events.describe` that never raises on hostile data, made printable."""
+    try:
+        text = describe(event)
+    except Exception as exc:  # hostile data (bad base64, odd types): never crash
+        text = f"{event.type} (undescribable data: {type(exc).__name__})"
+    return printable(text)
+
+
+def _utc(ts: float) -> str:
+    import datetime as _dt
+
+    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def atomic_write_json(path: str, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` atomically (temp file, fsync, rename, fsync dir).
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(json_safe(data), fh, indent=1, sort_keys=True, allow_nan=False)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+class ExperimentStore:
+    """``<logs>/experiment.json``: the experiment state that must survive a host restart.
+
+    Args:
+        logs: the logs directory.
+    """
+
+    def __init__(self, logs: str) -> None:
+        self.path = os.path.join(logs, EXPERIMENT_FILE)
+
+    def load(self) -> Dict[str, Any]:
+        """The saved state, or ``{}`` when there is none.
+
+        Raises:
+            ValueError: the file exists but is not a JSON object (never silently replaced:
+                the start time it may hold must not change).
+        """
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot read {self.path}: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ValueError(f"{self.path} does not hold a JSON object")
+        return data
+
+    def save(self, data: Dict[str, Any]) -> None:
+        """Replace the saved state atomically.
+
+        Raises:
+            OSError: it cannot be written.
+        """
+        atomic_write_json(self.path, data)
+
+
+# ---------------------------------------------------------------------------------- VM logs
+class VmLog:
+    """A VM's ``.jsonl`` (every event once) and readable ``.log``.
+
+    Args:
+        logs: the logs directory.
+        vm: the VM name.
+        quota: bytes of ``.jsonl`` this VM may write (counting what is already there);
+            beyond it events are counted in ``dropped_events``/``dropped_bytes``, not stored.
+    """
+
+    def __init__(self, logs: str, vm: str, quota: int) -> None:
+        self.vm = vm
+        self.jsonl_path = os.path.join(logs, vm + JSONL_SUFFIX)
+        self.log_path = os.path.join(logs, vm + LOG_SUFFIX)
+        self.quota = quota
+        self.ids: Set[str] = set()
+        self.bytes = 0
+        self.stored = 0
+        self.duplicates = 0
+        self.dropped_events = 0
+        self.dropped_bytes = 0
+        self.corrupt_lines = 0
+        self._jsonl: Any = None
+        self._log: Any = None
+
+    def open(self, replay: Optional[Callable[[Event, float], None]] = None) -> None:
+        """Rebuild the id set from ``.jsonl`` (calling ``replay(event, host_received)`` for
+        each stored event, in order), cut a partial last line left by a crash, and open both
+        files for appending.
+
+        Raises:
+            OSError: the files cannot be read or opened.
+        """
+        try:
+            with open(self.jsonl_path, "r+b") as fh:
+                good = 0
+                for line in fh:
+                    if not line.endswith(b"\n"):
+                        break  # a line cut by a crash: it was never acknowledged
+                    good += len(line)
+                    self._replay_line(line, replay)
+                if fh.tell() != good or os.fstat(fh.fileno()).st_size != good:
+                    log.warning("%s: cutting a partial last line (written before a crash)", self.jsonl_path)
+                    fh.truncate(good)
+                self.bytes = good
+        except FileNotFoundError:
+            pass
+        self._jsonl = open(self.jsonl_path, "ab")  # noqa: SIM115 - kept open for the run
+        self._log = open(self.log_path, "a", encoding="utf-8", errors="replace")  # noqa: SIM115
+
+    def _replay_line(self, line: bytes, replay: Optional[Callable[[Event, float], None]]) -> None:
+        try:
+            rec = json.loads(line)
+            ev = rec["event"]
+            event = Event(str(ev["type"]), float(ev["timestamp"]), str(ev["id"]), dict(ev.get("data") or {}))
+            received = float(rec["host_received"])
+        except (ValueError, KeyError, TypeError) as exc:
+            self.corrupt_lines += 1
+            log.warning("%s: unreadable line skipped (%s)", self.jsonl_path, exc)
+            return
+        self.ids.add(event.id)
+        self.stored += 1
+        if replay is not None:
+            replay(event, received)
+
+    def seen(self, event_id: str) -> bool:
+        """True when an event with this id was already received (stored or over quota)."""
+        return event_id in self.ids
+
+    def write(self, items: List[Tuple[Event, float]]) -> List[Event]:
+        """Write ``(event, host_received)`` pairs not seen before, then flush both files.
+
+        Returns:
+            The events that were new (stored or counted over quota); duplicates are skipped
+            and counted in ``duplicates``.
+
+        Raises:
+            OSError: the disk refused the write (the caller must not acknowledge).
+        """
+        new: List[Event] = []
+        lines: List[bytes] = []
+        readable: List[str] = []
+        for event, received in items:
+            if event.id in self.ids:
+                self.duplicates += 1
+                continue
+            try:
+                line = (
+                    json.dumps(
+                        {"host_received": received, "vm": self.vm, "event": json_safe(event.to_dict())},
+                        separators=(",", ":"),
+                        allow_nan=False,
+                        ensure_ascii=False,
+                    ).encode("utf-8", errors="backslashreplace")
+                    + b"\n"
+                )
+            except (ValueError, RecursionError, TypeError):
+                continue  # unencodable (absurd nesting): dropped, counted by the caller
+            self.ids.add(event.id)
+            new.append(event)
+            if self.bytes + len(line) > self.quota:
+                self.dropped_events += 1
+                self.dropped_bytes += len(line)
+                continue
+            self.bytes += len(line)
+            self.stored += 1
+            lines.append(line)
+            readable.append(describe_safe(event))
+        if lines:
+            self._jsonl.write(b"".join(lines))
+            self._jsonl.flush()
+            self._log.write("".join(r + "\n" for r in readable))
+            self._log.flush()
+        return new
+
+    def note(self, text: str, now: float) -> None:
+        """A host remark in the readable log (connections, refusals, hostile input)."""
+        if self._log is not None:
+            self._log.write(f"{_utc(now)} [host] {printable(text)}\n")
+            self._log.flush()
+
+    def close(self) -> None:
+        """Flush and close both files."""
+        for fh in (self._jsonl, self._log):
+            if fh is not None:
+                try:
+                    fh.close()
+                except OSError:
+                    pass
+        self._jsonl = self._log = None
+
+
+# -------------------------------------------------------------------------------- transfers
+class TransferRefused(Exception):
+    """A transfer chunk the host will not store (path escape, size limit); the message says why."""
+
+
+@dataclass
+class TransferOutcome:
+    """What became of one ``transfer_chunk``.
+
+    Attributes:
+        path: the file's path relative to the VM's transfer root.
+        complete: True when this was the last chunk and the file is in place.
+        sha256_ok: on the last chunk, whether the whole file matched the announced sha256.
+    """
+
+    path: str
+    complete: bool = False
+    sha256_ok: Optional[bool] = None
+
+
+_O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+class TransferStore:
+    """``<logs>/transfers/<vm>/``: files a VM transfers out, confined to that directory.
+
+    A ``location`` is taken relative to the VM's transfer root (a leading ``/`` is
+    dropped: ``/var/log/x`` lands in ``<root>/var/log/x``). Refused: ``..`` components,
+    NUL, empty names, any path that ``os.path.realpath`` resolves outside the root, and any
+    symlink on the way (directories are walked with ``O_NOFOLLOW`` relative to the root's
+    descriptor, so a symlink planted later is not followed either). A file is assembled in
+    a hidden ``.<name>.vmr-part`` beside its destination and renamed into place when its
+    last chunk arrives.
+
+    Args:
+        logs: the logs directory.
+        vm: the VM name.
+        max_file: largest file, bytes.
+        max_total: bytes kept for this VM in all (what is on disk at start counts).
+    """
+
+    def __init__(self, logs: str, vm: str, max_file: int, max_total: int) -> None:
+        self.root = os.path.join(logs, TRANSFERS_DIR, vm)
+        self.max_file = max_file
+        self.max_total = max_total
+        self.total = 0
+        self.files = 0
+        self.refused = 0
+        self._hash: Dict[str, Tuple[int, Any]] = {}  # rel path -> (bytes hashed, sha256 object)
+
+    def open(self) -> None:
+        """Create the root (mode 0700) and count what is already stored.
+
+        Raises:
+            OSError: it cannot be created.
+        """
+        os.makedirs(self.root, mode=0o700, exist_ok=True)
+        total = 0
+        for dirpath, _dirs, files in os.walk(self.root):  # os.walk does not follow symlinks
+            for name in files:
+                try:
+                    total += os.lstat(os.path.join(dirpath, name)).st_size
+                except OSError:
+                    pass
+        self.total = total
+
+    @staticmethod
+    def confine(location: Any) -> List[str]:
+        """The path components of ``location`` under the root.
+
+        Raises:
+            TransferRefused: not a string, empty, NUL, a ``..`` component, a component
+                longer than 255 bytes, or more than 4096 bytes in all.
+        """
+        if not isinstance(location, str) or not location:
+            raise TransferRefused("location must be a non-empty string")
+        if "\x00" in location:
+            raise TransferRefused("location contains NUL")
+        if len(location.encode("utf-8", errors="replace")) > 4096:
+            raise TransferRefused("location longer than 4096 bytes")
+        parts = [p for p in location.split("/") if p not in ("", ".")]
+        if any(p == ".." for p in parts):
+            raise TransferRefused(f"location {printable(location, 200)!r} has a '..' component")
+        if not parts:
+            raise TransferRefused(f"location {printable(location, 200)!r} names no file")
+        if any(len(p.encode("utf-8", errors="replace")) > 255 for p in parts):
+            raise TransferRefused("a location component is longer than 255 bytes")
+        return parts
+
+    def write_chunk(
+        self,
+        location: Any,
+        offset: Any,
+        data: bytes,
+        size: Any,
+        sha256: Any,
+        last: bool,
+        mtime: Any = None,
+    ) -> TransferOutcome:
+        """Store one chunk (``data`` at ``offset`` of a file of ``size`` bytes).
+
+        Returns:
+            The :class:`TransferOutcome`.
+
+        Raises:
+            TransferRefused: the location escapes the root, or a size limit is hit, or the
+                chunk is inconsistent (offset/size).
+        """
+        parts = self.confine(location)
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise TransferRefused("offset must be an integer >= 0")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise TransferRefused("size must be an integer >= 0")
+        end = offset + len(data)
+        if size > self.max_file or end > self.max_file:
+            raise TransferRefused(f"file larger than the per-file limit of {self.max_file} bytes")
+        if end > size:
+            raise TransferRefused(f"chunk ends at {end}, past the announced size {size}")
+        rel = "/".join(parts)
+        real_root = os.path.realpath(self.root)
+        target = os.path.realpath(os.path.join(real_root, *parts))
+        if not target.startswith(real_root + os.sep):
+            raise TransferRefused(f"location {printable(rel, 200)!r} resolves outside the transfer root")
+        dir_fd = self._walk(real_root, parts[:-1])
+        try:
+            return self._write(dir_fd, rel, parts[-1], offset, data, size, sha256, last, mtime)
+        finally:
+            os.close(dir_fd)
+
+    def _walk(self, real_root: str, dirs: List[str]) -> int:
+        fd = os.open(real_root, _O_DIR)
+        try:
+            for name in dirs:
+                try:
+                    os.mkdir(name, 0o700, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                try:
+                    nfd = os.open(name, _O_DIR, dir_fd=fd)
+                except OSError as exc:
+                    raise TransferRefused(
+                        f"{printable(name, 200)!r} on the way is a symlink or no directory ({exc.strerror})"
+                    ) from exc
+                os.close(fd)
+                fd = nfd
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _write(
+        self,
+        dir_fd: int,
+        rel: str,
+        name: str,
+        offset: int,
+        data: bytes,
+        size: int,
+        sha256: Any,
+        last: bool,
+        mtime: Any,
+    ) -> TransferOutcome:
+        part = f".{name}.vmr-part"[:255]
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(part, flags, 0o600, dir_fd=dir_fd)
+        except OSError as exc:
+            raise TransferRefused(f"cannot open {printable(rel, 200)!r}: {exc.strerror}") from exc
+        try:
+            before = os.fstat(fd).st_size
+            after = size if last else max(before, offset + len(data))
+            if self.total + max(0, after - before) > self.max_total:
+                raise TransferRefused(f"per-VM transfer limit of {self.max_total} bytes reached")
+            if data:
+                os.pwrite(fd, data, offset)
+            if last:
+                os.ftruncate(fd, size)  # a shorter new version leaves no stale tail
+            self.total += os.fstat(fd).st_size - before
+            hashed, h = self._hash.get(rel, (0, None))
+            if offset == 0:
+                hashed, h = 0, hashlib.sha256()
+            if h is not None and offset == hashed:
+                h.update(data)
+                hashed += len(data)
+            self._hash[rel] = (hashed, h)
+            if not last:
+                return TransferOutcome(rel)
+            if h is None or hashed != size:  # chunks came out of order: hash the file
+                h = hashlib.sha256()
+                pos = 0
+                while pos < size:
+                    piece = os.pread(fd, 1024 * 1024, pos)
+                    if not piece:
+                        break
+                    h.update(piece)
+                    pos += len(piece)
+            self._hash.pop(rel, None)
+            ok = isinstance(sha256, str) and h.hexdigest() == sha256.lower()
+            if not ok:
+                return TransferOutcome(rel, complete=False, sha256_ok=False)
+            m = mtime if isinstance(mtime, (int, float)) and not isinstance(mtime, bool) else None
+            if m is not None and math.isfinite(m) and 0 <= m < 2**33:
+                os.utime(fd, (m, m))
+        finally:
+            os.close(fd)
+        try:
+            old = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            old_size = old.st_size
+        except FileNotFoundError:
+            old_size = 0
+        try:
+            os.rename(part, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except OSError as exc:
+            raise TransferRefused(f"cannot put {printable(rel, 200)!r} in place: {exc.strerror}") from exc
+        self.total -= old_size
+        self.files += 1
+        return TransferOutcome(rel, complete=True, sha256_ok=True)
+
+
+def utc_text(ts: Optional[float]) -> str:
+    """``2026-01-01T12:00:00.000Z`` for a UTC epoch, ``-`` for None."""
+    return "-" if ts is None else _utc(ts)
