@@ -275,3 +275,21 @@ def test_hostile_guest_does_not_touch_good_vms(env_factory):
     for vm in good:  # nothing of the hostile channel in good VMs' logs
         assert all(r["vm"] == vm for r in env.events(vm))
     assert env.host is not None and env.host.poll() is None
+
+
+def test_release_then_late_joiner_fires_overdue_entries_at_once(env_factory):
+    sched = [{"start_time": -1, "executable": "/bin/true"}, {"start_time": 1, "executable": "/bin/true"}]
+    env = env_factory({"early": sched, "late": sched}, start_buffer=0.5)
+    env.start_host()
+    env.start_agent("early")
+    env.wait_event("early", "configured")
+    assert env.status()["experiment"]["waiting_for"] == ["late"]
+    res = env.cli("release")
+    assert res.returncode == 0, res.stderr
+    env.wait_event("early", "entry_started", index=1)
+    time.sleep(1.0)
+    env.start_agent("late")
+    late = env.wait_event("late", "entry_started", index=1)["event"]["data"]
+    early = env.wait_event("early", "entry_started", index=1)["event"]["data"]
+    assert late["scheduled"] == early["scheduled"]  # the one start time
+    assert late["lateness"] > 0.5  # fired at once, lateness reported
