@@ -132,31 +132,7 @@ def request(state_dir: str, cmd: str, timeout: float = 10.0) -> Dict[str, Any]:
     Raises:
         ControlError: no agent is running there, or it answered badly.
     """
-    path = socket_path(state_dir)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
-    try:
-        sock.connect(path)
-        sock.sendall(json.dumps({"cmd": cmd}).encode() + b"\n")
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    except FileNotFoundError as exc:
-        raise ControlError(f"no running vmr-handler found: {path} does not exist") from exc
-    except OSError as exc:
-        raise ControlError(f"cannot talk to vmr-handler at {path}: {exc}") from exc
-    finally:
-        sock.close()
-    try:
-        reply = json.loads(data.decode("utf-8"))
-    except ValueError as exc:
-        raise ControlError(f"bad reply from vmr-handler at {path}: {data[:200]!r}") from exc
-    if not isinstance(reply, dict):
-        raise ControlError(f"bad reply from vmr-handler at {path}: {reply!r}")
-    return reply
+    return request_at(socket_path(state_dir), {"cmd": cmd}, timeout, program="vmr-handler")
 
 
 def request_at(
