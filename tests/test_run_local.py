@@ -445,3 +445,31 @@ def test_restart_in_positive_time_fires_overdue_entries_once(tmp_path, agents):
     assert not b.events("pause_started")  # already reported before the crash
     start_a = a.events("start_time_set")[0]["data"]["start_time"]
     assert b.events("start_time_set")[0]["data"]["start_time"] == start_a  # never changes
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 64 KiB tmpfs (root needed, as in CI and in guests): writing more fills it."""
+    import subprocess
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True)
+    if res.returncode != 0:
+        pytest.fail(f"cannot mount a tmpfs for the disk-full test: {res.stderr!r}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_disk_full_drop_fails_clearly_and_keeps_what_was_done(tmp_path, agents, full_disk):
+    sched = [
+        {"start_time": -2, "executable": "/bin/echo", "arguments": "done before"},
+        {"start_time": -1, "data": [{"location": str(full_disk / "big.bin"), "content": "x" * 200_000}]},
+    ]
+    a = _agent(agents, tmp_path, sched, start_buffer=0)
+    assert a.run() == 1
+    details = a.events("vm_failed")[0]["data"]["details"]
+    assert str(full_disk / "big.bin") in details and "No space left on device" in details
+    assert not list(full_disk.iterdir())  # no partial file left behind
+    journal = json.loads((a.state / "journal.json").read_text())
+    assert journal["entries"]["0"]["state"] == "done"  # what was done is kept
