@@ -16,7 +16,6 @@ the running host refused).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import hashlib
 import json
 import logging
@@ -30,7 +29,6 @@ from typing import Any, Dict, List, Optional, Sequence
 from vmr_handler import __version__
 from vmr_handler.errors import ControlError, ScheduleError
 from vmr_handler.host.config import VM_NAME, HostConfig, VmSpec
-from vmr_handler.schedule import FileDrop, load_schedule_bytes
 
 EXIT_OK = 0
 EXIT_RUNTIME = 1
@@ -152,6 +150,8 @@ def load_specs(schedules: str, allow: Sequence[str]) -> Dict[str, VmSpec]:
         names = sorted(os.listdir(schedules))
     except OSError as exc:
         raise UsageError(f"cannot read --schedules {schedules}: {exc.strerror}") from exc
+    from vmr_handler.schedule import FileDrop, load_schedule_bytes  # serve only: keeps the CLI quick
+
     specs: Dict[str, VmSpec] = {}
     for filename in names:
         stem, suffix = os.path.splitext(filename)
@@ -226,6 +226,8 @@ def build_config(args: argparse.Namespace) -> HostConfig:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the host controller until SIGTERM/SIGINT (exit 0), or fail at set-up (1/2)."""
+    import asyncio
+
     from vmr_handler.host.server import HostServer
 
     config = build_config(args)
