@@ -132,7 +132,10 @@ class HostEnv:
         if not path.exists():
             return []
         out = []
-        for line in path.read_text().splitlines():
+        text = path.read_text()
+        if not text.endswith("\n"):
+            text = text[: text.rfind("\n") + 1]  # the host is writing the last line right now
+        for line in text.splitlines():
             if not line.strip():
                 continue
             rec = json.loads(line)

@@ -99,3 +99,11 @@ def test_clock_sample_offset_and_min_delay_filter():
     s_bad = P.ClockSample(t1=100.0, t2=105.050, t3=105.0505, t4=100.0515)
     assert P.best_offset([s_bad, s_good]) is s_good
     assert P.best_offset([]) is None
+
+
+def test_raw_message_from_stored_json_matches_and_sorts():
+    events = [_ev(2, 2.0, line="b"), _ev(1, 1.0, line="a\x00\n")]
+    raw = [(e.timestamp, json.dumps(e.to_dict(), separators=(",", ":")).encode()) for e in events]
+    (a,) = P.FrameDecoder().feed(P.encode_raw_message(raw, now=0.5))
+    (b,) = P.FrameDecoder().feed(P.encode_message(events, now=0.5))
+    assert a == b and [e.id for e in a.events] == ["id-1", "id-2"]

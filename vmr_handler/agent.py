@@ -35,19 +35,21 @@ from vmr_handler.executor import resource_path
 from vmr_handler.journal import JOURNAL_NAME, atomic_write
 from vmr_handler.outbox import Outbox
 from vmr_handler.schedule import FileDrop, Schedule, load_schedule_bytes
+from vmr_handler.schedule.validate import parse_number
 from vmr_handler.transports.channel import DEFAULT_PORT, ByteChannel, ChannelClosed, open_channel
 
 log = logging.getLogger(__name__)
 
 SCHEDULE_FILE = "schedule.bin"
 RESOURCES_DIR = "resources"
-APPLIED_RESUMES = "resumes-applied.json"
 #: Events per message and bytes per message when sending reports.
 BATCH_EVENTS = 200
 BATCH_BYTES = 512 * 1024
 #: Reports sent on this connection but not yet acked before the sender waits for acks.
 WINDOW_EVENTS = 2000
 TRANSFER_CHUNK = 256 * 1024
+#: Round trip (s) under which a clock sample is trusted; above it the agent re-syncs within 5 s.
+GOOD_CLOCK_DELAY = 0.002
 #: Seconds without any ack while reports are in flight before they are sent again.
 RESEND_AFTER = 10.0
 
@@ -74,6 +76,7 @@ class AgentConfig:
     clock_skew: float = 0.0
     clock_samples: int = 8
     clock_interval: float = 60.0
+    quiet: bool = False
 
 
 class HostLink:
@@ -279,32 +282,28 @@ class HostLink:
         await self.welcomed.wait()
         while True:
             self._more.clear()
-            batch: List[Dict[str, Any]] = []
+            batch: List[Tuple[float, bytes]] = []
             size = 0
             for ident in self.outbox.ids(limit=WINDOW_EVENTS + BATCH_EVENTS):
                 if len(self._sent) >= WINDOW_EVENTS:
                     break
                 if ident in self._sent:
                     continue
-                doc = self.outbox.read(ident)
-                if doc is None:
+                item = self.outbox.read_raw(ident)  # stored JSON, sent as it is
+                if item is None:
                     continue
-                batch.append(doc)
+                batch.append(item)
                 self._sent[ident] = time.monotonic()
-                size += len(json.dumps(doc))
+                size += len(item[1])
                 if len(batch) >= BATCH_EVENTS or size >= BATCH_BYTES:
-                    await self._send_docs(batch)
+                    await self._write(P.encode_raw_message(batch, self.clock.time()))
                     batch, size = [], 0
             if batch:
-                await self._send_docs(batch)
+                await self._write(P.encode_raw_message(batch, self.clock.time()))
             if not self.welcomed.is_set():
                 await self.welcomed.wait()
                 continue
             await self._more.wait()
-
-    async def _send_docs(self, docs: List[Dict[str, Any]]) -> None:
-        events = [Event(d["type"], float(d["timestamp"]), d["id"], d.get("data", {})) for d in docs]
-        await self._send(events)
 
     async def _keepalive(self, channel: ByteChannel) -> None:
         step = min(1.0, self.config.heartbeat / 2)
@@ -349,12 +348,15 @@ class HostLink:
             if best is not None and abs(best.offset - self.clock.offset) > 0.0005:
                 log.info("clock offset to host %.6f s (delay %.6f s)", best.offset, best.delay)
                 self.clock.offset = best.offset
+                self.events.clock_changed()
                 if self.on_clock is not None:
                     self.on_clock()
             if best is not None:
                 self.synced.set()
             self._clock_waiters.clear()
-            await asyncio.sleep(self.config.clock_interval)
+            # a noisy estimate (busy machine, long round trips) is refined soon, a good one hourly-ish
+            good = best is not None and best.delay < GOOD_CLOCK_DELAY
+            await asyncio.sleep(self.config.clock_interval if good else min(5.0, self.config.clock_interval))
 
 
 def _boot_id() -> str:
@@ -375,12 +377,11 @@ class ConnectedAgent:
         self.clock = SystemClock(skew=config.clock_skew)
         self.outbox = Outbox(config.state_dir)
         self.link = HostLink(config, self.outbox, self.clock, self._on_control)
-        self._log = log_stream
+        self._log = None if config.quiet else log_stream
         self._schedule_ready: asyncio.Future[Schedule] = asyncio.get_running_loop().create_future()
         self._schedule: Optional[Schedule] = None
         self._engine: Any = None
         self._resources: Dict[str, Dict[str, Any]] = {}
-        self._applied = self._load_applied()
         self._pending_start: Optional[float] = None
         self._transfers: List[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
@@ -400,21 +401,18 @@ class ConnectedAgent:
                 self._pending_start = float(start)
             return None
         if event.type == P.RESUME:
-            if event.id in self._applied:
-                return P.result_data(event.id, True, "already applied", **self._applied[event.id])
             if self._engine is None:
                 return P.result_data(event.id, False, "no schedule is running yet")
-            at = data.get("at")
-            outcome = self._engine.resume(float(at) if isinstance(at, (int, float)) else None)
-            self._applied[event.id] = {"ended_break": outcome["ended_break"], "ignored": outcome["ignored"]}
-            self._save_applied()
+            at = parse_number(data.get("at"))  # host experiment seconds, "-inf" before the start
+            outcome = self._engine.resume(at, resume_id=event.id)
+            if outcome.get("repeated"):
+                details = "already applied"
+            elif outcome["ignored"]:
+                details = "ignored: no active break"
+            else:
+                details = f"ended break at entry {outcome['ended_break']}"
             return P.result_data(
-                event.id,
-                True,
-                "ignored: no active break"
-                if outcome["ignored"]
-                else f"ended break at entry {outcome['ended_break']}",
-                **self._applied[event.id],
+                event.id, True, details, ended_break=outcome["ended_break"], ignored=outcome["ignored"]
             )
         log.warning("unexpected %s event from host", event.type)
         return P.result_data(event.id, False, f"unknown event type {event.type!r}")
@@ -469,17 +467,6 @@ class ConnectedAgent:
         ):
             self._resources = json.loads(fh.read())
         return schedule
-
-    def _load_applied(self) -> Dict[str, Dict[str, Any]]:
-        try:
-            with open(os.path.join(self.config.state_dir, APPLIED_RESUMES), "rb") as fh:
-                doc = json.loads(fh.read())
-            return doc if isinstance(doc, dict) else {}
-        except (OSError, ValueError):
-            return {}
-
-    def _save_applied(self) -> None:
-        atomic_write(os.path.join(self.config.state_dir, APPLIED_RESUMES), json.dumps(self._applied).encode())
 
     # -------------------------------------------------------------- reports
     def sink(self, event: Event) -> None:
@@ -648,12 +635,12 @@ class ConnectedAgent:
             await control.start()
             try:
                 rc: int = await engine.run()
+                # a service: stay connected after the schedule ends (reports still owed, periodic
+                # transfers, RESUMEs answered as ignored, status) until SIGTERM
+                await self._stopped.wait()
             finally:
                 sync_task.cancel()
                 await control.close()
-            # a service: stay connected after the schedule ends (reports still owed, periodic
-            # transfers, RESUMEs answered as ignored, status) until SIGTERM
-            await self._stopped.wait()
             return rc
         finally:
             for task in self._transfers:

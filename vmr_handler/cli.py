@@ -276,6 +276,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             reboot_command=_setting(args, settings, "reboot_command", None),
             allow_classes=list(allow),
             clock_skew=args.debug_clock_skew or 0.0,
+            quiet=args.quiet,
         )
         name = _setting(args, settings, "vm_name", None)
         if name:

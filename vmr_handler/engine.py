@@ -198,21 +198,28 @@ class Engine:
             log.error("%s", exc)
 
     # ------------------------------------------------------------------ inputs
-    def resume(self, at: Optional[float] = None) -> Dict[str, Any]:
+    def resume(self, at: Optional[float] = None, resume_id: Optional[str] = None) -> Dict[str, Any]:
         """Handle a RESUME (SPEC section 4). Returns ``{"at", "ended_break", "ignored"}``.
 
         Args:
             at: experiment seconds the RESUME is stamped with (the host's experiment time);
                 default now on the engine's clock, or ``-inf`` before the start time is known.
+            resume_id: the host's id of this RESUME: one already applied is not applied again
+                (its first outcome is returned, with ``"repeated": True``).
         """
+        applied: Dict[str, Any] = self.journal.data.setdefault("resume_ids", {})
+        if resume_id is not None and resume_id in applied:
+            return {**applied[resume_id], "repeated": True}
         start = self.journal.start_time
         if at is None:
             at = -math.inf if start is None else self.clock.time() - start
         self.journal.add_resume(at)
-        self._save()
         plan = build_plan(self.schedule.entries, self.journal.resumes)
         outcome = plan.resumes[-1]
         ended = outcome.ended_break
+        if resume_id is not None:
+            applied[resume_id] = {"at": at, "ended_break": ended, "ignored": ended is None}
+        self._save()  # the RESUME and its id in one atomic write
         self.emit(
             EventType.RESUME_RECEIVED,
             at=at,
@@ -762,6 +769,7 @@ class Engine:
 
     def clock_changed(self) -> None:
         """The reference-clock offset changed: re-arm positive-time timers on the new clock."""
+        self.events.clock_changed()
         if self._pos.plan is not None:
             self._arm_positive(self._pos.plan)
 

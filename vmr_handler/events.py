@@ -75,12 +75,17 @@ class Event:
 def json_safe(value: Any) -> Any:
     """Make ``value`` strict-JSON safe: ``inf``/``-inf``/NaN become strings, bytes become
     ``{"b64": ...}``, tuples become lists. Strings are kept (``json`` escapes NUL etc.)."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:  # the common cases, fast
+        return value
     if isinstance(value, float):
         if math.isinf(value):
             return "inf" if value > 0 else "-inf"
         if math.isnan(value):
             return "nan"
         return value
+    if kind is dict:
+        return {k if type(k) is str else str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (bytes, bytearray)):
         return {"b64": base64.b64encode(bytes(value)).decode("ascii")}
     if isinstance(value, Mapping):
@@ -104,6 +109,11 @@ class EventFactory:
         self._clock = clock
         self._prefix = prefix or uuid.uuid4().hex[:12]
         self._counter = itertools.count(1)
+        self._last = 0.0
+
+    def clock_changed(self) -> None:
+        """The clock was corrected: stop holding timestamps at values read before (they may
+        have been seconds ahead); the next event takes the corrected time."""
         self._last = 0.0
 
     def make(self, type_: EventType, **data: Any) -> Event:

@@ -231,12 +231,16 @@ async def _pump(reader: Optional[asyncio.StreamReader], stream: str, on_output: 
         if not chunk:
             break
         buf += chunk
+        lines = 0
         while True:
             nl = buf.find(b"\n")
             if nl < 0 or nl > MAX_LINE_PIECE:
                 break
             on_output(stream, buf[:nl], False, True)
             buf = buf[nl + 1 :]
+            lines += 1
+            if lines % 256 == 0:
+                await asyncio.sleep(0)  # a chunk can hold thousands of lines: let acks and timers in
         while len(buf) > MAX_LINE_PIECE:
             on_output(stream, buf[:MAX_LINE_PIECE], True, False)
             buf = buf[MAX_LINE_PIECE:]

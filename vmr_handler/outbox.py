@@ -40,8 +40,8 @@ class Outbox:
     def __init__(self, state_dir: str) -> None:
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
         self.path = os.path.join(state_dir, OUTBOX_NAME)
-        # id -> (offset of the event JSON in the file, length); insertion order = send order
-        self._pending: OrderedDict[str, Tuple[int, int]] = OrderedDict()
+        # id -> (offset of the event JSON in the file, length, timestamp); insertion order = send order
+        self._pending: OrderedDict[str, Tuple[int, int, float]] = OrderedDict()
         self._size = 0
         self._acked_bytes = 0
         self._load()
@@ -75,7 +75,9 @@ class Outbox:
                 and isinstance(rec["e"].get("id"), str)
             ):
                 # the event JSON starts after '{"e":' and ends before the final '}'
-                self._pending[rec["e"]["id"]] = (offset + 5, len(line) - 6)
+                ts = rec["e"].get("timestamp")
+                ts = float(ts) if isinstance(ts, (int, float)) else 0.0
+                self._pending[rec["e"]["id"]] = (offset + 5, len(line) - 6, ts)
             elif isinstance(rec, dict) and isinstance(rec.get("a"), list):
                 for ident in rec["a"]:
                     if isinstance(ident, str):
@@ -98,7 +100,7 @@ class Outbox:
             os.write(self._fd, line)
         except OSError as exc:
             raise JournalError(f"cannot append to outbox {self.path}: {exc.strerror or exc}") from exc
-        self._pending[event.id] = (self._size + 5, len(line) - 7)
+        self._pending[event.id] = (self._size + 5, len(line) - 7, event.timestamp)
         self._size += len(line)
 
     def ack(self, ids: Iterable[str]) -> int:
@@ -107,7 +109,7 @@ class Outbox:
         if not done:
             return 0
         for ident in done:
-            _off, length = self._pending.pop(ident)
+            _off, length, _ts = self._pending.pop(ident)
             self._acked_bytes += length
         try:
             os.write(self._fd, (json.dumps({"a": done}, separators=(",", ":")) + "\n").encode())
@@ -122,23 +124,29 @@ class Outbox:
         """Pending ids in send order (the first ``limit`` of them when given)."""
         return list(self._pending) if limit is None else list(itertools.islice(self._pending, limit))
 
-    def read(self, ident: str) -> Optional[Dict[str, Any]]:
-        """The pending event ``ident`` as a dict, or None if it was acked meanwhile."""
+    def read_raw(self, ident: str) -> Optional[Tuple[float, bytes]]:
+        """``(timestamp, event JSON bytes as stored)`` of pending ``ident``, or None if acked."""
         where = self._pending.get(ident)
         if where is None:
             return None
-        offset, length = where
-        raw = os.pread(self._fd, length, offset)
-        doc = json.loads(raw)
+        offset, length, ts = where
+        return ts, os.pread(self._fd, length, offset)
+
+    def read(self, ident: str) -> Optional[Dict[str, Any]]:
+        """The pending event ``ident`` as a dict, or None if it was acked meanwhile."""
+        raw = self.read_raw(ident)
+        if raw is None:
+            return None
+        doc = json.loads(raw[1])
         return doc if isinstance(doc, dict) else None
 
     def compact(self) -> None:
-        """Rewrite the file with only the pending events (atomic)."""
+        """Rewrite the file with only the pending events (atomic; stored bytes copied as they are)."""
         lines = []
         for ident in list(self._pending):
-            event = self.read(ident)
-            if event is not None:
-                lines.append(('{"e":' + json.dumps(event, separators=(",", ":")) + "}\n").encode())
+            raw = self.read_raw(ident)
+            if raw is not None:
+                lines.append(b'{"e":' + raw[1] + b"}\n")
         atomic_write(self.path, b"".join(lines))
         os.close(self._fd)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)

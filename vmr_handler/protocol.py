@@ -71,6 +71,16 @@ def encode_message(events: Sequence[Event], now: float) -> bytes:
     return body.encode("utf-8") + b"\n"
 
 
+def encode_raw_message(events: Sequence[Tuple[float, bytes]], now: float) -> bytes:
+    """One frame from events already serialised as strict JSON: ``(timestamp, json bytes)``
+    pairs (e.g. as stored in the outbox), sorted by timestamp; nothing is parsed again."""
+    items = sorted(events, key=lambda item: item[0])
+    latest = max([now, *(ts for ts, _raw in items)])
+    return (
+        b'{"now":' + json.dumps(latest).encode() + b',"events":[' + b",".join(r for _ts, r in items) + b"]}\n"
+    )
+
+
 def _finite(value: Any) -> Optional[float]:
     """``value`` as a float when it is a finite JSON number, else None."""
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
