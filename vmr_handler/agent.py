@@ -607,6 +607,9 @@ class ConnectedAgent:
             resources = await self._fetch_resources(schedule)
             if self._stopped.is_set():
                 return 0
+            # report on the host's clock from the first event on (bounded: the host may be away)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.link.synced.wait(), 5.0)
             config = EngineConfig(
                 launch_dir=self.config.launch_dir,
                 state_dir=self.config.state_dir,
