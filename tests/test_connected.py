@@ -293,3 +293,19 @@ def test_release_then_late_joiner_fires_overdue_entries_at_once(env_factory):
     early = env.wait_event("early", "entry_started", index=1)["event"]["data"]
     assert late["scheduled"] == early["scheduled"]  # the one start time
     assert late["lateness"] > 0.5  # fired at once, lateness reported
+
+
+def test_large_schedule_is_fetched_in_chunks(env_factory):
+    blob = "".join(f"{i:08d} payload line of a big content drop\n" for i in range(40_000))  # ~1.7 MB
+    sched = [
+        {"start_time": -1, "data": [{"location": "big.txt", "content": blob}]},
+        {"start_time": 0.2, "executable": "/bin/true"},
+    ]
+    env = env_factory({"a": sched}, start_buffer=0.2)
+    assert (env.schedules / "a.yaml").stat().st_size > 1024 * 1024  # more than one frame
+    env.start_host()
+    env.start_agent("a")
+    placed = env.wait_event("a", "data_placed", index=0)["event"]["data"]
+    assert placed["sha256"] == hashlib.sha256(blob.encode()).hexdigest()
+    env.wait_event("a", "schedule_complete")
+    assert next(v for v in env.status()["vms"] if v["vm"] == "a")["schedule"]["state"] == "accepted"

@@ -24,7 +24,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Tuple
 
 from vmr_handler import __version__
 from vmr_handler import protocol as P
@@ -48,6 +48,8 @@ BATCH_BYTES = 512 * 1024
 #: Reports sent on this connection but not yet acked before the sender waits for acks.
 WINDOW_EVENTS = 2000
 TRANSFER_CHUNK = 256 * 1024
+#: What a control handler returns when it answers later (with :meth:`HostLink.send_event`).
+LATER: Dict[str, Any] = {}
 #: Round trip (s) under which a clock sample is trusted; above it the agent re-syncs within 5 s.
 GOOD_CLOCK_DELAY = 0.002
 #: Seconds without any ack while reports are in flight before they are sent again.
@@ -162,6 +164,10 @@ class HostLink:
             raise
         return event.id, queue
 
+    async def send_event(self, type_: str, **data: Any) -> None:
+        """Send one control event now (e.g. a late ``result``). Raises ChannelClosed."""
+        await self._send([self.events.make_raw(type_, **data)])
+
     def forget_request(self, ident: str) -> None:
         self._requests.pop(ident, None)
 
@@ -270,7 +276,9 @@ class HostLink:
             await self._requests[str(data["answers"])].put(event)
         elif kind in (P.SCHEDULE, P.START_TIME, P.RESUME):
             answer = await self._on_event(event)
-            if answer is None:
+            if answer is LATER:
+                pass
+            elif answer is None:
                 await self._send([self.events.make_raw(P.ACK, ids=[event.id])])
             else:
                 await self._send([self.events.make_raw(P.RESULT, **answer)])
@@ -383,6 +391,7 @@ class ConnectedAgent:
         self._engine: Any = None
         self._resources: Dict[str, Dict[str, Any]] = {}
         self._pending_start: Optional[float] = None
+        self._fetching: Optional[asyncio.Future[None]] = None
         self._transfers: List[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
 
@@ -417,26 +426,60 @@ class ConnectedAgent:
         log.warning("unexpected %s event from host", event.type)
         return P.result_data(event.id, False, f"unknown event type {event.type!r}")
 
-    def _take_schedule(self, event: Event) -> Dict[str, Any]:
+    def _take_schedule(self, event: Event) -> Optional[Dict[str, Any]]:
         data = event.data
+        if isinstance(data.get("fetch"), str):  # too big for one frame: fetch it, answer later
+            if self._schedule is None and self._fetching is None:
+                self._fetching = asyncio.ensure_future(self._fetch_schedule(event))
+            return LATER if self._schedule is None else self._accept_schedule(event.id, None, data)
         try:
             raw = base64.b64decode(str(data.get("data_b64", "")), validate=True)
         except ValueError:
             return P.result_data(event.id, False, "schedule data_b64 is not base64")
+        return self._accept_schedule(event.id, raw, data)
+
+    async def _fetch_schedule(self, event: Event) -> None:
+        """Fetch a large schedule in chunks, then answer the ``schedule`` event."""
+        target = os.path.join(self.config.state_dir, SCHEDULE_FILE + ".fetch")
+        try:
+            error = await self._fetch_one(str(event.data["fetch"]), target)
+            if error is None:
+                with open(target, "rb") as fh:
+                    raw = fh.read()
+                os.unlink(target)
+                answer = self._accept_schedule(event.id, raw, event.data)
+            else:
+                answer = P.result_data(event.id, False, f"schedule download failed: {error}")
+            with contextlib.suppress(ChannelClosed):
+                await self.link.send_event(P.RESULT, **answer)
+        finally:
+            self._fetching = None
+
+    def _accept_schedule(self, answers: str, raw: Optional[bytes], data: Mapping[str, Any]) -> Dict[str, Any]:
+        """Check, load and store delivered schedule bytes; the ``result`` data to answer with.
+
+        ``raw`` None: a re-announcement of a schedule that is already here.
+        """
+        if raw is None:
+            same = self._schedule is not None and self._schedule.digest == data.get("sha256")
+            return P.result_data(
+                answers, same, "schedule already running" if same else "another schedule is running"
+            )
+        event_id = answers
         if data.get("sha256") and hashlib.sha256(raw).hexdigest() != data.get("sha256"):
-            return P.result_data(event.id, False, "schedule sha256 does not match its data")
+            return P.result_data(event_id, False, "schedule sha256 does not match its data")
         try:
             schedule = load_schedule_bytes(raw, self.config.allow_classes)
         except ScheduleError as exc:
             self._report(EventType.SCHEDULE_WARNING, status="error", details=f"schedule refused: {exc}")
-            return P.result_data(event.id, False, str(exc))
+            return P.result_data(event_id, False, str(exc))
         resources = data.get("resources")
         if isinstance(resources, dict):
             self._resources = {str(k): v for k, v in resources.items() if isinstance(v, dict)}
         if self._schedule is not None:
             same = self._schedule.digest == schedule.digest
             return P.result_data(
-                event.id,
+                event_id,
                 same,
                 "schedule already running"
                 if same
@@ -450,7 +493,7 @@ class ConnectedAgent:
         if not self._schedule_ready.done():
             self._schedule_ready.set_result(schedule)
         return P.result_data(
-            event.id, True, f"schedule accepted ({len(schedule.entries)} entries)", digest=schedule.digest
+            event_id, True, f"schedule accepted ({len(schedule.entries)} entries)", digest=schedule.digest
         )
 
     def _stored_schedule(self) -> Optional[Schedule]:

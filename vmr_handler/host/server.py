@@ -257,13 +257,6 @@ class HostServer:
                     self.events,
                     resource_info.get(name, {}),
                 )
-                if session.schedule_frame_size > self.limits.max_frame:
-                    raise HostSetupError(
-                        f"schedule {spec.schedule_path} ({len(spec.schedule_bytes)} bytes) does not fit one "
-                        f"protocol frame: its schedule message is {session.schedule_frame_size} bytes, the "
-                        f"limit is {self.limits.max_frame} (about 760 KiB of schedule)",
-                        2,
-                    )
                 self.sessions[name] = session
                 try:
                     transfers.open()

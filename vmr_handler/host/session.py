@@ -71,6 +71,16 @@ HOST_ONLY = frozenset({WELCOME, SCHEDULE, CLOCK_RESP, RESOURCE_CHUNK, START_TIME
 #: connection; a guest flooding hellos would make the host resend its schedule each time).
 HELLO_RATE = 2.0
 HELLO_BURST = 10.0
+#: Schedules up to this size travel inside the ``schedule`` event; larger ones are fetched by
+#: the agent in chunks with ``resource_request`` for :func:`schedule_resource_name`.
+INLINE_SCHEDULE = 512 * 1024
+
+
+def schedule_resource_name(digest: str) -> str:
+    """The resource name under which a large schedule is served (docs/protocol.md)."""
+    return f"schedule:{digest}"
+
+
 #: Agent control events that are answered, not stored.
 UNSTORED = frozenset({HELLO, HEARTBEAT, ACK, CLOCK_REQ, RESOURCE_REQUEST})
 
@@ -230,12 +240,16 @@ class VmSession:
         self.host = host
         self.events = events
         self.schedule_id = schedule_event_id(spec.digest)
-        schedule_data = {
+        schedule_data: Dict[str, Any] = {
             "format_hint": spec.format,
-            "data_b64": base64.b64encode(spec.schedule_bytes).decode("ascii"),
             "sha256": spec.digest,
+            "size": len(spec.schedule_bytes),
             "resources": {k: dict(v) for k, v in sorted(resource_info.items())},
         }
+        if len(spec.schedule_bytes) <= INLINE_SCHEDULE:
+            schedule_data["data_b64"] = base64.b64encode(spec.schedule_bytes).decode("ascii")
+        else:  # too big for one frame: the agent fetches it in chunks (resource_request)
+            schedule_data["fetch"] = schedule_resource_name(spec.digest)
         #: the schedule event encoded once (up to ~1 MiB: never re-encoded per handshake)
         self._schedule_ts = time.time()
         self._schedule_json = json.dumps(
@@ -279,11 +293,6 @@ class VmSession:
         self.start_acked = False
         self.counters = Counters()
         self._warned: Dict[str, int] = {}
-
-    @property
-    def schedule_frame_size(self) -> int:
-        """Bytes of the ``schedule`` frame (must not exceed the frame limit)."""
-        return len(self._schedule_json) + 64
 
     # ------------------------------------------------------------------ connection
     @property
@@ -577,7 +586,8 @@ class VmSession:
     def _on_resource_request(self, ev: Event, now: float) -> None:
         name = ev.data.get("name")
         offset = ev.data.get("offset", 0)
-        if not isinstance(name, str) or name not in self.spec.filenames:
+        is_schedule = name == schedule_resource_name(self.spec.digest)
+        if not isinstance(name, str) or (name not in self.spec.filenames and not is_schedule):
             self.counters.resources_refused += 1
             self._warn("resource", f"resource request for {printable(str(name), 200)!r} refused", now)
             self._refuse(ev.id, f"resource {name!r} refused: not a filename drop of this VM's schedule")
@@ -598,6 +608,11 @@ class VmSession:
         task.add_done_callback(self._streams.discard)
 
     async def _stream_resource(self, request_id: str, name: str, offset: int, link: Link) -> None:
+        if name == schedule_resource_name(self.spec.digest):
+            await self._stream_bytes(
+                request_id, name, offset, link, self.spec.schedule_bytes, self.spec.digest
+            )
+            return
         try:
             if self.resources.is_cached(name):
                 info = self.resources.info(name)
@@ -641,6 +656,33 @@ class VmSession:
                 self._refuse(request_id, str(exc))
         except (ConnectionError, OSError) as exc:
             log.info("%s: resource %r not sent: %s", self.name, name, exc)
+
+    async def _stream_bytes(
+        self, request_id: str, name: str, offset: int, link: Link, data: bytes, digest: str
+    ) -> None:
+        """Stream in-memory ``data`` (a large schedule, sha256 ``digest``) as ``resource_chunk``
+        events from ``offset``."""
+        if offset > len(data):
+            self._refuse(request_id, f"offset {offset} is past the end of {name!r} ({len(data)} bytes)")
+            return
+        pos = offset
+        try:
+            while link is self.link and not link.closed:
+                piece = data[pos : pos + self.limits.resource_chunk]
+                last = pos + len(piece) >= len(data)
+                chunk = self.events.make(
+                    RESOURCE_CHUNK,
+                    {"answers": request_id, "name": name, "offset": pos, "size": len(data), "sha256": digest,
+                     "last": last, "data_b64": base64.b64encode(piece).decode("ascii")},
+                )  # fmt: skip
+                link.send_bytes(encode_message([chunk], time.time()))
+                self._last_send = time.monotonic()
+                await link.drain()
+                if last:
+                    return
+                pos += len(piece)
+        except (ConnectionError, OSError) as exc:
+            log.info("%s: schedule not sent: %s", self.name, exc)
 
     def _on_transfer(self, ev: Event, now: float) -> Event:
         """Store a transfer chunk; return the event to log in its place (no file data)."""
