@@ -309,3 +309,70 @@ def test_large_schedule_is_fetched_in_chunks(env_factory):
     assert placed["sha256"] == hashlib.sha256(blob.encode()).hexdigest()
     env.wait_event("a", "schedule_complete")
     assert next(v for v in env.status()["vms"] if v["vm"] == "a")["schedule"]["state"] == "accepted"
+
+
+def test_config_file_and_periodic_transfer_of_a_changing_file(env_factory):
+    env = env_factory({}, start_buffer=0.2)
+    watched = env.root / "vm" / "a" / "watched.txt"
+    watched.parent.mkdir(parents=True)
+    watched.write_text("one\n")
+    import yaml
+
+    sched = [
+        {"start_time": -1, "data": [{"location": str(watched), "interval": 0.5, "destination": None}]},
+        {"start_time": 1.5, "executable": "/bin/sh", "arguments": f"-c 'echo two >> {watched}'"},
+    ]
+    (env.schedules / "a.yaml").write_text(yaml.safe_dump(sched))
+    config = env.root / "agent.yaml"  # the port and the name come from the config file, not flags
+    config.write_text(yaml.safe_dump({"port": f"unix:{env.sock('a')}", "vm_name": "from-config"}))
+    env.start_host()
+    base = env.root / "vm" / "a"
+    import subprocess
+    import sys
+
+    log = open(base / "agent.out", "ab")  # noqa: SIM115
+    env.agents["a"] = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vmr_handler",
+            "run",
+            "--config",
+            str(config),
+            "--state-dir",
+            str(base / "state"),
+            "--launch-dir",
+            str(base / "launch"),
+        ],
+        stdout=log,
+        stderr=log,
+    )
+    log.close()
+    copy = env.logs / "transfers" / "a" / str(watched).lstrip("/")
+    env.wait_for(lambda: copy.exists() and copy.read_text() == "one\n", "first transfer")
+    env.wait_for(lambda: copy.exists() and copy.read_text() == "one\ntwo\n", "the changed file sent again")
+    vm = next(v for v in env.status()["vms"] if v["vm"] == "a")
+    assert vm["agent"]["claimed_vm"] == "from-config"
+
+
+def test_bad_config_file_is_refused_with_the_key_named(tmp_path):
+    import subprocess
+    import sys
+
+    bad = tmp_path / "c.yaml"
+    bad.write_text("port: unix:/x\nprot: 3\n")
+    res = subprocess.run(
+        [sys.executable, "-m", "vmr_handler", "run", "--config", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 1 and "'prot'" in res.stderr
+    bad.write_text("heartbeat: fast\n")
+    res = subprocess.run(
+        [sys.executable, "-m", "vmr_handler", "run", "--config", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 1 and "'heartbeat'" in res.stderr
