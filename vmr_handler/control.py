@@ -7,11 +7,13 @@ one JSON object per line ``{"cmd": "status"|"resume"}``; the agent answers one J
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import socket
-from typing import Any, Callable, Dict, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
+
+if TYPE_CHECKING:
+    import asyncio
 
 from vmr_handler.errors import ControlError
 from vmr_handler.events import json_safe
@@ -65,7 +67,7 @@ class ControlServer:
     def __init__(self, state_dir: str, handlers: Dict[str, Handler], *, path: Optional[str] = None) -> None:
         self.path = socket_path(state_dir) if path is None else checked_socket_path(path)
         self._handlers = handlers
-        self._server: Optional[asyncio.AbstractServer] = None
+        self._server: Optional[Any] = None  # asyncio.AbstractServer
 
     async def start(self) -> None:
         """Bind the socket (removing a stale one; refusing if another agent answers on it).
@@ -87,12 +89,16 @@ class ControlServer:
                 probe.close()
         old_umask = os.umask(0o177)
         try:
+            import asyncio  # here, not at import: the client side stays quick to start
+
             self._server = await asyncio.start_unix_server(self._serve, path=self.path, limit=MAX_REQUEST)
         finally:
             os.umask(old_umask)
         os.chmod(self.path, 0o600)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        import asyncio
+
         try:
             line = await asyncio.wait_for(reader.readline(), 10)
             try:

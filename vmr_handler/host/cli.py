@@ -249,7 +249,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 # -------------------------------------------------------------------------------- clients
 def _request(args: argparse.Namespace, payload: Dict[str, Any]) -> Dict[str, Any]:
     from vmr_handler.control import request_at
-    from vmr_handler.host.server import control_socket_path
+    from vmr_handler.host.config import control_socket_path
 
     return request_at(control_socket_path(args.logs), payload)
 
@@ -377,7 +377,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    from vmr_handler.host.server import HostSetupError
+    from vmr_handler.host.config import HostSetupError
 
     try:
         if args.command == "serve":

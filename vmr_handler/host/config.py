@@ -6,10 +6,13 @@ Limits are per VM (SPEC section 7: every guest is hostile); defaults are the tab
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, Optional, Tuple
 
+from vmr_handler.control import MAX_SOCKET_PATH
+from vmr_handler.errors import ControlError, VmrError
 from vmr_handler.protocol import MAX_FRAME
 
 #: A VM name is used in file names (``<vm>.sock``, ``<vm>.jsonl``): keep it plain.
@@ -105,3 +108,29 @@ class HostConfig:
     connect: bool = False
     limits: Limits = field(default_factory=Limits)
     reconnect: Tuple[float, float] = (0.1, 2.0)
+
+
+CONTROL_SOCKET = "vmr-host.sock"
+
+
+class HostSetupError(VmrError):
+    """``vmr-host serve`` cannot start; ``exit_code`` is 2 for bad input, 1 otherwise."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def control_socket_path(logs: str) -> str:
+    """Path of the host control socket for logs directory ``logs``.
+
+    Raises:
+        ControlError: the path is too long for a unix socket.
+    """
+    path = os.path.join(os.path.abspath(logs), CONTROL_SOCKET)
+    if len(path.encode()) > MAX_SOCKET_PATH:
+        raise ControlError(
+            f"control socket path {path} is {len(path.encode())} bytes, longer than the unix socket "
+            f"limit of {MAX_SOCKET_PATH}; use a shorter --logs"
+        )
+    return path

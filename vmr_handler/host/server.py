@@ -31,10 +31,10 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_ji
 
 from vmr_handler import __version__
 from vmr_handler.control import MAX_SOCKET_PATH, ControlServer
-from vmr_handler.errors import ControlError, VmrError
+from vmr_handler.errors import ControlError
 from vmr_handler.events import Event
 from vmr_handler.host.barrier import Barrier
-from vmr_handler.host.config import HostConfig
+from vmr_handler.host.config import HostConfig, HostSetupError, control_socket_path
 from vmr_handler.host.resources import ResourceRefused, ResourceStore
 from vmr_handler.host.session import HostEvents, VmSession
 from vmr_handler.host.store import ExperimentStore, TransferStore, VmLog
@@ -42,33 +42,9 @@ from vmr_handler.protocol import RESUME, START_TIME
 
 log = logging.getLogger("vmr_handler.host")
 
-CONTROL_SOCKET = "vmr-host.sock"
 LOCK_FILE = "vmr-host.lock"
 READ_SIZE = 64 * 1024
 STATE_VERSION = 1
-
-
-class HostSetupError(VmrError):
-    """``vmr-host serve`` cannot start; ``exit_code`` is 2 for bad input, 1 otherwise."""
-
-    def __init__(self, message: str, exit_code: int = 1) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-def control_socket_path(logs: str) -> str:
-    """Path of the host control socket for logs directory ``logs``.
-
-    Raises:
-        ControlError: the path is too long for a unix socket.
-    """
-    path = os.path.join(os.path.abspath(logs), CONTROL_SOCKET)
-    if len(path.encode()) > MAX_SOCKET_PATH:
-        raise ControlError(
-            f"control socket path {path} is {len(path.encode())} bytes, longer than the unix socket "
-            f"limit of {MAX_SOCKET_PATH}; use a shorter --logs"
-        )
-    return path
 
 
 def channel_path(channels: str, vm: str) -> str:
