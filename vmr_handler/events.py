@@ -4,7 +4,8 @@ An :class:`Event` is a frozen, past-tense fact: ``{"timestamp", "type", "id", "d
 ``timestamp`` is UTC epoch seconds on the experiment's reference clock; ``id`` is unique
 (a per-boot uuid prefix + a counter, so ids also sort in emission order). Results carry
 ``status: success|error`` and ``details`` inside ``data``. A batch on the wire is a
-:func:`message` ``{"now": ..., "events": [...]}`` with ascending timestamps (seed 001).
+message ``{"now": ..., "events": [...]}`` with ascending timestamps (seed 001), built by
+:func:`vmr_handler.protocol.encode_message`.
 The event types are listed in :class:`EventType` and documented in ``docs/events.md``.
 """
 
@@ -16,7 +17,7 @@ import math
 import uuid
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 PROTOCOL_VERSION = 1
 
@@ -125,13 +126,6 @@ class EventFactory:
         now = max(self._clock(), self._last)
         self._last = now
         return Event(type_, now, f"{self._prefix}-{next(self._counter):08d}", json_safe(data))
-
-
-def message(events: Iterable[Event], now: float) -> Dict[str, Any]:
-    """A seed-001 message ``{"now": now, "events": [...]}`` (timestamps ascending, ``now`` >= all)."""
-    items = sorted((e.to_dict() for e in events), key=lambda d: d["timestamp"])
-    latest = max([now, *(d["timestamp"] for d in items)])
-    return {"now": latest, "events": items}
 
 
 def encode_output(chunk: bytes) -> Dict[str, Any]:

@@ -45,10 +45,6 @@ START_TIME = "start_time"  # host -> agent: experiment start, UTC
 RESUME = "resume"  # host -> agent: at (host experiment seconds)
 HEARTBEAT = "heartbeat"  # either way
 TRANSFER_CHUNK = "transfer_chunk"  # agent -> host: a piece of a file transferred out
-CONTROL_TYPES = frozenset(
-    {HELLO, WELCOME, SCHEDULE, RESULT, ACK, CLOCK_REQ, CLOCK_RESP, RESOURCE_REQUEST, RESOURCE_CHUNK,
-     START_TIME, RESUME, HEARTBEAT, TRANSFER_CHUNK}
-)  # fmt: skip
 
 
 class ProtocolError(VmrError):

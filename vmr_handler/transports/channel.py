@@ -17,7 +17,6 @@ import asyncio
 import errno
 import os
 import stat
-from typing import Optional
 
 #: Longest wait between two reads of a port that says EOF/EIO (no host), seconds.
 MAX_IDLE_BACKOFF = 1.0
@@ -185,8 +184,3 @@ async def open_channel(spec: str) -> ByteChannel:
     if os.path.exists(spec) and not stat.S_ISCHR(os.stat(spec).st_mode):
         raise OSError(errno.ENODEV, f"{spec} is not a character device (use unix:PATH for a socket)")
     return await CharDeviceChannel.open(spec)
-
-
-def describe_port(spec: Optional[str]) -> str:
-    """Human name of a port spec for logs."""
-    return spec or DEFAULT_PORT
