@@ -142,6 +142,9 @@ class HostLink:
                 await self._session(channel)
             except ChannelClosed as exc:
                 log.info("channel to host closed: %s", exc)
+            except Exception:  # never let one bad session end the link for good
+                log.exception("session with the host failed; reconnecting")
+                await asyncio.sleep(1.0)
             finally:
                 self._channel = None
                 self.welcomed.clear()
