@@ -106,3 +106,20 @@ def test_bake_refuses_clearly(tmp_path, binary):
         res = subprocess.run([str(BAKE), "--binary", str(binary), str(image)],
                              capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
         assert res.returncode == 1 and "virt-customize" in res.stderr
+
+
+def test_bake_onedir_bundle_links_the_agent(tmp_path):
+    bundle = tmp_path / "dist" / "vmr-handler"  # the shape packaging/build.sh produces
+    (bundle / "_internal").mkdir(parents=True)
+    (bundle / "_internal" / "libpython.so").write_bytes(b"\x7fELF")
+    agent = bundle / "vmr-handler"
+    agent.write_text("#!/bin/sh\necho agent\n")
+    agent.chmod(0o755)
+    root = _systemd_root(tmp_path)
+    for _ in range(2):  # baking again replaces the bundle
+        res = _bake(bundle, root)
+        assert res.returncode == 0, res.stderr
+    link = root / "usr/local/bin/vmr-handler"
+    assert link.is_symlink() and os.readlink(link) == "/opt/vmr-handler/vmr-handler"
+    assert (root / "opt/vmr-handler/_internal/libpython.so").read_bytes() == b"\x7fELF"
+    assert not (root / "opt/vmr-handler.new").exists()

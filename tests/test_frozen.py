@@ -1,0 +1,234 @@
+"""The frozen guest agent: ``packaging/build.sh`` builds it once per session, then every test
+runs the REAL bundle (no Python on its path) against the same inputs as the package.
+
+The build is bounded and a failure to build fails (never skips) the tests.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import pickle
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Set
+
+import pytest
+import yaml
+
+import vmr_handler
+
+REPO = Path(__file__).resolve().parent.parent
+BUILD_TIMEOUT = 300.0
+WAIT = 60.0
+# a PyInstaller *onefile* bundle would unpack itself into a new /tmp/_MEI* on every start
+MEI = os.path.join(tempfile.gettempdir(), "_MEI*")
+# the first test's budget includes the session build (bounded by BUILD_TIMEOUT itself)
+pytestmark = pytest.mark.timeout(BUILD_TIMEOUT + 120)
+
+
+def _mei() -> Set[str]:
+    return set(glob.glob(MEI))
+
+
+@pytest.fixture(scope="session")
+def mei_before() -> Set[str]:
+    return _mei()
+
+
+@pytest.fixture(scope="session")
+def frozen(tmp_path_factory: pytest.TempPathFactory, mei_before: Set[str]) -> Path:
+    out = tmp_path_factory.mktemp("frozen")
+    env = {**os.environ, "PYTHON": sys.executable, "VMR_BUILD_WORK": str(out / "work")}
+    env.pop("VMR_PYI_MODE", None)
+    try:
+        res = subprocess.run(
+            ["bash", str(REPO / "packaging" / "build.sh"), str(out / "dist")],
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT,
+            env=env,
+            cwd=REPO,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"packaging/build.sh took more than {BUILD_TIMEOUT} s: {exc.stderr!r}")
+    if res.returncode != 0:
+        pytest.fail(f"packaging/build.sh failed ({res.returncode}):\n{res.stdout}\n{res.stderr[-4000:]}")
+    exe = out / "dist" / "vmr-handler" / "vmr-handler"
+    assert exe.is_file() and os.access(exe, os.X_OK), res.stdout
+    return exe
+
+
+def _run(exe: Path, *args: str, timeout: float = WAIT, **kw: Any) -> subprocess.CompletedProcess:
+    # an environment without the venv: the bundle must not need the host's Python
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    return subprocess.run(
+        [str(exe), *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO, **kw
+    )
+
+
+def test_pinned_pyinstaller_matches_test_extra() -> None:
+    build = (REPO / "packaging" / "build.sh").read_text()
+    pinned = re.search(r"^PYINSTALLER_VERSION=(\S+)", build, re.M)
+    assert pinned, "build.sh pins no PyInstaller version"
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert f'"pyinstaller=={pinned.group(1)}"' in pyproject
+
+
+def test_bundle_is_onedir_without_host_python(frozen: Path) -> None:
+    internal = frozen.parent / "_internal"
+    assert (internal / "base_library.zip").is_file()  # onedir: nothing unpacked at start
+    assert list(internal.glob("libpython3*.so*")), "libpython is bundled"
+    assert not list(internal.rglob("vmr_handler/host*")), "vmr-host is not part of the agent"
+
+
+def test_version_reports_package_version(frozen: Path) -> None:
+    res = _run(frozen, "--version")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == f"vmr-handler {vmr_handler.__version__}"
+
+
+def test_plan_json_equals_package(frozen: Path) -> None:
+    args = ["plan", "--json", "examples/demo.yaml", "--resume", "5"]
+    ref = subprocess.run(
+        [sys.executable, "-m", "vmr_handler", *args], capture_output=True, text=True, cwd=REPO, timeout=WAIT
+    )
+    assert ref.returncode == 0, ref.stderr
+    res = _run(frozen, *args)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == json.loads(ref.stdout)
+    assert res.stdout == ref.stdout
+
+
+def test_check_accepts_demo_pickle(frozen: Path) -> None:
+    res = _run(frozen, "check", "examples/demo.pkl")
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+class _Hostile:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> Any:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_check_refuses_hostile_pickle(frozen: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.pkl"
+    evil.write_bytes(pickle.dumps([_Hostile(marker)], protocol=2))
+    res = _run(frozen, "check", str(evil))
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "system" in res.stdout + res.stderr
+    assert not marker.exists()
+
+
+def _report(path: Path) -> List[Dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_run_local_demo(frozen: Path, tmp_path: Path, mei_before: Set[str]) -> None:
+    report = tmp_path / "report.jsonl"
+    res = _run(
+        frozen,
+        "run",
+        "--local",
+        "examples/demo.yaml",
+        "--start-buffer",
+        "1",
+        "--launch-dir",
+        str(tmp_path / "launch"),
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--report",
+        str(report),
+        timeout=90,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    types = [ev["type"] for ev in _report(report)]
+    assert "schedule_complete" in types, types
+    assert types.count("entry_started") >= 7
+    assert (tmp_path / "launch").is_dir()
+    assert _mei() <= mei_before, "the frozen agent left a /tmp/_MEI* directory behind"
+
+
+def _wait(pred: Any, what: str, procs: List[subprocess.Popen], logs: List[Path]) -> None:
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        for p in procs:
+            if p.poll() is not None:
+                break
+        else:
+            time.sleep(0.1)
+            continue
+        break
+    raise AssertionError(f"{what}:\n" + "\n".join(f"--- {lg}\n{lg.read_text()[-2000:]}" for lg in logs))
+
+
+@pytest.fixture
+def lab() -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(dir="/tmp", prefix="vf"))  # short: unix socket paths < 108 bytes
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_connected_to_real_host(frozen: Path, lab: Path, mei_before: Set[str]) -> None:
+    d, logs, ch = lab / "D", lab / "L", lab / "C"
+    for p in (d, logs, ch):
+        p.mkdir()
+    (d / "vm1.yaml").write_text(
+        yaml.safe_dump([{"start_time": 0.5, "executable": "/bin/echo", "arguments": "frozen agent"}])
+    )
+    host_out, agent_out = lab / "host.out", lab / "agent.out"
+    procs: List[subprocess.Popen] = []
+    try:
+        with host_out.open("wb") as ho:
+            host = subprocess.Popen(
+                [sys.executable, "-m", "vmr_handler.host", "serve", "--schedules", str(d), "--logs",
+                 str(logs), "--channels", str(ch), "--start-buffer", "0.5"],
+                stdout=ho, stderr=ho, cwd=REPO,
+            )  # fmt: skip
+        procs.append(host)
+        _wait(lambda: (ch / "vm1.sock").exists(), "host channel socket", procs, [host_out])
+        with agent_out.open("wb") as ao:
+            agent = subprocess.Popen(
+                [str(frozen), "run", "--port", f"unix:{ch}/vm1.sock", "--vm-name", "vm1",
+                 "--state-dir", str(lab / "st"), "--launch-dir", str(lab / "la")],
+                stdout=ao, stderr=ao, env={"PATH": "/usr/bin:/bin"},
+            )  # fmt: skip
+        procs.append(agent)
+        log = logs / "vm1.jsonl"
+
+        def complete() -> bool:
+            if not log.exists():
+                return False
+            return any(
+                json.loads(line)["event"]["type"] == "schedule_complete"
+                for line in log.read_text().splitlines()
+                if line.endswith("}")
+            )
+
+        _wait(complete, "schedule_complete in the host's vm1 log", procs, [host_out, agent_out])
+        text = log.read_text()
+        assert "frozen agent" in text  # the entry's output was streamed to the host
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    assert agent.returncode == 0, agent_out.read_text()[-2000:]
+    assert _mei() <= mei_before, "the frozen agent left a /tmp/_MEI* directory behind"
