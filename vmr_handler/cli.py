@@ -8,19 +8,20 @@ Exit codes: 0 success; 1 the VM failed (run) or the agent could not be reached
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import math
 import os
 import signal
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from vmr_handler import __version__
 from vmr_handler.errors import ControlError, JournalError, ScheduleError, VmrError
-from vmr_handler.schedule import Schedule, load_schedule
-from vmr_handler.timeline import Plan, build_plan
+
+if TYPE_CHECKING:  # imported where used: `--version`, `status` and `resume` start quickly
+    from vmr_handler.schedule import Schedule
+    from vmr_handler.timeline import Plan
 
 EXIT_USAGE = 2
 DEFAULT_STATE_DIR = "/var/lib/vmr-handler"
@@ -190,11 +191,15 @@ def plan_table(schedule: Schedule, plan: Plan) -> str:
 
 # ---------------------------------------------------------------------------- commands
 def _load(path: str, allow: Sequence[str]) -> Schedule:
+    from vmr_handler.schedule import load_schedule
+
     return load_schedule(path, allow)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     schedule = _load(args.schedule, args.allow_class)
+    from vmr_handler.timeline import build_plan
+
     plan = build_plan(schedule.entries, args.resume)
     if args.json:
         print(json.dumps(plan_json(plan)))
@@ -284,6 +289,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         for key in ("heartbeat", "peer_timeout"):
             if key in settings:
                 setattr(agent_config, key, float(settings[key]))
+        import asyncio
+
         return asyncio.run(run_connected(agent_config))
     schedule = _load(args.local, allow)
     config = EngineConfig(
@@ -293,10 +300,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         start_buffer=float(_setting(args, settings, "start_buffer", 60.0)),
         reboot_command=_setting(args, settings, "reboot_command", None) or DEFAULT_REBOOT_COMMAND,
     )
+    import asyncio
+
     return asyncio.run(_run_local(schedule, config, args.report, quiet=args.quiet))
 
 
 async def _run_local(schedule: Schedule, config: Any, report: Optional[str], quiet: bool) -> int:
+    import asyncio
+
     from vmr_handler.control import ControlServer
     from vmr_handler.engine import Engine
     from vmr_handler.executor import install_child_watcher
