@@ -1,0 +1,217 @@
+#!/usr/bin/env bash
+# Build a fast busybox-initramfs guest that runs the frozen vmr-handler agent.
+#
+#   qemu-test/build-guest.sh [CACHE_DIR] [AGENT]
+#
+# CACHE_DIR  default <repo>/qemu-test/.cache (git-ignored). Holds the Debian cloud kernel and
+#            its virtio modules, cached by kernel version, and the built guest.
+# AGENT      the frozen agent built by packaging/build.sh: the onedir bundle directory
+#            (DIST/vmr-handler) or its executable (DIST/vmr-handler/vmr-handler).
+#            Default: $VMR_AGENT, else <repo>/dist/vmr-handler.
+#
+# Output (paths printed on the last two lines as KERNEL=... and INITRD=...):
+#   CACHE_DIR/guest/vmlinuz         the cloud kernel
+#   CACHE_DIR/guest/initramfs.img   busybox + glibc libs + virtio modules + the agent + /init
+# $VMR_GUEST_OUT overrides CACHE_DIR/guest.
+#
+# Installs qemu-system-x86, busybox-static and cpio with apt-get when they are missing
+# (needs root, as .ci/run has). Nothing else is installed.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(dirname "$here")
+cache=${1:-$here/.cache}
+agent=${2:-${VMR_AGENT:-$repo/dist/vmr-handler}}
+mkdir -p "$cache"
+cache=$(cd "$cache" && pwd)
+out=${VMR_GUEST_OUT:-$cache/guest}
+t0=$(date +%s%N)
+
+log() { echo "build-guest: $*" >&2; }
+
+# ------------------------------------------------------------------ host tools
+need=()
+command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+[ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -qx insmod || need+=(busybox-static)
+command -v cpio >/dev/null || need+=(cpio)
+if [ ${#need[@]} -gt 0 ]; then
+    log "apt-get install ${need[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null 2>&1 || {
+        apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    }
+fi
+# busybox-static installs /bin/busybox (a static binary: needs no libraries in the guest)
+busybox=/bin/busybox
+if ldd "$busybox" >/dev/null 2>&1; then
+    log "warning: $busybox is not static; install busybox-static"
+fi
+
+# ------------------------------------------------------------------ the agent
+if [ -f "$agent" ] && [ -x "$agent" ]; then
+    agent=$(dirname "$agent")
+fi
+agent=$(cd "$agent" && pwd)
+[ -x "$agent/vmr-handler" ] || { log "no frozen agent at $agent (run packaging/build.sh first)"; exit 1; }
+[ -d "$agent/_internal" ] || log "warning: $agent has no _internal/ (not an onedir bundle?)"
+
+# ------------------------------------------------------------------ kernel (cached by version)
+kpkg=$(apt-cache depends linux-image-cloud-amd64 2>/dev/null \
+       | sed -n 's/^ *Depends: \(linux-image-[0-9][^ ]*-cloud-amd64\)$/\1/p' | head -1)
+if [ -z "$kpkg" ]; then
+    apt-get update -qq
+    kpkg=$(apt-cache depends linux-image-cloud-amd64 \
+           | sed -n 's/^ *Depends: \(linux-image-[0-9][^ ]*-cloud-amd64\)$/\1/p' | head -1)
+fi
+[ -n "$kpkg" ] || { log "cannot resolve linux-image-cloud-amd64 to a kernel package"; exit 1; }
+kver=${kpkg#linux-image-}
+kdir=$cache/kernel/$kver
+# the module chain for virtio-serial; each module's own dependencies are read from the .ko
+want_modules=(virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci virtio_console)
+if [ ! -f "$kdir/ok" ]; then
+    log "fetching $kpkg"
+    rm -rf "$kdir"
+    mkdir -p "$kdir/dl" "$kdir/x" "$kdir/modules"
+    (cd "$kdir/dl" && apt-get download -qq "$kpkg" 2>&1 >/dev/null | grep -v "unsandboxed" >&2 || true)
+    dpkg-deb -x "$kdir"/dl/*.deb "$kdir/x"
+    cp "$kdir"/x/boot/vmlinuz-* "$kdir/vmlinuz"
+    cp "$kdir"/x/boot/config-* "$kdir/config" 2>/dev/null || true
+    mdir=$(echo "$kdir"/x/lib/modules/*/kernel)
+    [ -d "$mdir" ] || mdir=$(echo "$kdir"/x/usr/lib/modules/*/kernel)
+    # resolve dependencies (depth first, dependencies before dependants)
+    order=()
+    declare -A seen=()
+    ko_depends() {
+        if command -v modinfo >/dev/null; then
+            modinfo -F depends "$1"
+        else
+            tr '\0' '\n' <"$1" | sed -n 's/^depends=//p' | head -1
+        fi
+    }
+    add_module() {
+        local name=$1 ko dep
+        [ -n "${seen[$name]:-}" ] && return 0
+        seen[$name]=1
+        ko=$(find "$mdir" -name "$name.ko" -o -name "${name//_/-}.ko" | head -1)
+        if [ -z "$ko" ]; then
+            if grep -q "^CONFIG_${name^^}=y" "$kdir/config" 2>/dev/null; then return 0; fi
+            log "module $name not found in $kpkg"; return 1
+        fi
+        for dep in $(ko_depends "$ko" | tr ',' ' '); do add_module "$dep"; done
+        cp "$ko" "$kdir/modules/$name.ko"
+        order+=("$name")
+    }
+    for m in "${want_modules[@]}"; do add_module "$m"; done
+    printf '%s\n' "${order[@]}" >"$kdir/modules/order"
+    rm -rf "$kdir/dl" "$kdir/x"
+    touch "$kdir/ok"
+fi
+log "kernel $kver, modules: $(tr '\n' ' ' <"$kdir/modules/order")"
+
+# ------------------------------------------------------------------ initramfs tree
+root=$(mktemp -d "${TMPDIR:-/tmp}/vmr-guest.XXXXXX")
+trap 'rm -rf "$root"' EXIT
+mkdir -p "$root"/{bin,sbin,dev,proc,sys,tmp,run,etc,lib/modules,lib64,opt,usr/local/bin,var/lib/vmr-handler,var/launch}
+cp "$busybox" "$root/bin/busybox"
+for applet in $("$busybox" --list); do
+    [ "$applet" = busybox ] || ln -sf busybox "$root/bin/$applet"
+done
+# init must find these in /sbin too
+for applet in poweroff reboot halt insmod; do ln -sf ../bin/busybox "$root/sbin/$applet"; done
+# device nodes the kernel does not make for an initramfs before devtmpfs is mounted
+if [ "$(id -u)" = 0 ]; then
+    mknod -m 600 "$root/dev/console" c 5 1
+    mknod -m 666 "$root/dev/null" c 1 3
+    devnodes=""
+else
+    devnodes=yes  # non-root: cpio gets the nodes from a gen_init_cpio-like list below
+fi
+
+cp -a "$agent" "$root/opt/vmr-handler"
+ln -s /opt/vmr-handler/vmr-handler "$root/usr/local/bin/vmr-handler"
+
+# glibc and friends from this machine: what ldd says the bundle needs + the lab notes' list
+libs=$( { ldd "$agent/vmr-handler"
+          find "$agent" -name '*.so*' -type f -exec ldd {} \; 2>/dev/null
+        } | awk '/=> \//{print $3} /^\t\/lib64\//{print $1}' | sort -u)
+for name in ld-linux-x86-64.so.2 libc.so.6 libm.so.6 libdl.so.2 libpthread.so.0 libz.so.1; do
+    p=$(ldconfig -p | awk -v n="$name" '$1 == n && /x86-64/ {print $NF; exit}')
+    [ -n "$p" ] && libs+=$'\n'$p
+done
+for lib in $(echo "$libs" | sort -u); do
+    case $lib in "$agent"/*) continue ;; esac   # bundled by PyInstaller already
+    real=$(readlink -f "$lib")
+    case $lib in
+        */ld-linux-x86-64.so.2) cp "$real" "$root/lib64/ld-linux-x86-64.so.2" ;;
+        *) cp "$real" "$root/lib/$(basename "$lib")" ;;
+    esac
+done
+cp "$kdir"/modules/*.ko "$kdir/modules/order" "$root/lib/modules/"
+echo "root:x:0:0:root:/root:/bin/sh" >"$root/etc/passwd"
+echo "root:x:0:" >"$root/etc/group"
+echo "vmr-guest" >"$root/etc/hostname"
+
+cat >"$root/init" <<'EOF'
+#!/bin/sh
+# vmr-handler test guest: load virtio-serial, make the port link, run the agent, power off.
+export PATH=/usr/local/bin:/bin:/sbin LD_LIBRARY_PATH=/lib LANG=C.UTF-8
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev 2>/dev/null
+mount -t tmpfs -o mode=1777 tmp /tmp
+mount -t tmpfs -o mode=755 state /var/lib/vmr-handler   # this increment: state on tmpfs
+mount -t tmpfs -o mode=755 launch /var/launch
+hostname -F /etc/hostname
+echo "vmr-guest: uptime $(cut -d' ' -f1 /proc/uptime) s, loading modules"
+for m in $(cat /lib/modules/order); do
+    insmod /lib/modules/$m.ko || echo "vmr-guest: insmod $m failed"
+done
+mkdir -p /dev/virtio-ports
+i=0
+while [ $i -lt 100 ]; do
+    found=
+    for p in /sys/class/virtio-ports/vport*; do
+        [ -e "$p/name" ] || continue
+        name=$(cat "$p/name")
+        dev=$(basename "$p")
+        [ -n "$name" ] && [ -e "/dev/$dev" ] && ln -sf "/dev/$dev" "/dev/virtio-ports/$name" && found=1
+    done
+    [ -n "$found" ] && break
+    i=$((i + 1)); sleep 0.1
+done
+ls -l /dev/virtio-ports/
+# vmr.name=NAME on the kernel command line names the agent (only for its logs)
+name_arg=
+for w in $(cat /proc/cmdline); do
+    case $w in
+        vmr.name=*) name_arg="--vm-name ${w#vmr.name=}" ;;
+        vmr.timing) for run in cold warm; do   # measure the agent's start-up in this guest
+                        echo "vmr-guest: --version $run:"; time /usr/local/bin/vmr-handler --version
+                    done ;;
+    esac
+done
+echo "vmr-guest: uptime $(cut -d' ' -f1 /proc/uptime) s, starting vmr-handler"
+/usr/local/bin/vmr-handler run --quiet $name_arg
+echo "vmr-guest: vmr-handler exited $?, powering off"
+poweroff -f
+EOF
+chmod 755 "$root/init"
+
+# ------------------------------------------------------------------ pack
+compress="gzip -1"
+suffix=gzip
+if command -v zstd >/dev/null && grep -q '^CONFIG_RD_ZSTD=y' "$kdir/config" 2>/dev/null; then
+    compress="zstd -q -3 -T0"
+    suffix=zstd
+fi
+mkdir -p "$out"
+tmp_img=$out/initramfs.img.tmp
+if [ -n "$devnodes" ]; then
+    log "not root: /dev/console cannot be created; the guest will have no early console"
+fi
+(cd "$root" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --quiet -R 0:0 | $compress) >"$tmp_img"
+mv "$tmp_img" "$out/initramfs.img"
+cp "$kdir/vmlinuz" "$out/vmlinuz"
+log "initramfs $(du -h "$out/initramfs.img" | cut -f1) ($suffix), built in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+echo "KERNEL=$out/vmlinuz"
+echo "INITRD=$out/initramfs.img"
