@@ -45,6 +45,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import psutil
+from _procs import stop_child  # benchmarks/ is sys.path[0] when run as a script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -70,41 +71,8 @@ def _spawn(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
 
 
 def _stop_child(proc: subprocess.Popen[bytes], term_timeout: float = 10.0) -> None:
-    """SIGTERM ``proc`` (the agent then kills its own entry trees); SIGKILL what is left."""
-    if proc.poll() is not None:
-        return
-    try:
-        descendants = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.Error:
-        descendants = []
-    try:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(term_timeout)
-    except subprocess.TimeoutExpired:
-        pass
-    except OSError:
-        pass
-    if proc.poll() is None:
-        try:
-            descendants += psutil.Process(proc.pid).children(recursive=True)
-        except psutil.Error:
-            pass
-        for child in descendants:
-            try:
-                child.kill()
-            except psutil.Error:
-                pass
-        try:
-            proc.kill()
-        except OSError:
-            pass
-        proc.wait()
-    for child in descendants:  # anything the agent left behind after its own shutdown
-        try:
-            if child.is_running() and child.status() != psutil.STATUS_ZOMBIE:
-                child.kill()
-        except psutil.Error:
-            pass
+    """SIGTERM ``proc``, then kill what is left of its tree (:func:`_procs.stop_child`)."""
+    stop_child(proc, term_timeout)
 
 
 def _cleanup_children() -> None:

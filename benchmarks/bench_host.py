@@ -46,6 +46,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import psutil
 import yaml
+from _procs import stop_child  # benchmarks/ is sys.path[0] when run as a script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -81,38 +82,8 @@ def _spawn(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen:
 
 
 def _stop_child(proc: subprocess.Popen, term_timeout: float = 10.0) -> None:
-    """SIGTERM ``proc`` (an agent then kills its own entry trees); SIGKILL what is left."""
-    if proc.poll() is None:
-        try:
-            descendants = psutil.Process(proc.pid).children(recursive=True)
-        except psutil.Error:
-            descendants = []
-        try:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(term_timeout)
-        except (subprocess.TimeoutExpired, OSError):
-            pass
-        if proc.poll() is None:
-            try:
-                descendants += psutil.Process(proc.pid).children(recursive=True)
-            except psutil.Error:
-                pass
-            for child in descendants:
-                try:
-                    child.kill()
-                except psutil.Error:
-                    pass
-            try:
-                proc.kill()
-            except OSError:
-                pass
-            proc.wait()
-        for child in descendants:  # anything left behind after the child's own shutdown
-            try:
-                if child.is_running() and child.status() != psutil.STATUS_ZOMBIE:
-                    child.kill()
-            except psutil.Error:
-                pass
+    """SIGTERM ``proc``, then kill what is left of its tree (:func:`_procs.stop_child`)."""
+    stop_child(proc, term_timeout)
     if proc in _CHILDREN:
         _CHILDREN.remove(proc)
 
