@@ -32,7 +32,7 @@ log() { echo "build-guest: $*" >&2; }
 # ------------------------------------------------------------------ host tools
 need=()
 command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
-[ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -qx insmod || need+=(busybox-static)
+[ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -x insmod >/dev/null || need+=(busybox-static)
 command -v cpio >/dev/null || need+=(cpio)
 if [ ${#need[@]} -gt 0 ]; then
     log "apt-get install ${need[*]}"
@@ -57,18 +57,20 @@ agent=$(cd "$agent" && pwd)
 
 # ------------------------------------------------------------------ kernel (cached by version)
 kpkg=$(apt-cache depends linux-image-cloud-amd64 2>/dev/null \
-       | sed -n 's/^ *Depends: \(linux-image-[0-9][^ ]*-cloud-amd64\)$/\1/p' | head -1)
+       | sed -n 's/^ *Depends: \(linux-image-[0-9][^ ]*-cloud-amd64\)$/\1/p' | sed -n 1p)
 if [ -z "$kpkg" ]; then
     apt-get update -qq
     kpkg=$(apt-cache depends linux-image-cloud-amd64 \
-           | sed -n 's/^ *Depends: \(linux-image-[0-9][^ ]*-cloud-amd64\)$/\1/p' | head -1)
+           | sed -n 's/^ *Depends: \(linux-image-[0-9][^ ]*-cloud-amd64\)$/\1/p' | sed -n 1p)
 fi
 [ -n "$kpkg" ] || { log "cannot resolve linux-image-cloud-amd64 to a kernel package"; exit 1; }
 kver=${kpkg#linux-image-}
 kdir=$cache/kernel/$kver
-# the module chain for virtio-serial; each module's own dependencies are read from the .ko
-want_modules=(virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci virtio_console)
-if [ ! -f "$kdir/ok" ]; then
+# the module chain for virtio-serial (+ virtio_blk for the optional state disk); each module's
+# own dependencies are read from the .ko
+want_modules=(virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci virtio_console virtio_blk)
+# the cache is valid for this exact module list (ok holds it)
+if [ "$(cat "$kdir/ok" 2>/dev/null)" != "${want_modules[*]}" ]; then
     log "fetching $kpkg"
     rm -rf "$kdir"
     mkdir -p "$kdir/dl" "$kdir/x" "$kdir/modules"
@@ -85,14 +87,14 @@ if [ ! -f "$kdir/ok" ]; then
         if command -v modinfo >/dev/null; then
             modinfo -F depends "$1"
         else
-            tr '\0' '\n' <"$1" | sed -n 's/^depends=//p' | head -1
+            tr '\0' '\n' <"$1" | sed -n 's/^depends=//p' | sed -n 1p
         fi
     }
     add_module() {
         local name=$1 ko dep
         [ -n "${seen[$name]:-}" ] && return 0
         seen[$name]=1
-        ko=$(find "$mdir" -name "$name.ko" -o -name "${name//_/-}.ko" | head -1)
+        ko=$(find "$mdir" -name "$name.ko" -o -name "${name//_/-}.ko" | sed -n 1p)
         if [ -z "$ko" ]; then
             if grep -q "^CONFIG_${name^^}=y" "$kdir/config" 2>/dev/null; then return 0; fi
             log "module $name not found in $kpkg"; return 1
@@ -104,7 +106,7 @@ if [ ! -f "$kdir/ok" ]; then
     for m in "${want_modules[@]}"; do add_module "$m"; done
     printf '%s\n' "${order[@]}" >"$kdir/modules/order"
     rm -rf "$kdir/dl" "$kdir/x"
-    touch "$kdir/ok"
+    echo "${want_modules[*]}" >"$kdir/ok"
 fi
 log "kernel $kver, modules: $(tr '\n' ' ' <"$kdir/modules/order")"
 
@@ -135,7 +137,7 @@ libs=$( { ldd "$agent/vmr-handler"
           find "$agent" -name '*.so*' -type f -exec ldd {} \; 2>/dev/null
         } | awk '/=> \//{print $3} /^\t\/lib64\//{print $1}' | sort -u)
 for name in ld-linux-x86-64.so.2 libc.so.6 libm.so.6 libdl.so.2 libpthread.so.0 libz.so.1; do
-    p=$(ldconfig -p | awk -v n="$name" '$1 == n && /x86-64/ {print $NF; exit}')
+    p=$(ldconfig -p | awk -v n="$name" '$1 == n && /x86-64/ && !f {print $NF; f = 1}')
     [ -n "$p" ] && libs+=$'\n'$p
 done
 for lib in $(echo "$libs" | sort -u); do
@@ -153,19 +155,46 @@ echo "vmr-guest" >"$root/etc/hostname"
 
 cat >"$root/init" <<'EOF'
 #!/bin/sh
-# vmr-handler test guest: load virtio-serial, make the port link, run the agent, power off.
+# vmr-handler test guest: load virtio modules, make the port link, mount the state disk if one
+# is attached, run the agent, power off.
 export PATH=/usr/local/bin:/bin:/sbin LD_LIBRARY_PATH=/lib LANG=C.UTF-8
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev 2>/dev/null
 mount -t tmpfs -o mode=1777 tmp /tmp
-mount -t tmpfs -o mode=755 state /var/lib/vmr-handler   # this increment: state on tmpfs
-mount -t tmpfs -o mode=755 launch /var/launch
 hostname -F /etc/hostname
 echo "vmr-guest: uptime $(cut -d' ' -f1 /proc/uptime) s, loading modules"
 for m in $(cat /lib/modules/order); do
     insmod /lib/modules/$m.ko || echo "vmr-guest: insmod $m failed"
 done
+# State: a virtio disk (virtio device id 2, /dev/vda) is the persistent state disk: ext2 (made on
+# the host, or here with busybox mke2fs when it has no filesystem), mounted on /mnt/state with
+# state/ bound to /var/lib/vmr-handler and launch/ to /var/launch (the journal, the outbox and
+# the entries' working dirs survive a reboot). No disk: both on tmpfs, lost at power-off.
+disk=
+for d in /sys/bus/virtio/devices/*; do
+    [ "$(cat "$d/device" 2>/dev/null)" = 0x0002 ] && disk=yes
+done
+if [ -n "$disk" ]; then
+    i=0
+    while [ ! -b /dev/vda ] && [ $i -lt 50 ]; do i=$((i + 1)); sleep 0.1; done
+    mkdir -p /mnt/state
+    if ! mount -t ext4 /dev/vda /mnt/state 2>/dev/null; then
+        echo "vmr-guest: /dev/vda has no filesystem, formatting ext2"
+        mke2fs -q /dev/vda && mount -t ext4 /dev/vda /mnt/state
+    fi
+fi
+if grep -q ' /mnt/state ' /proc/mounts; then
+    mkdir -p /mnt/state/state /mnt/state/launch
+    chmod 755 /mnt/state/state
+    mount -o bind /mnt/state/state /var/lib/vmr-handler
+    mount -o bind /mnt/state/launch /var/launch
+    echo "vmr-guest: state on /dev/vda ($(ls /var/lib/vmr-handler | tr '\n' ' '))"
+else
+    [ -n "$disk" ] && echo "vmr-guest: state disk unusable, state on tmpfs"
+    mount -t tmpfs -o mode=755 state /var/lib/vmr-handler
+    mount -t tmpfs -o mode=755 launch /var/launch
+fi
 mkdir -p /dev/virtio-ports
 i=0
 while [ $i -lt 100 ]; do
@@ -191,7 +220,9 @@ for w in $(cat /proc/cmdline); do
     esac
 done
 echo "vmr-guest: uptime $(cut -d' ' -f1 /proc/uptime) s, starting vmr-handler"
-/usr/local/bin/vmr-handler run --quiet $name_arg
+# reboot requests: busybox `reboot -f` (syncs, then restarts the kernel; no init to ask).
+# QEMU without -no-reboot boots the guest again; with -no-reboot QEMU exits.
+/usr/local/bin/vmr-handler run --quiet $name_arg --reboot-command 'sync; reboot -f'
 echo "vmr-guest: vmr-handler exited $?, powering off"
 poweroff -f
 EOF

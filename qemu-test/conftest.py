@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Dict, Iterator
 
 import pytest
 
@@ -13,13 +13,19 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.qemu_report = []  # type: ignore[attr-defined]
+@pytest.fixture(scope="session")
+def guest() -> Iterator[Dict[str, Any]]:
+    """The frozen agent and the guest, built once per session: ``{"kernel", "initrd", "timings"}``."""
+    from guestlab import build_guest
+
+    yield from build_guest()
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     """Print the timings the qemu tests measured (also without ``-s``)."""
-    lines = getattr(config, "qemu_report", [])
+    from guestlab import REPORT
+
+    lines = REPORT
     if lines:
         terminalreporter.section("qemu-test timings")
         for line in lines:

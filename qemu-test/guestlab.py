@@ -1,0 +1,177 @@
+"""Shared harness of the qemu tests: building the frozen agent + guest once, starting QEMU
+guests wired to vmr-host's channel sockets, reading output back from the host's logs."""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional
+
+import pytest
+
+from tests.hostenv import HostEnv
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+BUILD_TIMEOUT = 600.0
+PORT_NAME = "org.vmr.handler.0"
+
+#: Timings the tests measured, printed in pytest's terminal summary (conftest.py).
+REPORT: List[str] = []
+
+
+def say(msg: str) -> None:
+    """Record a timing line (and show it on stderr right away)."""
+    REPORT.append(msg)
+    print(f"[qemu-test] {msg}", file=sys.stderr, flush=True)
+
+
+def build_guest() -> Iterator[Dict[str, Any]]:
+    """Build the frozen agent and the guest once: ``{"kernel", "initrd", "timings"}``
+    (the ``guest`` session fixture of conftest.py)."""
+    if not shutil.which("apt-get") and not shutil.which("qemu-system-x86_64"):
+        pytest.fail("qemu-test needs qemu-system-x86_64 (or apt-get to install it)")
+    work = Path(tempfile.mkdtemp(prefix="vmr-qemu-build."))
+    timings: Dict[str, float] = {}
+    env = {**os.environ, "PYTHON": sys.executable, "VMR_BUILD_WORK": str(work / "pyi")}
+    env.pop("VMR_PYI_MODE", None)
+    # a private PyInstaller bincache: a concurrent build elsewhere on the machine (another
+    # pytest, packaging/build.sh by hand) rewrites the shared ~/.cache/pyinstaller under us
+    env["PYINSTALLER_CONFIG_DIR"] = str(work / "pyi-config")
+    t0 = time.monotonic()
+    res = subprocess.run(
+        ["bash", str(REPO / "packaging" / "build.sh"), str(work / "dist")],
+        capture_output=True,
+        text=True,
+        timeout=BUILD_TIMEOUT,
+        env=env,
+        cwd=REPO,
+    )
+    if res.returncode != 0:
+        pytest.fail(f"packaging/build.sh failed ({res.returncode}):\n{res.stdout}\n{res.stderr[-4000:]}")
+    timings["agent_build"] = time.monotonic() - t0
+    t1 = time.monotonic()
+    res = subprocess.run(
+        [
+            "bash",
+            str(HERE / "build-guest.sh"),
+            os.environ.get("VMR_QEMU_CACHE", str(HERE / ".cache")),
+            str(work / "dist" / "vmr-handler"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=BUILD_TIMEOUT,
+        env={**os.environ, "VMR_GUEST_OUT": str(work / "guest")},
+        cwd=REPO,
+    )
+    if res.returncode != 0:
+        pytest.fail(f"build-guest.sh failed ({res.returncode}):\n{res.stdout}\n{res.stderr[-4000:]}")
+    timings["guest_build"] = time.monotonic() - t1
+    out = dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
+    say(
+        f"agent build {timings['agent_build']:.1f} s, guest build {timings['guest_build']:.1f} s "
+        f"({res.stderr.strip().splitlines()[-1] if res.stderr.strip() else ''})"
+    )
+    yield {"kernel": out["KERNEL"], "initrd": out["INITRD"], "timings": timings}
+    shutil.rmtree(work, ignore_errors=True)
+
+
+class Qemu:
+    """One guest: QEMU as the client of vmr-host's listening channel socket."""
+
+    def __init__(
+        self,
+        env: HostEnv,
+        vm: str,
+        kernel: str,
+        initrd: str,
+        *,
+        no_reboot: bool = True,
+        disk: Optional[Path] = None,
+    ) -> None:
+        """``no_reboot=False``: a guest reboot restarts the guest (QEMU keeps running);
+        ``disk``: a raw image attached as a virtio disk (the guest's state disk, ``/dev/vda``)."""
+        self.vm = vm
+        self.console = env.root / f"{vm}.console"
+        self.out = env.root / f"{vm}.qemu"
+        cmd = [
+            "qemu-system-x86_64",
+            "-accel",
+            "tcg",
+            "-m",
+            "512",
+            "-smp",
+            "1",
+            "-nographic",
+            *(["-no-reboot"] if no_reboot else []),
+            "-nic",
+            "none",
+            "-monitor",
+            "none",
+            "-serial",
+            f"file:{self.console}",
+            "-kernel",
+            kernel,
+            "-initrd",
+            initrd,
+            "-append",
+            f"console=ttyS0 panic=-1 quiet vmr.name={vm}",
+            "-chardev",
+            f"socket,id=c0,path={env.sock(vm)},reconnect=1",
+            "-device",
+            "virtio-serial-pci,id=vser0",
+            "-device",
+            f"virtserialport,bus=vser0.0,chardev=c0,name={PORT_NAME}",
+            *(["-drive", f"file={disk},format=raw,if=virtio"] if disk is not None else []),
+        ]
+        self.started = time.time()
+        with open(self.out, "wb") as log, open(os.devnull, "rb") as null:
+            self.proc = subprocess.Popen(cmd, stdin=null, stdout=log, stderr=log)
+
+    def tail(self) -> str:
+        text = ""
+        for p in (self.out, self.console):
+            if p.exists():
+                text += f"--- {p.name}\n" + p.read_text(errors="replace")[-2000:]
+        return text
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+
+def reassemble(env: HostEnv, vm: str, index: int, stream: str = "stdout") -> bytes:
+    pieces = sorted(
+        (
+            r["event"]["data"]
+            for r in env.events(vm, "output")
+            if r["event"]["data"]["index"] == index and r["event"]["data"]["stream"] == stream
+        ),
+        key=lambda d: d["seq"],
+    )
+    out = b""
+    for d in pieces:
+        out += d["line"].encode() if "line" in d else base64.b64decode(d["line_b64"])
+        if d.get("eol", True):
+            out += b"\n"
+    return out
+
+
+def utc(value: Any) -> float:
+    """``host_received`` as epoch seconds (a number, or an ISO-8601 string)."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    from datetime import datetime, timezone
+
+    dt = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()

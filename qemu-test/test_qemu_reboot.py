@@ -1,0 +1,186 @@
+"""A reboot request in negative time that really reboots a QEMU guest (issue 5 §3).
+
+One TCG guest (the busybox initramfs from ``build-guest.sh``) with a persistent ext2 state
+disk (a raw image made here with ``mkfs.ext2``, attached as ``/dev/vda``; ``/init`` binds its
+``state/`` to ``/var/lib/vmr-handler`` and ``launch/`` to ``/var/launch``) and QEMU started
+WITHOUT ``-no-reboot``: the agent's reboot command (``sync; reboot -f`` in this guest) restarts
+the kernel, QEMU boots it again, ``/init`` mounts the same disk, and the agent resumes from its
+journal. Asserted on the host's logs: ``reboot_requested`` with requesters [R], a second
+``agent_started`` from a new boot (``boot_id`` in the host's handshake notes differs), R started
+twice, A and B once, then ``schedule_complete``; every event id logged once.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import guestlab as tq
+import pytest
+
+from tests.hostenv import HostEnv
+
+WAIT = 240.0
+VM = "vmr"
+
+pytestmark = pytest.mark.timeout(tq.BUILD_TIMEOUT + WAIT + 120)
+
+# Each entry has its own working dir (`<launch>/<start_time>/sh`, `sh_1`): `runs` counts the runs
+# of that entry on the state disk, so it also proves the launch dir survives the reboot.
+SCHEDULE: List[Dict[str, Any]] = [
+    # 0 = A: runs once
+    {"start_time": -10, "executable": "/bin/sh", "arguments": "-c 'echo a >> runs; echo A $(wc -l < runs)'"},
+    # 1 = R: asks for a reboot (exit 10) on its first run only
+    {
+        "start_time": -10,
+        "executable": "/bin/sh",
+        "arguments": "-c 'echo r >> runs; n=$(wc -l < runs); echo R $n; [ $n -ge 2 ] || exit 10'",
+    },
+    # 2 = B: the next stage, after the reboot
+    {"start_time": -5, "executable": "/bin/sh", "arguments": "-c 'echo b >> runs; echo B $(wc -l < runs)'"},
+    # 3: positive time
+    {"start_time": 1, "executable": "/bin/echo", "arguments": "positive after reboot"},
+]
+
+
+def _data(env: HostEnv, type_: str, **match: Any) -> List[Dict[str, Any]]:
+    return [
+        r["event"]["data"]
+        for r in env.events(VM, type_)
+        if all(r["event"]["data"].get(k) == v for k, v in match.items())
+    ]
+
+
+def _lines(env: HostEnv, index: int) -> List[str]:
+    out = [r["event"]["data"] for r in env.events(VM, "output") if r["event"]["data"]["index"] == index]
+    return [d.get("line", "") for d in out]
+
+
+def _handshakes(env: HostEnv) -> List[Tuple[float, str]]:
+    """(host time, agent boot id) of every handshake, from the host's notes in ``<vm>.log``."""
+    path = env.logs / f"{VM}.log"
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return [
+        (tq.utc(when), boot)
+        for when, boot in re.findall(r"^(\S+) \[host\] handshake: agent \S+ boot (\S+)", text, re.M)
+    ]
+
+
+def _make_disk(path: Path) -> str:
+    """A 32 MiB raw image, ext2 when mkfs.ext2/mke2fs is here (else /init formats it)."""
+    with open(path, "wb") as fh:
+        fh.truncate(32 * 1024 * 1024)
+    mkfs = shutil.which("mkfs.ext2") or shutil.which("mke2fs")
+    if mkfs is None:
+        return "blank (formatted by the guest)"
+    subprocess.run([mkfs, "-F", "-q", str(path)], check=True, capture_output=True, timeout=60)
+    return f"ext2 by {Path(mkfs).name}"
+
+
+def test_reboot_request_really_reboots_the_guest(guest: Dict[str, Any]) -> None:
+    t_test = time.monotonic()
+    env = HostEnv({VM: SCHEDULE}, start_buffer=2.0)
+    q = None
+    try:
+        disk = env.root / "state.img"
+        how = _make_disk(disk)
+        env.start_host()
+        q = tq.Qemu(env, VM, guest["kernel"], guest["initrd"], no_reboot=False, disk=disk)
+
+        status_boot_ids: List[str] = []
+
+        def done() -> bool:
+            if q.proc.poll() is not None:
+                raise AssertionError(f"QEMU exited {q.proc.returncode}\n{q.tail()}")
+            if len(status_boot_ids) < len(env.events(VM, "agent_started")):
+                # the host's view of the agent behind this channel right now (`status --json`)
+                vms = [v for v in env.status()["vms"] if v.get("vm", v.get("name")) == VM]
+                status_boot_ids.append(str((vms[0].get("agent") or {}).get("boot_id") if vms else None))
+            return bool(env.events(VM, "schedule_complete"))
+
+        try:
+            env.wait_for(done, "schedule_complete after the reboot", timeout=WAIT)
+        except AssertionError as exc:
+            log = env.logs / f"{VM}.log"
+            raise AssertionError(
+                f"{exc}\n{q.tail()}\n" + (log.read_text(errors="replace")[-4000:] if log.exists() else "")
+            ) from None
+        t_done = time.monotonic()
+
+        # -------------------------------------------------- the reboot request, then a new boot
+        req = _data(env, "reboot_requested")
+        assert len(req) == 1, req
+        assert req[0]["requesters"] == [1] and req[0]["stage"] == 0, req
+        assert "reboot -f" in req[0]["command"], req
+        started = env.events(VM, "agent_started")
+        assert len(started) == 2, [r["event"]["data"] for r in started]
+        assert started[1]["event"]["data"]["resumed_from_journal"] is True, started[1]
+        shakes = _handshakes(env)
+        boots = [b for _t, b in shakes]
+        assert len(shakes) == 2 and boots[0] != boots[1], shakes  # the second hello: a new boot
+        assert status_boot_ids == boots, (status_boot_ids, boots)  # `vmr-host status` agrees
+        # Reboot round trip on the host's clock: the last event received before the reboot
+        # (anything received before the second handshake) -> the second agent_started received.
+        # The report of the request itself may reach the host only after the reboot (from the
+        # outbox on the state disk): `reboot -f` follows it within milliseconds.
+        t_hs2 = shakes[1][0]
+        rx = [tq.utc(r["host_received"]) for r in env.events(VM)]
+        t_last = max(t for t in rx if t < t_hs2)
+        t_again = tq.utc(started[1]["host_received"])
+        rec_req = env.events(VM, "reboot_requested")[0]
+        t_req_agent = tq.utc(rec_req["event"]["timestamp"])  # the guest's clock (RTC-set, +-1 s)
+        req_when = (
+            "before the reboot"
+            if tq.utc(rec_req["host_received"]) < t_hs2
+            else "after the reboot (resent from the outbox on the state disk)"
+        )
+        assert t_again > t_hs2 > t_last
+        console = q.console.read_text(errors="replace")
+        assert console.count("starting vmr-handler") == 2, console[-3000:]
+        assert "state on /dev/vda" in console, console[-3000:]
+
+        # -------------------------------------------------- only the requester ran again
+        runs = {i: len(_data(env, "entry_started", index=i)) for i in range(4)}
+        assert runs == {0: 1, 1: 2, 2: 1, 3: 1}, runs
+        exits = [d["exit_code"] for d in _data(env, "entry_exited", index=1)]
+        assert exits == [10, 0], exits
+        assert not _data(env, "entry_interrupted"), _data(env, "entry_interrupted")
+        assert _lines(env, 0) == ["A 1"], _lines(env, 0)
+        assert _lines(env, 1) == ["R 1", "R 2"], _lines(env, 1)  # its counter survived on the disk
+        assert _lines(env, 2) == ["B 1"], _lines(env, 2)
+        assert _lines(env, 3) == ["positive after reboot"]
+        # stage 0 finished once (before the reboot) ... then stage 1, configured, complete
+        order = [
+            (r["event"]["type"], r["event"]["data"].get("stage"))
+            for r in env.events(VM)
+            if r["event"]["type"] in ("reboot_requested", "stage_finished", "configured", "schedule_complete")
+        ]
+        assert order[-3:] == [("stage_finished", 1), ("configured", None), ("schedule_complete", None)], order
+        assert ("reboot_requested", 0) in order and order.index(("reboot_requested", 0)) < order.index(
+            ("stage_finished", 1)
+        ), order
+        ids = [r["event"]["id"] for r in env.events(VM)]
+        assert len(ids) == len(set(ids)), "an event logged twice"
+
+        # -------------------------------------------------- timings
+        first = tq.utc(started[0]["host_received"])
+        ups = re.findall(r"uptime ([0-9.]+) s, starting vmr-handler", console)
+        tq.say(f"reboot test: state disk {how}; boot ids {boots}")
+        tq.say(
+            f"reboot test: QEMU start -> first agent_started {first - q.started:.1f} s; "
+            f"reboot round trip: host clock, last event before the reboot -> second hello "
+            f"{t_hs2 - t_last:.1f} s, -> second agent_started {t_again - t_last:.1f} s; "
+            f"reboot_requested.timestamp (guest clock) -> agent_started {t_again - t_req_agent:.1f} s; "
+            f"reboot_requested reached the host {req_when}; "
+            f"guest uptime at agent start per boot {ups} s"
+        )
+        tq.say(f"reboot test: host + guest to schedule_complete {t_done - t_test:.1f} s")
+    finally:
+        if q is not None:
+            q.kill()
+        env.close()
+        tq.say(f"reboot test incl. teardown: {time.monotonic() - t_test:.1f} s")
