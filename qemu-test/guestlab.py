@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -163,6 +163,15 @@ def reassemble(env: HostEnv, vm: str, index: int, stream: str = "stdout") -> byt
         if d.get("eol", True):
             out += b"\n"
     return out
+
+
+def stage_order(env: HostEnv, vm: str) -> List[Tuple[str, Optional[int]]]:
+    """``(type, stage)`` of the VM's stage_started / stage_finished / configured events, in log order."""
+    return [
+        (r["event"]["type"], r["event"]["data"].get("stage"))
+        for r in env.events(vm)
+        if r["event"]["type"] in ("stage_started", "stage_finished", "configured")
+    ]
 
 
 def utc(value: Any) -> float:

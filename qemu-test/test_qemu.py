@@ -16,7 +16,7 @@ import time
 from typing import Any, Dict, List, Tuple
 
 import pytest
-from guestlab import BUILD_TIMEOUT, Qemu, reassemble, say, utc
+from guestlab import BUILD_TIMEOUT, Qemu, reassemble, say, stage_order, utc
 
 from tests.hostenv import HostEnv
 
@@ -105,11 +105,7 @@ def test_two_guests_schedule_barrier_positive_pause_nonutf8(guest: Dict[str, Any
         configured_rx: Dict[str, float] = {}
         boot_to: Dict[str, Tuple[float, float]] = {}
         for vm in sleeps:
-            order = [
-                (r["event"]["type"], r["event"]["data"].get("stage"))
-                for r in env.events(vm)
-                if r["event"]["type"] in ("stage_started", "stage_finished", "configured")
-            ]
+            order = stage_order(env, vm)
             assert order == [
                 ("stage_started", 0),
                 ("stage_finished", 0),

@@ -23,7 +23,7 @@ import time
 from typing import Any, Callable, Dict, List
 
 import pytest
-from guestlab import BUILD_TIMEOUT, Qemu, reassemble, say, utc
+from guestlab import BUILD_TIMEOUT, Qemu, reassemble, say, stage_order, utc
 
 from tests.hostenv import HostEnv
 
@@ -143,11 +143,7 @@ def test_three_guests_barrier_filename_drop_break_resume_transfer(guest: Dict[st
         # stages in order, different configuration lengths
         configured_rx: Dict[str, float] = {}
         for vm, secs in SLEEPS.items():
-            order = [
-                (r["event"]["type"], r["event"]["data"].get("stage"))
-                for r in env.events(vm)
-                if r["event"]["type"] in ("stage_started", "stage_finished", "configured")
-            ]
+            order = stage_order(env, vm)
             assert order == [
                 ("stage_started", 0),
                 ("stage_finished", 0),
