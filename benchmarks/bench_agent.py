@@ -42,7 +42,7 @@ import sys
 import tempfile
 import textwrap
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import psutil
 from _procs import stop_child  # benchmarks/ is sys.path[0] when run as a script
@@ -363,21 +363,31 @@ def section_exec_times(root: str, res: Results, n: int, with_log: bool) -> Dict[
     return fig
 
 
+def _traced_run(
+    workdir: str, records: List[Dict[str, Any]], **kwargs: Any
+) -> Optional[Tuple[Dict[str, Any], List[Dict[str, Any]], Dict[str, List[List[float]]], Set[str]]]:
+    """Run the agent with timing probes: ``(run_agent output, entry_started events, probe spans,
+    traced probe names)``, or None (printed) when nothing was traced."""
+    os.makedirs(workdir, exist_ok=True)
+    trace = os.path.join(workdir, "trace.json")
+    out = run_agent(workdir, records, trace=trace, **kwargs)
+    started = started_events(out["events"])
+    if not started or not os.path.exists(trace):
+        print("    (no trace)")
+        return None
+    with open(trace, encoding="utf-8") as fh:
+        doc = json.load(fh)
+    return out, started, doc["spans"], set(doc.get("traced", []))
+
+
 def section_breakdown(root: str, res: Results, n: int) -> Dict[str, Any]:
     print(f"\n[1c] where the lateness of the {n}-entry burst goes (in-process probes, diagnostic)")
     records = [{"start_time": 1, "executable": "/bin/true"} for _ in range(n)]
     workdir = os.path.join(root, "burst_trace")
-    trace = os.path.join(workdir, "trace.json")
-    os.makedirs(workdir, exist_ok=True)
-    out = run_agent(workdir, records, trace=trace)
-    started = started_events(out["events"])
-    if not started or not os.path.exists(trace):
-        print("    (no trace)")
+    traced_run = _traced_run(workdir, records)
+    if traced_run is None:
         return {}
-    with open(trace, encoding="utf-8") as fh:
-        doc = json.load(fh)
-    spans: Dict[str, List[List[float]]] = doc["spans"]
-    traced = set(doc.get("traced", []))
+    _out, started, spans, traced = traced_run
     sched = float(started[0]["data"]["scheduled"])
     last_started = max(float(e["timestamp"]) for e in started)
 
@@ -545,17 +555,10 @@ def section_spread_breakdown(root: str, res: Results, n: int, step: float) -> Di
     print(f"\n[2b] where the lateness of the {n} spread entries goes (in-process probes, diagnostic)")
     records = [{"start_time": round(1 + i * step, 6), "executable": "/bin/true"} for i in range(n)]
     workdir = os.path.join(root, "spread_trace")
-    os.makedirs(workdir, exist_ok=True)
-    trace = os.path.join(workdir, "trace.json")
-    out = run_agent(workdir, records, timeout=n * step + 90, trace=trace)
-    started = started_events(out["events"])
-    if not started or not os.path.exists(trace):
-        print("    (no trace)")
+    traced_run = _traced_run(workdir, records, timeout=n * step + 90)
+    if traced_run is None:
         return {}
-    with open(trace, encoding="utf-8") as fh:
-        doc = json.load(fh)
-    spans: Dict[str, List[List[float]]] = doc["spans"]
-    traced = set(doc.get("traced", []))
+    out, started, spans, traced = traced_run
     # The lateness window of an entry: scheduled -> spawned_at (taken just before its fork),
     # or -> the event timestamp for an agent that does not report spawned_at.
     windows = [
