@@ -1,0 +1,125 @@
+"""Test harness: a real mosquitto broker started by the test on a free 127.0.0.1 port.
+
+The broker runs as the current user (``user`` in its config), so its config, password file,
+ACL, certificates, persistence directory and log can all live in a temp dir the test owns
+(``qemu-mqtt-lab.md``: started as root, mosquitto would otherwise drop to user ``mosquitto``).
+It is stopped by PID. ``mosquitto`` comes from the Debian package that ``.ci/run`` installs.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import List, Optional
+
+MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Broker:
+    """One mosquitto process.
+
+    Args:
+        root: directory for config, persistence and log (a new temp dir when None).
+        extra_config: lines appended to the generated config (listeners, auth, TLS...).
+        listener: write a plain ``listener PORT 127.0.0.1`` with anonymous access; False when
+            ``extra_config`` brings its own listeners (then pass ``port``).
+        persistence: keep QoS 1 sessions and retained messages across a restart.
+    """
+
+    def __init__(
+        self,
+        root: Optional[Path] = None,
+        extra_config: str = "",
+        listener: bool = True,
+        port: Optional[int] = None,
+        persistence: bool = True,
+    ) -> None:
+        self.root = root or Path(tempfile.mkdtemp(dir="/tmp", prefix="vhmq"))
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.conf = self.root / "mosquitto.conf"
+        self.log = self.root / "mosquitto.log"
+        lines: List[str] = [
+            f"user {getpass.getuser()}",
+            f"log_dest file {self.log}",
+            "log_type error",
+            "log_type warning",
+            "log_type notice",
+            "log_type subscribe",
+            "log_timestamp true",
+            "max_queued_messages 100000",
+        ]
+        if persistence:
+            lines += ["persistence true", f"persistence_location {self.root}/", "autosave_interval 1"]
+        if listener:
+            lines += [f"listener {self.port} 127.0.0.1", "allow_anonymous true"]
+        self.conf.write_text("\n".join(lines) + "\n" + extra_config)
+        self.proc: Optional[subprocess.Popen] = None
+
+    @property
+    def url(self) -> str:
+        """``mqtt://127.0.0.1:PORT``."""
+        return f"mqtt://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 10.0) -> Broker:
+        """Start mosquitto and wait until its port accepts connections. Raises RuntimeError."""
+        self.proc = subprocess.Popen(
+            [MOSQUITTO, "-c", str(self.conf)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.root / "mosquitto.err", "ab"),  # noqa: SIM115 - owned by the process
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mosquitto exited {self.proc.returncode}: {self.errors()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"mosquitto did not listen on {self.port}: {self.errors()}")
+
+    def errors(self) -> str:
+        """What mosquitto wrote to its stderr and log (for failure messages)."""
+        out = ""
+        for path in (self.root / "mosquitto.err", self.log):
+            if path.exists():
+                out += path.read_text(errors="replace")[-4000:]
+        return out
+
+    def stop(self) -> None:
+        """SIGTERM by PID (mosquitto saves its persistence file), SIGKILL after 5 s."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.kill(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def restart(self, down_for: float = 0.0) -> None:
+        """Stop, stay down ``down_for`` seconds, start again on the same port."""
+        self.stop()
+        time.sleep(down_for)
+        self.start()
+
+    def close(self) -> None:
+        """Stop and remove the temp dir."""
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
