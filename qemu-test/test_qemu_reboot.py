@@ -5,9 +5,12 @@ disk (a raw image made here with ``mkfs.ext2``, attached as ``/dev/vda``; ``/ini
 ``state/`` to ``/var/lib/vmr-handler`` and ``launch/`` to ``/var/launch``) and QEMU started
 WITHOUT ``-no-reboot``: the agent's reboot command (``sync; reboot -f`` in this guest) restarts
 the kernel, QEMU boots it again, ``/init`` mounts the same disk, and the agent resumes from its
-journal. Asserted on the host's logs: ``reboot_requested`` with requesters [R], a second
+journal. Run twice, once per way an entry can request a reboot (docs/schedule.md): R exits
+with code 10 (``exit10``), or R exits 0 leaving a file named ``reboot`` in its working dir
+(``file``). Asserted on the host's logs: ``reboot_requested`` with requesters [R], a second
 ``agent_started`` from a new boot (``boot_id`` in the host's handshake notes differs), R started
-twice, A and B once, then ``schedule_complete``; every event id logged once.
+twice (the ``reboot`` file removed by the agent before the rerun), A and B once, then
+``schedule_complete``; every event id logged once.
 """
 
 from __future__ import annotations
@@ -31,20 +34,33 @@ pytestmark = pytest.mark.timeout(tq.BUILD_TIMEOUT + WAIT + 120)
 
 # Each entry has its own working dir (`<launch>/<start_time>/sh`, `sh_1`): `runs` counts the runs
 # of that entry on the state disk, so it also proves the launch dir survives the reboot.
-SCHEDULE: List[Dict[str, Any]] = [
-    # 0 = A: runs once
-    {"start_time": -10, "executable": "/bin/sh", "arguments": "-c 'echo a >> runs; echo A $(wc -l < runs)'"},
-    # 1 = R: asks for a reboot (exit 10) on its first run only
-    {
-        "start_time": -10,
-        "executable": "/bin/sh",
-        "arguments": "-c 'echo r >> runs; n=$(wc -l < runs); echo R $n; [ $n -ge 2 ] || exit 10'",
-    },
-    # 2 = B: the next stage, after the reboot
-    {"start_time": -5, "executable": "/bin/sh", "arguments": "-c 'echo b >> runs; echo B $(wc -l < runs)'"},
-    # 3: positive time
-    {"start_time": 1, "executable": "/bin/echo", "arguments": "positive after reboot"},
-]
+# R prints whether a `reboot` file is in its working dir when it starts: the agent must have
+# removed it before running R again (else R would request a reboot forever).
+_R = "echo r >> runs; n=$(wc -l < runs); if [ -e reboot ]; then f=left; else f=gone; fi; echo R $n $f; "
+#: How R asks for a reboot on its first run (docs/schedule.md: exit code 10, or a `reboot` file
+#: left in its working dir, here with exit code 0).
+REQUESTS = {
+    "exit10": _R + "[ $n -ge 2 ] || exit 10",
+    "file": _R + "[ $n -ge 2 ] || touch reboot",
+}
+#: R's exit codes (first run, run after the reboot).
+EXITS = {"exit10": [10, 0], "file": [0, 0]}
+
+
+def schedule(how: str) -> List[Dict[str, Any]]:
+    """A (runs once), R (requests a reboot on its first run, the ``how`` way) in stage -10,
+    B in stage -5, one positive entry."""
+    sh = "/bin/sh"
+    return [
+        # 0 = A: runs once
+        {"start_time": -10, "executable": sh, "arguments": "-c 'echo a >> runs; echo A $(wc -l < runs)'"},
+        # 1 = R: asks for a reboot on its first run only
+        {"start_time": -10, "executable": sh, "arguments": f"-c '{REQUESTS[how]}'"},
+        # 2 = B: the next stage, after the reboot
+        {"start_time": -5, "executable": sh, "arguments": "-c 'echo b >> runs; echo B $(wc -l < runs)'"},
+        # 3: positive time
+        {"start_time": 1, "executable": "/bin/echo", "arguments": "positive after reboot"},
+    ]
 
 
 def _data(env: HostEnv, type_: str, **match: Any) -> List[Dict[str, Any]]:
@@ -81,13 +97,16 @@ def _make_disk(path: Path) -> str:
     return f"ext2 by {Path(mkfs).name}"
 
 
-def test_reboot_request_really_reboots_the_guest(guest: Dict[str, Any]) -> None:
+@pytest.mark.parametrize("how", sorted(REQUESTS))
+def test_reboot_request_really_reboots_the_guest(guest: Dict[str, Any], how: str) -> None:
+    """R asks for a reboot (``how``: exit code 10, or a ``reboot`` file); the guest really
+    reboots and resumes from its journal on the state disk; only R runs again."""
     t_test = time.monotonic()
-    env = HostEnv({VM: SCHEDULE}, start_buffer=2.0)
+    env = HostEnv({VM: schedule(how)}, start_buffer=2.0)
     q = None
     try:
         disk = env.root / "state.img"
-        how = _make_disk(disk)
+        disk_how = _make_disk(disk)
         env.start_host()
         q = tq.Qemu(env, VM, guest["kernel"], guest["initrd"], no_reboot=False, disk=disk)
 
@@ -146,11 +165,14 @@ def test_reboot_request_really_reboots_the_guest(guest: Dict[str, Any]) -> None:
         # -------------------------------------------------- only the requester ran again
         runs = {i: len(_data(env, "entry_started", index=i)) for i in range(4)}
         assert runs == {0: 1, 1: 2, 2: 1, 3: 1}, runs
-        exits = [d["exit_code"] for d in _data(env, "entry_exited", index=1)]
-        assert exits == [10, 0], exits
+        exited = _data(env, "entry_exited", index=1)
+        assert [d["exit_code"] for d in exited] == EXITS[how], exited
+        assert [d["reboot_requested"] for d in exited] == [True, False], exited
+        assert [d["status"] for d in exited] == ["success", "success"], exited
         assert not _data(env, "entry_interrupted"), _data(env, "entry_interrupted")
         assert _lines(env, 0) == ["A 1"], _lines(env, 0)
-        assert _lines(env, 1) == ["R 1", "R 2"], _lines(env, 1)  # its counter survived on the disk
+        # its counter survived on the disk; a `reboot` file it left was removed before its rerun
+        assert _lines(env, 1) == ["R 1 gone", "R 2 gone"], _lines(env, 1)
         assert _lines(env, 2) == ["B 1"], _lines(env, 2)
         assert _lines(env, 3) == ["positive after reboot"]
         # stage 0 finished once (before the reboot) ... then stage 1, configured, complete
@@ -169,18 +191,18 @@ def test_reboot_request_really_reboots_the_guest(guest: Dict[str, Any]) -> None:
         # -------------------------------------------------- timings
         first = tq.utc(started[0]["host_received"])
         ups = re.findall(r"uptime ([0-9.]+) s, starting vmr-handler", console)
-        tq.say(f"reboot test: state disk {how}; boot ids {boots}")
+        tq.say(f"reboot test [{how}]: state disk {disk_how}; boot ids {boots}")
         tq.say(
-            f"reboot test: QEMU start -> first agent_started {first - q.started:.1f} s; "
+            f"reboot test [{how}]: QEMU start -> first agent_started {first - q.started:.1f} s; "
             f"reboot round trip: host clock, last event before the reboot -> second hello "
             f"{t_hs2 - t_last:.1f} s, -> second agent_started {t_again - t_last:.1f} s; "
             f"reboot_requested.timestamp (guest clock) -> agent_started {t_again - t_req_agent:.1f} s; "
             f"reboot_requested reached the host {req_when}; "
             f"guest uptime at agent start per boot {ups} s"
         )
-        tq.say(f"reboot test: host + guest to schedule_complete {t_done - t_test:.1f} s")
+        tq.say(f"reboot test [{how}]: host + guest to schedule_complete {t_done - t_test:.1f} s")
     finally:
         if q is not None:
             q.kill()
         env.close()
-        tq.say(f"reboot test incl. teardown: {time.monotonic() - t_test:.1f} s")
+        tq.say(f"reboot test [{how}] incl. teardown: {time.monotonic() - t_test:.1f} s")
