@@ -10,6 +10,8 @@
      +-- EntryError               one entry cannot be prepared or started (data drop, exec path)
      +-- JournalError             the on-disk journal cannot be read or written
      +-- ControlError             the local control socket cannot be reached
+     +-- SigningError             an Ed25519 key or the replay memory cannot be used (signing.py)
+          +-- SignatureError         a control message is refused: unsigned, bad signature, stale...
 """
 
 from __future__ import annotations
@@ -70,3 +72,25 @@ class JournalError(VmrError):
 
 class ControlError(VmrError):
     """The running agent's local control socket cannot be reached or answered badly."""
+
+
+class SigningError(VmrError):
+    """An Ed25519 key file or the replay memory cannot be used (``vmr_handler/signing.py``);
+    the message names the file and what is wrong."""
+
+
+class SignatureError(SigningError):
+    """A control message is refused by :class:`vmr_handler.signing.Verifier` (SPEC section 7).
+
+    Attributes:
+        event_type: the refused event's ``type``.
+        event_id: the refused event's ``id``.
+        reason: what is wrong, e.g. ``"unsigned"``, ``"bad signature"``,
+            ``"stale: signed 412.0 s ago (limit 300 s)"``.
+    """
+
+    def __init__(self, event_type: str, event_id: str, reason: str) -> None:
+        super().__init__(f"refused {event_type} event {event_id!r}: {reason}")
+        self.event_type = event_type
+        self.event_id = event_id
+        self.reason = reason

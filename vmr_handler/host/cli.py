@@ -7,6 +7,7 @@ Commands::
     vmr-host status [--logs DIR] [--json]
     vmr-host resume (VM... | --all) [--logs DIR] [--json]
     vmr-host release [--exclude VM...] [--logs DIR] [--json]
+    vmr-host keygen --out DIR [--force]
 
 Exit codes: 0 success; 1 runtime error (no running vmr-host, a socket in use, the disk);
 2 bad usage or bad input (unusable schedule, unknown VM, a socket path too long, a request
@@ -135,6 +136,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     logs(release)
     release.add_argument("--json", action="store_true")
+
+    keygen = sub.add_parser("keygen", help="make the host's Ed25519 key pair for signed control messages")
+    keygen.add_argument(
+        "--out", required=True, metavar="DIR", help="writes DIR/host.key (mode 0600) and DIR/host.pub"
+    )
+    keygen.add_argument("--force", action="store_true", help="replace an existing key pair")
     return parser
 
 
@@ -379,6 +386,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return EXIT_USAGE
     from vmr_handler.host.config import HostSetupError
 
+    if args.command == "keygen":
+        from vmr_handler.host.keygen import cmd_keygen
+
+        return cmd_keygen(args)
     try:
         if args.command == "serve":
             return cmd_serve(args)
