@@ -56,6 +56,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from vmr_handler import protocol as P
@@ -150,7 +151,7 @@ def load_private_key(path: str) -> Ed25519PrivateKey:
     except (ValueError, UnsupportedAlgorithm) as exc:
         raise SigningError(f"{where} is not a usable PEM private key: {exc}") from exc
     if not isinstance(key, Ed25519PrivateKey):
-        raise SigningError(f"{where} is a {type(key).__name__.lstrip('_')}, not an Ed25519 key")
+        raise SigningError(f"{where} is {_kind(key)}, not an Ed25519 key")
     return key
 
 
@@ -176,8 +177,17 @@ def load_public_key(source: Union[str, bytes]) -> Ed25519PublicKey:
     except (ValueError, UnsupportedAlgorithm) as exc:
         raise SigningError(f"{where} is not a usable PEM public key: {exc}") from exc
     if not isinstance(key, Ed25519PublicKey):
-        raise SigningError(f"{where} is a {type(key).__name__.lstrip('_')}, not an Ed25519 key")
+        raise SigningError(f"{where} is {_kind(key)}, not an Ed25519 key")
     return key
+
+
+def _kind(key: Any) -> str:
+    """What kind of key ``key`` is, for error messages: "an RSA key", "an EC (secp256r1) key"..."""
+    if isinstance(key, (rsa.RSAPrivateKey, rsa.RSAPublicKey)):
+        return f"an RSA ({key.key_size}-bit) key"
+    if isinstance(key, (ec.EllipticCurvePrivateKey, ec.EllipticCurvePublicKey)):
+        return f"an EC ({key.curve.name}) key"
+    return f"a {type(key).__name__} key"
 
 
 # ----------------------------------------------------------------------------- the format
