@@ -137,6 +137,11 @@ def _parser() -> argparse.ArgumentParser:
     logs(release)
     release.add_argument("--json", action="store_true")
 
+    from vmr_handler.host.mqttconfig import add_arguments as mqtt_config_arguments
+
+    mqtt_config = sub.add_parser("mqtt-config", help="mosquitto config, ACL and credentials (docs/mqtt.md)")
+    mqtt_config_arguments(mqtt_config)
+
     keygen = sub.add_parser("keygen", help="make the host's Ed25519 key pair for signed control messages")
     keygen.add_argument(
         "--out", required=True, metavar="DIR", help="writes DIR/host.key (mode 0600) and DIR/host.pub"
@@ -393,6 +398,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         if args.command == "serve":
             return cmd_serve(args)
+        if args.command == "mqtt-config":
+            from vmr_handler.host.mqttconfig import cmd_mqtt_config
+
+            return cmd_mqtt_config(args)
         return cmd_client(args)
     except UsageError as exc:
         print(f"vmr-host: error: {exc}", file=sys.stderr)
