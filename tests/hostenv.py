@@ -19,14 +19,27 @@ from typing import Any, Callable, Dict, List, Optional
 
 import yaml
 
+from tests.broker import Broker
+
 WAIT = 90.0
 
 
 class HostEnv:
-    """One experiment: schedules, resources, logs, channels; the host and its agents."""
+    """One experiment: schedules, resources, logs, channels; the host and its agents.
 
-    def __init__(self, schedules: Dict[str, Any], start_buffer: float = 1.0) -> None:
+    ``transport="mqtt"`` runs the same experiment over a real mosquitto started for it
+    (:class:`tests.broker.Broker`, anonymous, on 127.0.0.1) instead of unix sockets.
+    """
+
+    def __init__(
+        self, schedules: Dict[str, Any], start_buffer: float = 1.0, transport: str = "unix"
+    ) -> None:
         self.root = Path(tempfile.mkdtemp(dir="/tmp", prefix="vh"))
+        self.transport = transport
+        self.experiment = "exp-" + self.root.name
+        self.broker: Optional[Broker] = None
+        if transport == "mqtt":
+            self.broker = Broker(self.root / "broker").start()
         self.schedules = self.root / "sch"
         self.resources = self.root / "res"
         self.logs = self.root / "logs"
@@ -58,6 +71,7 @@ class HostEnv:
                 str(self.channels),
                 "--start-buffer",
                 str(self.start_buffer),
+                *self.host_transport_args(),
                 *extra,
             ],
             stdout=log,
@@ -71,6 +85,18 @@ class HostEnv:
         assert self.host is not None
         self.host.kill()
         self.host.wait(timeout=WAIT)
+
+    def host_transport_args(self) -> List[str]:
+        """``vmr-host serve`` flags of this env's transport."""
+        if self.broker is None:
+            return []
+        return ["--transport", "mqtt", "--broker", self.broker.url, "--experiment", self.experiment]
+
+    def agent_transport_args(self, vm: str, port: Optional[str]) -> List[str]:
+        """``vmr-handler run`` flags of this env's transport (``port`` overrides for unix)."""
+        if self.broker is None or port is not None:
+            return ["--port", port or f"unix:{self.sock(vm)}"]
+        return ["--transport", "mqtt", "--broker", self.broker.url, "--experiment", self.experiment]
 
     def sock(self, vm: str) -> str:
         return str(self.channels / f"{vm}.sock")
@@ -88,8 +114,7 @@ class HostEnv:
                 "-m",
                 "vmr_handler",
                 "run",
-                "--port",
-                port or f"unix:{self.sock(vm)}",
+                *self.agent_transport_args(vm, port),
                 "--state-dir",
                 str(base / "state"),
                 "--launch-dir",
@@ -175,5 +200,7 @@ class HostEnv:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if self.broker is not None:
+            self.broker.stop()
         if os.environ.get("VMR_KEEP_TEST_DIRS") is None:
             shutil.rmtree(self.root, ignore_errors=True)

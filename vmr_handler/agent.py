@@ -24,7 +24,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Mapping, Optional, Tuple
 
 from vmr_handler import __version__
 from vmr_handler import protocol as P
@@ -37,6 +37,9 @@ from vmr_handler.outbox import Outbox
 from vmr_handler.schedule import FileDrop, Schedule, load_schedule_bytes
 from vmr_handler.schedule.validate import parse_number
 from vmr_handler.transports.channel import DEFAULT_PORT, ByteChannel, ChannelClosed, open_channel
+
+if TYPE_CHECKING:
+    from vmr_handler.transports.mqtt import MqttOptions
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,8 @@ class AgentConfig:
         heartbeat: seconds of silence after which a heartbeat is sent.
         peer_timeout: seconds of silence after which the host is considered gone.
         clock_skew: debug only: seconds added to this agent's own clock reading.
+        mqtt: broker, experiment and credentials when the host is reached over MQTT
+            (``port`` is not used then); None for virtio-serial / unix socket.
     """
 
     port: str = DEFAULT_PORT
@@ -79,6 +84,7 @@ class AgentConfig:
     clock_samples: int = 8
     clock_interval: float = 60.0
     quiet: bool = False
+    mqtt: Optional[MqttOptions] = None
 
 
 class HostLink:
@@ -128,15 +134,24 @@ class HostLink:
     async def run(self) -> None:
         """Keep a channel open and a session running on it, forever (cancel to stop)."""
         backoff = 0.05
+        refused = ""
         while True:
             try:
-                channel = await open_channel(self.config.port)
+                channel = await self._open()
             except OSError as exc:
-                log.debug("port %s not ready: %s", self.config.port, exc)
+                log.debug("channel %s not ready: %s", self.where, exc)
                 await asyncio.sleep(backoff)
                 backoff = min(2.0, backoff * 2)
                 continue
+            except VmrError as exc:  # refused for good (credentials, ACL, TLS): say so, keep trying
+                if str(exc) != refused:
+                    log.error("%s", exc)
+                    refused = str(exc)
+                await asyncio.sleep(backoff)
+                backoff = min(30.0, max(1.0, backoff * 2))
+                continue
             backoff = 0.05
+            refused = ""
             self._channel = channel
             try:
                 await self._session(channel)
@@ -150,6 +165,19 @@ class HostLink:
                 self.welcomed.clear()
                 channel.close()
             await asyncio.sleep(0.1)
+
+    @property
+    def where(self) -> str:
+        """The channel in words (port or broker URL)."""
+        return self.config.mqtt.broker if self.config.mqtt is not None else self.config.port
+
+    async def _open(self) -> ByteChannel:
+        """Open the configured channel. Raises OSError (retry soon) or VmrError (refused)."""
+        if self.config.mqtt is not None:
+            from vmr_handler.transports.mqtt import MqttChannel
+
+            return await MqttChannel.connect(self.config.mqtt, self.config.vm_name, self.boot_id)
+        return await open_channel(self.config.port)
 
     async def request(self, type_: str, **data: Any) -> Tuple[str, asyncio.Queue[Event]]:
         """Send a request event; returns its id and the queue its answers (``answers`` = id) go to.
@@ -704,7 +732,8 @@ class ConnectedAgent:
 
     def _host_status(self) -> Dict[str, Any]:
         return {
-            "port": self.config.port,
+            "port": self.link.where,
+            "transport": "mqtt" if self.config.mqtt is not None else "channel",
             "welcomed": self.link.welcomed.is_set(),
             "clock_offset": self.clock.offset,
             "unacked_reports": len(self.outbox),

@@ -27,6 +27,8 @@ EXIT_USAGE = 2
 DEFAULT_STATE_DIR = "/var/lib/vmr-handler"
 DEFAULT_LAUNCH_DIR = "/var/launch"
 DEFAULT_CONFIG = "/etc/vmr-handler/config.yaml"
+#: Per-VM settings passed by QEMU ``-fw_cfg name=opt/org.vmr/config,file=...`` (docs/mqtt.md).
+DEFAULT_FW_CFG = "/sys/firmware/qemu_fw_cfg/by_name/opt/org.vmr/config/raw"
 
 
 def _seconds(text: str) -> float:
@@ -73,6 +75,24 @@ def _parser() -> argparse.ArgumentParser:
         "or unix:PATH for a unix socket",
     )
     run.add_argument("--vm-name", metavar="NAME", help="this VM's name in logs (default: hostname)")
+    mq = run.add_argument_group("MQTT transport (docs/mqtt.md)")
+    mq.add_argument(
+        "--transport",
+        choices=["virtio-serial", "mqtt"],
+        help="how the host is reached (default virtio-serial, i.e. --port)",
+    )
+    mq.add_argument("--broker", metavar="URL", help="mqtt://HOST:PORT or mqtts://HOST:PORT")
+    mq.add_argument("--experiment", metavar="NAME", help="experiment name (topic vmr/NAME/VM/...)")
+    mq.add_argument("--username", metavar="NAME", help="broker username (default: the VM name)")
+    mq.add_argument("--password-file", metavar="FILE", help="file holding the broker password")
+    mq.add_argument("--ca-file", metavar="FILE", help="CA certificate of the broker (mqtts)")
+    mq.add_argument("--cert-file", metavar="FILE", help="client certificate (when the broker wants one)")
+    mq.add_argument("--key-file", metavar="FILE", help="client key")
+    mq.add_argument(
+        "--fw-cfg",
+        metavar="FILE",
+        help=f"per-VM settings blob from QEMU fw_cfg (default {DEFAULT_FW_CFG} if present; '' = none)",
+    )
     run.add_argument("--debug-clock-skew", type=float, help=argparse.SUPPRESS)
     run.add_argument(
         "--start-buffer",
@@ -223,14 +243,16 @@ def cmd_check(args: argparse.Namespace) -> int:
 CONFIG_KEYS = {
     "port": str, "state_dir": str, "launch_dir": str, "reboot_command": str, "vm_name": str,
     "allow_class": list, "start_buffer": (int, float), "heartbeat": (int, float),
-    "peer_timeout": (int, float),
+    "peer_timeout": (int, float), "transport": str, "broker": str, "experiment": str,
+    "username": str, "password": str, "password_file": str, "ca_file": str, "ca_pem": str,
+    "cert_file": str, "key_file": str, "keepalive": int,
 }  # fmt: skip
 
 
-def load_config(path: Optional[str]) -> Dict[str, Any]:
-    """Read the agent's config file (a YAML mapping of :data:`CONFIG_KEYS`).
+def load_config(path: Optional[str], default: str = DEFAULT_CONFIG) -> Dict[str, Any]:
+    """Read the agent's config file or fw_cfg blob (a YAML mapping of :data:`CONFIG_KEYS`).
 
-    ``path`` None reads :data:`DEFAULT_CONFIG` when it exists.
+    ``path`` None reads ``default`` when it exists; ``""`` reads nothing.
 
     Raises:
         VmrError: unreadable file, not a mapping, unknown key or wrong type (named).
@@ -238,9 +260,11 @@ def load_config(path: Optional[str]) -> Dict[str, Any]:
     import yaml
 
     if path is None:
-        if not os.path.exists(DEFAULT_CONFIG):
+        if not os.path.exists(default):
             return {}
-        path = DEFAULT_CONFIG
+        path = default
+    if not path:
+        return {}
     try:
         with open(path, encoding="utf-8") as fh:
             doc = yaml.safe_load(fh) or {}
@@ -266,7 +290,10 @@ def _setting(args: argparse.Namespace, config: Dict[str, Any], key: str, default
 def cmd_run(args: argparse.Namespace) -> int:
     from vmr_handler.engine import DEFAULT_REBOOT_COMMAND, EngineConfig
 
+    # identity and credentials, first found wins: command line, fw_cfg blob, config file, hostname
     settings = load_config(args.config)
+    if args.local is None:
+        settings.update(load_config(args.fw_cfg, DEFAULT_FW_CFG))
     state_dir = _setting(args, settings, "state_dir", DEFAULT_STATE_DIR)
     launch_dir = _setting(args, settings, "launch_dir", DEFAULT_LAUNCH_DIR)
     allow = _setting(args, settings, "allow_class", [])
@@ -286,6 +313,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         name = _setting(args, settings, "vm_name", None)
         if name:
             agent_config.vm_name = name
+        if _setting(args, settings, "transport", "virtio-serial") == "mqtt":
+            agent_config.mqtt = _mqtt_options(args, settings, agent_config.vm_name)
         for key in ("heartbeat", "peer_timeout"):
             if key in settings:
                 setattr(agent_config, key, float(settings[key]))
@@ -303,6 +332,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     import asyncio
 
     return asyncio.run(_run_local(schedule, config, args.report, quiet=args.quiet))
+
+
+def _mqtt_options(args: argparse.Namespace, settings: Dict[str, Any], vm_name: str) -> Any:
+    """MQTT options from flags over settings; the username defaults to the VM name.
+
+    Raises:
+        VmrError (MqttError): options the MQTT transport cannot use (named).
+    """
+    from vmr_handler.transports.mqtt import OPTION_KEYS, options_from
+
+    merged = {k: settings[k] for k in OPTION_KEYS if k in settings}
+    for key in OPTION_KEYS:
+        value = getattr(args, key, None)
+        if value:
+            merged[key] = value
+            if key == "password_file":
+                merged.pop("password", None)
+    merged.setdefault("username", vm_name)
+    return options_from(merged, "agent settings (flags, fw_cfg, config file)")
 
 
 async def _run_local(schedule: Schedule, config: Any, report: Optional[str], quiet: bool) -> int:

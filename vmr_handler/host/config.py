@@ -9,11 +9,14 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Dict, FrozenSet, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, FrozenSet, Optional, Tuple
 
 from vmr_handler.control import MAX_SOCKET_PATH
 from vmr_handler.errors import ControlError, VmrError
 from vmr_handler.protocol import MAX_FRAME
+
+if TYPE_CHECKING:
+    from vmr_handler.transports.mqtt import MqttOptions
 
 #: A VM name is used in file names (``<vm>.sock``, ``<vm>.jsonl``): keep it plain.
 VM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -96,7 +99,11 @@ class HostConfig:
         start_buffer: seconds from the last configured VM to the experiment start.
         connect: True = QEMU is the socket server and vmr-host connects (mode 2).
         limits: per-VM limits.
-        reconnect: (initial, max) seconds of the reconnect backoff in connect mode.
+        reconnect: (initial, max) seconds of the reconnect backoff in connect mode (and to
+            the broker).
+        mqtt: broker, experiment and credentials when VMs are served over MQTT (no
+            channel sockets then); None for virtio-serial.
+        host_id: this host's name among the hosts sharing a broker (default: hostname).
     """
 
     vms: Dict[str, VmSpec]
@@ -108,6 +115,8 @@ class HostConfig:
     connect: bool = False
     limits: Limits = field(default_factory=Limits)
     reconnect: Tuple[float, float] = (0.1, 2.0)
+    mqtt: Optional[MqttOptions] = None
+    host_id: Optional[str] = None
 
 
 CONTROL_SOCKET = "vmr-host.sock"

@@ -8,6 +8,8 @@ Two QEMU wirings (``docs/host.md``):
 * **connect** (``--connect``): QEMU is the server (``server=on,wait=off``); vmr-host
   connects to ``<channels>/<vm>.sock`` and reconnects with exponential backoff
   (``tenacity``) whenever the socket is absent or the connection drops.
+* **mqtt** (``--transport mqtt``): every VM over one broker connection
+  (:mod:`vmr_handler.host.mqtt`, ``docs/mqtt.md``); no channel sockets.
 
 The server owns the experiment: the :class:`~vmr_handler.host.barrier.Barrier`, the
 RESUMEs issued, and their persistence in ``<logs>/experiment.json``; it hands each VM's
@@ -173,6 +175,15 @@ class HostServer:
         self._sockets: List[str] = []
         self._control: Optional[ControlServer] = None
         self._lock_fd: Optional[int] = None
+        self.mqtt: Any = None  # the MqttService in mqtt mode
+        self.fatal: Optional[str] = None  # why serving stopped by itself
+
+    @property
+    def mode(self) -> str:
+        """``listen``, ``connect`` or ``mqtt``."""
+        if self.config.mqtt is not None:
+            return "mqtt"
+        return "connect" if self.config.connect else "listen"
 
     # ------------------------------------------------------------------ set-up
     def check_paths(self) -> None:
@@ -185,7 +196,7 @@ class HostServer:
             control_socket_path(self.config.logs)
         except ControlError as exc:
             raise HostSetupError(str(exc), 2) from exc
-        for vm in sorted(self.config.vms):
+        for vm in sorted(self.config.vms) if self.mode != "mqtt" else []:
             path = channel_path(self.config.channels, vm)
             if len(path.encode()) > MAX_SOCKET_PATH:
                 raise HostSetupError(
@@ -206,7 +217,7 @@ class HostServer:
         try:
             os.makedirs(cfg.logs, mode=0o750, exist_ok=True)
             self._lock_logs()
-            if not cfg.connect:
+            if self.mode == "listen":
                 os.makedirs(cfg.channels, mode=0o750, exist_ok=True)
             saved = self.store.load()
             self._restore(saved)
@@ -378,6 +389,12 @@ class HostServer:
         if not self._loading:
             for s in self.sessions.values():
                 s.push_start_time()
+            if self.mqtt is not None:
+                self.mqtt.publish_start()
+
+    def sign_for(self, vm: str, event: Event) -> Event:
+        """``event`` as sent to ``vm`` (signed when the host has a signing key)."""
+        return event
 
     # ------------------------------------------------------------------ control
     def cmd_status(self, request: Dict[str, Any]) -> Dict[str, Any]:
@@ -387,9 +404,10 @@ class HostServer:
         return {
             "now": now,
             "host_version": __version__,
-            "mode": "connect" if self.config.connect else "listen",
+            "mode": self.mode,
             "logs": os.path.abspath(self.config.logs),
-            "channels": os.path.abspath(self.config.channels),
+            "channels": None if self.mode == "mqtt" else os.path.abspath(self.config.channels),
+            "broker": self.config.mqtt.broker if self.config.mqtt is not None else None,
             "experiment": {
                 "start_time": b.start_time,
                 "start_in": None if b.start_time is None else b.start_time - now,
@@ -489,7 +507,12 @@ class HostServer:
         except OSError as exc:
             raise HostSetupError(f"cannot bind the control socket: {exc}") from exc
         try:
-            if self.config.connect:
+            if self.config.mqtt is not None:
+                from vmr_handler.host.mqtt import MqttService
+
+                self.mqtt = MqttService(self, self.config.mqtt, self.config.host_id)
+                self._tasks.append(asyncio.ensure_future(self._watch(self.mqtt.run(), stop)))
+            elif self.config.connect:
                 for vm in sorted(self.sessions):
                     self._tasks.append(asyncio.ensure_future(self._connector(vm)))
             else:
@@ -497,16 +520,29 @@ class HostServer:
                     await self._listen(vm)
             self._tasks.append(asyncio.ensure_future(self._ticker()))
             log.warning(
-                "vmr-host %s serving %d VM(s) (%s mode, channels %s); barrier waits for %s",
+                "vmr-host %s serving %d VM(s) (%s mode, %s); barrier waits for %s",
                 __version__,
                 len(self.sessions),
-                "connect" if self.config.connect else "listen",
-                os.path.abspath(self.config.channels),
+                self.mode,
+                f"broker {self.config.mqtt.broker}"
+                if self.config.mqtt is not None
+                else f"channels {os.path.abspath(self.config.channels)}",
                 ", ".join(self.barrier.waiting_for()) or "nobody",
             )
             await stop.wait()
         finally:
             await self._shutdown()
+
+    async def _watch(self, job: Any, stop: asyncio.Event) -> None:
+        """Run ``job``; if it fails for good (e.g. the broker refuses this host), log and stop."""
+        try:
+            await job
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.fatal = str(exc)
+            log.error("%s", exc)
+            stop.set()
 
     async def _listen(self, vm: str) -> None:
         path = channel_path(self.config.channels, vm)

@@ -1,0 +1,218 @@
+"""``vmr-host serve --transport mqtt``: every VM's session over one broker connection (issue 6).
+
+One paho client (its own network thread; everything else on the host's event loop)
+subscribes to ``vmr/E/+/up`` and ``vmr/E/+/presence`` and hands each VM's frames to that
+VM's :class:`~vmr_handler.host.session.VmSession`, exactly as a virtio-serial connection
+does: the session layer, the barrier, the logs and the de-duplication by event id are the
+same code. What differs (``docs/mqtt.md``):
+
+* a VM is *connected* while its retained presence says ``online`` (or it talks);
+  ``offline`` (its last will, or a clean stop) detaches it;
+* frames to a VM are published on ``vmr/E/V/down`` (QoS 1; the broker queues them while
+  the VM is away, since every client keeps a persistent session);
+* the start time is also published **retained** on ``vmr/E/V/start``, so a late or rebooted
+  VM learns it from the broker even while this host is away; a host that starts an
+  experiment with no start time yet clears those retained messages first;
+* a lost broker connection detaches every VM and reconnects with backoff (tenacity).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import time
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
+
+from vmr_handler.protocol import encode_message
+from vmr_handler.transports.mqtt import MqttOptions, PahoBridge, Topics, check_name, vm_of
+
+if TYPE_CHECKING:
+    from vmr_handler.host.server import HostServer
+
+log = logging.getLogger("vmr_handler.host")
+
+#: Largest presence payload read (a guest controls it).
+MAX_PRESENCE = 4096
+
+
+class MqttLink:
+    """A VM's connection as the session layer sees it (:class:`~vmr_handler.host.session.Link`)."""
+
+    def __init__(self, bridge: PahoBridge, topics: Topics) -> None:
+        self._bridge = bridge
+        self.topics = topics
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self._bridge.closed
+
+    def send_bytes(self, data: bytes) -> None:
+        if not self.closed and not self._bridge.publish_nowait(self.topics.down, data):
+            self._closed = True
+
+    async def drain(self) -> None:
+        await asyncio.sleep(0)
+
+    def close(self) -> None:
+        self._closed = True
+
+
+class MqttService:
+    """Serves every VM of ``server`` over the broker in ``options`` until cancelled.
+
+    Args:
+        server: the opened :class:`~vmr_handler.host.server.HostServer` (sessions, barrier).
+        options: broker, experiment and the host's credentials.
+        host_id: this host's name in its client id (``vmr-host-<experiment>-<host_id>``).
+        reconnect: (initial, max) seconds of the reconnect backoff.
+    """
+
+    def __init__(
+        self,
+        server: HostServer,
+        options: MqttOptions,
+        host_id: Optional[str] = None,
+        reconnect: Tuple[float, float] = (0.2, 5.0),
+    ) -> None:
+        self.server = server
+        self.options = options
+        self.experiment = check_name("experiment", options.experiment)
+        self.host_id = check_name("host id", host_id or socket.gethostname())
+        self.reconnect = reconnect
+        self.bridge: Optional[PahoBridge] = None
+        self.links: Dict[str, MqttLink] = {}
+        self.unknown = 0
+        self.connected = asyncio.Event()
+
+    def topics(self, vm: str) -> Topics:
+        return Topics(self.experiment, vm)
+
+    async def run(self) -> None:
+        """Connect, serve, and reconnect after a lost connection, forever (cancel to stop).
+
+        Raises:
+            MqttError: the broker refused this host (credentials, ACL, TLS): not retried.
+        """
+        initial, maximum = self.reconnect
+        first = True
+        while True:
+            async for attempt in AsyncRetrying(
+                wait=wait_exponential_jitter(initial=initial, max=maximum, jitter=initial),
+                retry=retry_if_exception_type(OSError),
+                before_sleep=lambda rs: log.warning(
+                    "broker %s: %s; retrying",
+                    self.options.broker,
+                    rs.outcome.exception() if rs.outcome else "",
+                ),
+                reraise=True,
+            ):
+                with attempt:
+                    bridge = PahoBridge(
+                        self.options,
+                        client_id=f"vmr-host-{self.experiment}-{self.host_id}",
+                        subscriptions=[
+                            (f"vmr/{self.experiment}/+/up", 1),
+                            (f"vmr/{self.experiment}/+/presence", 1),
+                        ],
+                    )
+                    await bridge.connect()
+            self.bridge = bridge
+            log.warning(
+                "connected to broker %s as %s (experiment %s)", bridge.url, self.host_id, self.experiment
+            )
+            if first and self.server.barrier.start_time is None:
+                for vm in self.server.sessions:  # a stale start of an earlier run must not be learnt
+                    bridge.publish_nowait(self.topics(vm).start, b"", retain=True)
+            first = False
+            self.publish_start()
+            self.connected.set()
+            try:
+                await self._serve(bridge)
+            finally:
+                self.connected.clear()
+                now = time.time()
+                for vm, link in list(self.links.items()):
+                    link.close()
+                    self.server.sessions[vm].detach(link, now, "broker connection lost")
+                self.links.clear()
+                bridge.close()
+                self.bridge = None
+            await asyncio.sleep(initial)
+
+    async def _serve(self, bridge: PahoBridge) -> None:
+        while True:
+            item = await bridge.messages.get()
+            if item is None:
+                log.warning("lost the broker %s; reconnecting", bridge.url)
+                return
+            topic, payload = item
+            try:
+                self._on_message(bridge, topic, payload)
+            except Exception:  # one VM's input must never stop the others
+                log.exception("error handling %s", topic)
+
+    def _on_message(self, bridge: PahoBridge, topic: str, payload: bytes) -> None:
+        parsed = vm_of(topic, self.experiment)
+        now = time.time()
+        session = self.server.sessions.get(parsed[0]) if parsed else None
+        if parsed is None or session is None:
+            self.unknown += 1
+            if self.unknown <= 5 or self.unknown % 1000 == 0:
+                log.warning("message on %s from no VM of this experiment ignored (x%d)", topic, self.unknown)
+            return
+        vm, leaf = parsed
+        if leaf == "presence":
+            state = _presence_state(payload)
+            if state == "online":
+                self._attach(bridge, vm, now, fresh=True)
+            elif state == "offline":
+                link = self.links.pop(vm, None)
+                if link is not None:
+                    link.close()
+                    session.detach(link, now, "VM offline (presence)")
+            return
+        if leaf != "up":
+            return
+        link = self.links.get(vm)
+        if link is None or link.closed:
+            self._attach(bridge, vm, now, fresh=False)
+        session.feed(payload, now)
+
+    def _attach(self, bridge: PahoBridge, vm: str, now: float, fresh: bool) -> None:
+        """(Re)attach ``vm``; ``fresh`` = its presence just said online (a new connection)."""
+        session = self.server.sessions[vm]
+        old = self.links.get(vm)
+        if old is not None and not old.closed and not fresh:
+            return
+        if old is not None:
+            old.close()
+            session.detach(old, now, "VM reconnected to the broker")
+        link = MqttLink(bridge, self.topics(vm))
+        if session.attach(link, now):
+            self.links[vm] = link
+
+    def publish_start(self) -> None:
+        """Publish the start time retained on every VM's ``start`` topic (no-op before it is set)."""
+        bridge = self.bridge
+        start = self.server.start_event()
+        if bridge is None or start is None:
+            return
+        for vm in self.server.sessions:
+            frame = encode_message([self.server.sign_for(vm, start)], time.time())
+            bridge.publish_nowait(self.topics(vm).start, frame, retain=True)
+
+
+def _presence_state(payload: bytes) -> Optional[str]:
+    if not payload or len(payload) > MAX_PRESENCE:
+        return None
+    try:
+        doc: Any = json.loads(payload)
+    except ValueError:
+        return None
+    state = doc.get("state") if isinstance(doc, dict) else None
+    return state if state in ("online", "offline") else None
