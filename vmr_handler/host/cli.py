@@ -104,6 +104,29 @@ def _parser() -> argparse.ArgumentParser:
         help="QEMU is the socket server (server=on,wait=off): connect to each <vm>.sock, reconnect "
         "with backoff",
     )
+    mq = serve.add_argument_group("MQTT transport (docs/mqtt.md)")
+    mq.add_argument(
+        "--transport",
+        choices=["virtio-serial", "mqtt"],
+        default="virtio-serial",
+        help="how VMs are reached (default virtio-serial channel sockets)",
+    )
+    mq.add_argument("--broker", metavar="URL", help="mqtt://HOST:PORT or mqtts://HOST:PORT")
+    mq.add_argument("--experiment", metavar="NAME", help="experiment name (topic vmr/NAME/...)")
+    mq.add_argument(
+        "--credentials",
+        metavar="FILE",
+        help="YAML with broker, experiment, username, password, ca_file|ca_pem, cert_file, key_file "
+        "(as written by `vmr-host mqtt-config`); flags win",
+    )
+    mq.add_argument("--username", metavar="NAME", help="broker username of this host")
+    mq.add_argument("--password-file", metavar="FILE", help="file holding the broker password")
+    mq.add_argument("--ca-file", metavar="FILE", help="CA certificate of the broker (mqtts)")
+    mq.add_argument("--cert-file", metavar="FILE", help="client certificate (mqtts, when required)")
+    mq.add_argument("--key-file", metavar="FILE", help="client key (mqtts, when required)")
+    mq.add_argument(
+        "--host-id", metavar="NAME", help="this host among hosts sharing a broker (default hostname)"
+    )
     serve.add_argument(
         "--allow-class",
         action="append",
@@ -224,6 +247,11 @@ def build_config(args: argparse.Namespace) -> HostConfig:
     if args.resources and not os.path.isdir(args.resources):
         raise UsageError(f"--resources {args.resources} is not a directory")
     logs = args.logs
+    mqtt = None
+    if args.transport == "mqtt":
+        mqtt = mqtt_options(args)
+    elif args.broker or args.credentials:
+        raise UsageError("--broker/--credentials need --transport mqtt")
     return HostConfig(
         vms=specs,
         expected=expected,
@@ -233,7 +261,42 @@ def build_config(args: argparse.Namespace) -> HostConfig:
         start_buffer=args.start_buffer,
         connect=args.connect,
         limits=limits,
+        mqtt=mqtt,
+        host_id=args.host_id,
     )
+
+
+def mqtt_options(args: argparse.Namespace) -> Any:
+    """:class:`~vmr_handler.transports.mqtt.MqttOptions` from ``--credentials`` and flags.
+
+    Raises:
+        UsageError: unreadable credentials file, or options the MQTT transport cannot use.
+    """
+    import yaml
+
+    from vmr_handler.transports.mqtt import MqttError, options_from
+
+    settings: Dict[str, Any] = {}
+    source = "command line"
+    if args.credentials:
+        source = args.credentials
+        try:
+            with open(args.credentials, encoding="utf-8") as fh:
+                doc = yaml.safe_load(fh) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise UsageError(f"cannot read --credentials {args.credentials}: {exc}") from exc
+        if not isinstance(doc, dict):
+            raise UsageError(f"--credentials {args.credentials}: must be a YAML mapping")
+        settings.update(doc)
+    for key in ("broker", "experiment", "username", "password_file", "ca_file", "cert_file", "key_file"):
+        if getattr(args, key, None):
+            settings[key] = getattr(args, key)
+            if key == "password_file":
+                settings.pop("password", None)
+    try:
+        return options_from(settings, source)
+    except MqttError as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -254,6 +317,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         await server.run(stop)
 
     asyncio.run(main())
+    if server.fatal:
+        log.error("vmr-host stopped: %s", server.fatal)
+        return EXIT_RUNTIME
     log.warning("vmr-host stopped")
     return EXIT_OK
 
