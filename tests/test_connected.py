@@ -1,7 +1,11 @@
-"""End to end over real unix sockets: ``vmr-host serve`` + several ``vmr-handler run --port unix:...``.
+"""End to end: ``vmr-host serve`` + several ``vmr-handler run`` agents, real processes.
 
+The contract tests (``env_factory``) run twice: over real unix sockets (``--port unix:...``,
+the virtio-serial code path) and over MQTT through a real mosquitto started by the test
+(``--transport mqtt``): the same behaviour from both transports (issue 6 §3).
 Checks the barrier, firing on the host's clock, RESUME, resources, transfers, and faults
-(host kill -9, channel drop through a pty stand-in for virtio-serial, agent SIGKILL).
+(host kill -9, agent SIGKILL). ``unix_env_factory`` tests are about the channel itself
+(a pty stand-in for virtio-serial, a hostile raw channel, a config file naming the port).
 """
 
 from __future__ import annotations
@@ -18,18 +22,29 @@ from tests.hostenv import HostEnv
 from tests.vserial import VirtioSerialStandIn
 
 
-@pytest.fixture
-def env_factory() -> Iterator:
+def _factory(transport: str) -> Iterator:
     made = []
 
     def make(schedules, **kw) -> HostEnv:
-        env = HostEnv(schedules, **kw)
+        env = HostEnv(schedules, transport=transport, **kw)
         made.append(env)
         return env
 
     yield make
     for env in made:
         env.close()
+
+
+@pytest.fixture(params=["unix", "mqtt"])
+def env_factory(request) -> Iterator:
+    """An experiment over each transport in turn (contract tests)."""
+    yield from _factory(request.param)
+
+
+@pytest.fixture
+def unix_env_factory() -> Iterator:
+    """An experiment over unix sockets only (tests of the byte channel itself)."""
+    yield from _factory("unix")
 
 
 def _stdout_lines(env: HostEnv, vm: str, index: int):
@@ -175,7 +190,7 @@ def test_host_kill9_and_restart_loses_and_duplicates_nothing(env_factory):
     assert len(ids) == len(set(ids))
 
 
-def test_channel_drop_through_virtio_serial_stand_in(env_factory):
+def test_channel_drop_through_virtio_serial_stand_in(unix_env_factory):
     sched = [
         {
             "start_time": -2,
@@ -184,7 +199,7 @@ def test_channel_drop_through_virtio_serial_stand_in(env_factory):
         },
         {"start_time": 1, "executable": "/bin/echo", "arguments": "after"},
     ]
-    env = env_factory({"a": sched}, start_buffer=0.5)
+    env = unix_env_factory({"a": sched}, start_buffer=0.5)
     env.start_host()
     port = VirtioSerialStandIn(env.sock("a"), chunk=97).start()
     try:
@@ -220,7 +235,7 @@ def test_agent_sigkill_and_restart_carries_on(env_factory):
     assert len(started0) == 1
 
 
-def test_hostile_guest_does_not_touch_good_vms(env_factory):
+def test_hostile_guest_does_not_touch_good_vms(unix_env_factory):
     import json as _json
     import os
     import random
@@ -233,7 +248,7 @@ def test_hostile_guest_does_not_touch_good_vms(env_factory):
         ]
         for i in range(3)
     }
-    env = env_factory({**good, "evil": [{"start_time": 1, "executable": "/bin/true"}]}, start_buffer=1.0)
+    env = unix_env_factory({**good, "evil": [{"start_time": 1, "executable": "/bin/true"}]}, start_buffer=1.0)
     env.start_host("--expect", "vm0,vm1,vm2")
     for vm in good:
         env.start_agent(vm)
@@ -311,8 +326,8 @@ def test_large_schedule_is_fetched_in_chunks(env_factory):
     assert next(v for v in env.status()["vms"] if v["vm"] == "a")["schedule"]["state"] == "accepted"
 
 
-def test_config_file_and_periodic_transfer_of_a_changing_file(env_factory):
-    env = env_factory({}, start_buffer=0.2)
+def test_config_file_and_periodic_transfer_of_a_changing_file(unix_env_factory):
+    env = unix_env_factory({}, start_buffer=0.2)
     watched = env.root / "vm" / "a" / "watched.txt"
     watched.parent.mkdir(parents=True)
     watched.write_text("one\n")
