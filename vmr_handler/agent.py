@@ -70,6 +70,10 @@ class AgentConfig:
         clock_skew: debug only: seconds added to this agent's own clock reading.
         mqtt: broker, experiment and credentials when the host is reached over MQTT
             (``port`` is not used then); None for virtio-serial / unix socket.
+        public_key: the host's Ed25519 public key (PEM text or a file path). When set, a
+            schedule, start time or RESUME is applied only with a valid, fresh signature
+            (SPEC §7); the ``start_time`` of ``welcome`` (unsigned) is not used.
+        signature_max_age: seconds a signature stays fresh (host clock).
     """
 
     port: str = DEFAULT_PORT
@@ -85,6 +89,8 @@ class AgentConfig:
     clock_interval: float = 60.0
     quiet: bool = False
     mqtt: Optional[MqttOptions] = None
+    public_key: Optional[str] = None
+    signature_max_age: float = 300.0
 
 
 class HostLink:
@@ -125,6 +131,18 @@ class HostLink:
         self._last_tx = time.monotonic()
         self._hello_sent_at = 0.0
         self.welcome: Dict[str, Any] = {}
+        #: where refusals are reported (the agent's event sink); set by the agent
+        self.report: Optional[Callable[[Event], None]] = None
+        self.verifier: Any = None
+        self._held: List[Event] = []  # signed control events waiting for the first clock sync
+        if config.public_key:
+            from vmr_handler.signing import Verifier, load_public_key
+
+            self.verifier = Verifier(
+                load_public_key(config.public_key),
+                os.path.join(config.state_dir, "signed-ids.json"),
+                max_age=config.signature_max_age,
+            )
 
     # ------------------------------------------------------------------ public
     def notify(self) -> None:
@@ -205,6 +223,7 @@ class HostLink:
     # ------------------------------------------------------------------ session
     async def _session(self, channel: ByteChannel) -> None:
         self._sent.clear()
+        self._held.clear()  # the host sends every control event again after the handshake
         self._last_rx = time.monotonic()
         await self._write(P.CONNECT_PREFIX)
         await self._send_hello()
@@ -306,15 +325,52 @@ class HostLink:
         elif kind in (P.RESOURCE_CHUNK, P.RESULT) and str(data.get("answers")) in self._requests:
             await self._requests[str(data["answers"])].put(event)
         elif kind in (P.SCHEDULE, P.START_TIME, P.RESUME):
-            answer = await self._on_event(event)
-            if answer is LATER:
-                pass
-            elif answer is None:
-                await self._send([self.events.make_raw(P.ACK, ids=[event.id])])
-            else:
-                await self._send([self.events.make_raw(P.RESULT, **answer)])
+            if self.verifier is not None and not self.synced.is_set():
+                self._held.append(event)  # freshness is judged on the host's clock: sync first
+                return
+            await self._control(event)
         elif kind != P.HEARTBEAT:
             log.info("ignored %s event %s from the host", kind, event.id)  # never answered: no ping-pong
+
+    async def _control(self, event: Event) -> None:
+        """Verify (with a key configured), apply and answer one control event."""
+        if self.verifier is not None and not self._verified(event):
+            return
+        answer = await self._on_event(event)
+        if answer is LATER:
+            pass
+        elif answer is None:
+            await self._send([self.events.make_raw(P.ACK, ids=[event.id])])
+        else:
+            await self._send([self.events.make_raw(P.RESULT, **answer)])
+
+    def _verified(self, event: Event) -> bool:
+        """Check ``event``'s signature; a refusal is reported (``control_refused``) and answered."""
+        from vmr_handler.errors import SignatureError, SigningError
+
+        try:
+            self.verifier.check(event, self.config.vm_name, self.clock.time())
+            return True
+        except SignatureError as exc:
+            log.error("refused %s %s from the host: %s", event.type, event.id, exc)
+            if self.report is not None:
+                self.report(
+                    self.events.make(
+                        EventType.CONTROL_REFUSED,
+                        type=event.type,
+                        id=event.id,
+                        status="error",
+                        details=str(exc),
+                    )
+                )
+            self._answer_later(P.result_data(event.id, False, f"refused: {exc}"))
+        except SigningError as exc:  # the replay memory cannot be saved: not applied, host resends
+            log.error("cannot check %s %s: %s", event.type, event.id, exc)
+        return False
+
+    def _answer_later(self, data: Dict[str, Any]) -> None:
+        task = asyncio.ensure_future(self.send_event(P.RESULT, **data))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     async def _sender(self) -> None:
         """Send every unacknowledged report (oldest first), in batches, with a window."""
@@ -392,6 +448,9 @@ class HostLink:
                     self.on_clock()
             if best is not None:
                 self.synced.set()
+                held, self._held = self._held, []
+                for event in held:
+                    await self._control(event)
             self._clock_waiters.clear()
             # a noisy estimate (busy machine, long round trips) is refined soon, a good one hourly-ish
             good = best is not None and best.delay < GOOD_CLOCK_DELAY
@@ -416,6 +475,7 @@ class ConnectedAgent:
         self.clock = SystemClock(skew=config.clock_skew)
         self.outbox = Outbox(config.state_dir)
         self.link = HostLink(config, self.outbox, self.clock, self._on_control)
+        self.link.report = self.sink
         self._log = None if config.quiet else log_stream
         self._schedule_ready: asyncio.Future[Schedule] = asyncio.get_running_loop().create_future()
         self._schedule: Optional[Schedule] = None
@@ -698,7 +758,7 @@ class ConnectedAgent:
             if self._pending_start is not None:
                 engine.set_start_time(self._pending_start)
             welcome_start = self.link.welcome.get("start_time")
-            if isinstance(welcome_start, (int, float)):
+            if isinstance(welcome_start, (int, float)) and self.link.verifier is None:
                 engine.set_start_time(float(welcome_start))
             from vmr_handler.control import ControlServer
 

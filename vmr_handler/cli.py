@@ -75,6 +75,11 @@ def _parser() -> argparse.ArgumentParser:
         "or unix:PATH for a unix socket",
     )
     run.add_argument("--vm-name", metavar="NAME", help="this VM's name in logs (default: hostname)")
+    run.add_argument(
+        "--public-key",
+        metavar="PEM|FILE",
+        help="the host's Ed25519 public key: apply only signed schedules, start times and RESUMEs",
+    )
     mq = run.add_argument_group("MQTT transport (docs/mqtt.md)")
     mq.add_argument(
         "--transport",
@@ -245,7 +250,8 @@ CONFIG_KEYS = {
     "allow_class": list, "start_buffer": (int, float), "heartbeat": (int, float),
     "peer_timeout": (int, float), "transport": str, "broker": str, "experiment": str,
     "username": str, "password": str, "password_file": str, "ca_file": str, "ca_pem": str,
-    "cert_file": str, "key_file": str, "keepalive": int,
+    "cert_file": str, "key_file": str, "keepalive": int, "public_key": str,
+    "signature_max_age": (int, float),
 }  # fmt: skip
 
 
@@ -313,6 +319,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         name = _setting(args, settings, "vm_name", None)
         if name:
             agent_config.vm_name = name
+        agent_config.public_key = _setting(args, settings, "public_key", None)
+        if "signature_max_age" in settings:
+            agent_config.signature_max_age = float(settings["signature_max_age"])
         if _setting(args, settings, "transport", "virtio-serial") == "mqtt":
             agent_config.mqtt = _mqtt_options(args, settings, agent_config.vm_name)
         for key in ("heartbeat", "peer_timeout"):

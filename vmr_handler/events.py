@@ -50,6 +50,7 @@ class EventType(str, Enum):
     RESUME_RECEIVED = "resume_received"
     VM_FAILED = "vm_failed"
     SCHEDULE_COMPLETE = "schedule_complete"
+    CONTROL_REFUSED = "control_refused"
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,11 @@ def _parser() -> argparse.ArgumentParser:
         help="QEMU is the socket server (server=on,wait=off): connect to each <vm>.sock, reconnect "
         "with backoff",
     )
+    serve.add_argument(
+        "--signing-key",
+        metavar="FILE",
+        help="Ed25519 private key (`vmr-host keygen`): sign schedules, start time and RESUME",
+    )
     mq = serve.add_argument_group("MQTT transport (docs/mqtt.md)")
     mq.add_argument(
         "--transport",
@@ -247,6 +252,15 @@ def build_config(args: argparse.Namespace) -> HostConfig:
     if args.resources and not os.path.isdir(args.resources):
         raise UsageError(f"--resources {args.resources} is not a directory")
     logs = args.logs
+    signing_key = None
+    if args.signing_key:
+        from vmr_handler.errors import SigningError
+        from vmr_handler.signing import load_private_key
+
+        try:
+            signing_key = load_private_key(args.signing_key)
+        except SigningError as exc:
+            raise UsageError(f"--signing-key: {exc}") from exc
     mqtt = None
     if args.transport == "mqtt":
         mqtt = mqtt_options(args)
@@ -263,6 +277,7 @@ def build_config(args: argparse.Namespace) -> HostConfig:
         limits=limits,
         mqtt=mqtt,
         host_id=args.host_id,
+        signing_key=signing_key,
     )
 
 

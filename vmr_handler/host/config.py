@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, FrozenSet, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Optional, Tuple
 
 from vmr_handler.control import MAX_SOCKET_PATH
 from vmr_handler.errors import ControlError, VmrError
@@ -104,6 +104,8 @@ class HostConfig:
         mqtt: broker, experiment and credentials when VMs are served over MQTT (no
             channel sockets then); None for virtio-serial.
         host_id: this host's name among the hosts sharing a broker (default: hostname).
+        signing_key: the host's Ed25519 private key (``vmr-host keygen``); schedule, start
+            time and RESUME are signed with it (SPEC §7). None: unsigned.
     """
 
     vms: Dict[str, VmSpec]
@@ -117,6 +119,7 @@ class HostConfig:
     reconnect: Tuple[float, float] = (0.1, 2.0)
     mqtt: Optional[MqttOptions] = None
     host_id: Optional[str] = None
+    signing_key: Any = None
 
 
 CONTROL_SOCKET = "vmr-host.sock"

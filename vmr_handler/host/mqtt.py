@@ -37,6 +37,9 @@ log = logging.getLogger("vmr_handler.host")
 
 #: Largest presence payload read (a guest controls it).
 MAX_PRESENCE = 4096
+#: Seconds between re-signed publications of the retained start time (agents refuse
+#: signatures older than 300 s by default).
+START_REFRESH = 60.0
 
 
 class MqttLink:
@@ -131,9 +134,12 @@ class MqttService:
             first = False
             self.publish_start()
             self.connected.set()
+            refresh = asyncio.ensure_future(self._refresh_start()) if self.server.signs else None
             try:
                 await self._serve(bridge)
             finally:
+                if refresh is not None:
+                    refresh.cancel()
                 self.connected.clear()
                 now = time.time()
                 for vm, link in list(self.links.items()):
@@ -195,6 +201,12 @@ class MqttService:
         link = MqttLink(bridge, self.topics(vm))
         if session.attach(link, now):
             self.links[vm] = link
+
+    async def _refresh_start(self) -> None:
+        """Re-sign and re-publish the retained start time (a signed one goes stale)."""
+        while True:
+            await asyncio.sleep(START_REFRESH)
+            self.publish_start()
 
     def publish_start(self) -> None:
         """Publish the start time retained on every VM's ``start`` topic (no-op before it is set)."""

@@ -392,9 +392,19 @@ class HostServer:
             if self.mqtt is not None:
                 self.mqtt.publish_start()
 
+    @property
+    def signs(self) -> bool:
+        """True when ``--signing-key`` was given: schedule, start time and RESUME are signed."""
+        return self.config.signing_key is not None
+
     def sign_for(self, vm: str, event: Event) -> Event:
-        """``event`` as sent to ``vm`` (signed when the host has a signing key)."""
-        return event
+        """``event`` as sent to ``vm`` now: signed for ``vm`` with the host key (SPEC §7), or
+        unchanged without a key. Signed at every send, so a resend is fresh."""
+        if self.config.signing_key is None:
+            return event
+        from vmr_handler.signing import sign
+
+        return sign(self.config.signing_key, event, vm, time.time())
 
     # ------------------------------------------------------------------ control
     def cmd_status(self, request: Dict[str, Any]) -> Dict[str, Any]:

@@ -62,6 +62,7 @@ from vmr_handler.protocol import (
     encode_message,
     result_data,
 )
+from vmr_handler.signing import SIGNED_TYPES
 
 log = logging.getLogger("vmr_handler.host")
 
@@ -123,6 +124,13 @@ class HostApi(Protocol):
 
     def on_configured(self, vm: str, at: float) -> None:
         """``vm`` configured at host UTC ``at`` (idempotent)."""
+
+    @property
+    def signs(self) -> bool:
+        """True when control events are signed (a host signing key is configured)."""
+
+    def sign_for(self, vm: str, event: Event) -> Event:
+        """``event`` signed for ``vm`` now (unchanged without a key; ``vmr_handler.signing``)."""
 
     def on_resume_answer(self, vm: str, resume_id: str, data: Mapping[str, Any], at: float) -> None:
         """``vm`` answered RESUME ``resume_id`` with ``data`` (idempotent)."""
@@ -252,8 +260,9 @@ class VmSession:
             schedule_data["fetch"] = schedule_resource_name(spec.digest)
         #: the schedule event encoded once (up to ~1 MiB: never re-encoded per handshake)
         self._schedule_ts = time.time()
+        self._schedule_event = Event(SCHEDULE, self._schedule_ts, self.schedule_id, schedule_data)
         self._schedule_json = json.dumps(
-            Event(SCHEDULE, self._schedule_ts, self.schedule_id, schedule_data).to_dict(),
+            self._schedule_event.to_dict(),
             separators=(",", ":"),
             allow_nan=False,
         )
@@ -362,6 +371,8 @@ class VmSession:
 
     def _send(self, events: Sequence[Event]) -> None:
         if events:
+            # schedule, start time and RESUME are signed (at every send) when the host has a key
+            events = [self.host.sign_for(self.name, e) if e.type in SIGNED_TYPES else e for e in events]
             self._send_raw(encode_message(events, time.time()))
 
     def _warn(self, kind: str, text: str, now: float) -> None:
@@ -552,8 +563,11 @@ class VmSession:
         }
         self._send([self.events.make(WELCOME, welcome)])
         if digest != self.spec.digest:
-            now_text = json.dumps(max(time.time(), self._schedule_ts))
-            self._send_raw(f'{{"now":{now_text},"events":[{self._schedule_json}]}}\n'.encode())
+            if self.host.signs:
+                self._send([self._schedule_event])
+            else:
+                now_text = json.dumps(max(time.time(), self._schedule_ts))
+                self._send_raw(f'{{"now":{now_text},"events":[{self._schedule_json}]}}\n'.encode())
             if self.schedule_state != "rejected":
                 self.schedule_state = "sent"
         elif self.schedule_state != "accepted":
