@@ -38,6 +38,9 @@ class Broker:
         listener: write a plain ``listener PORT 127.0.0.1`` with anonymous access; False when
             ``extra_config`` brings its own listeners (then pass ``port``).
         persistence: keep QoS 1 sessions and retained messages across a restart.
+        config: an existing config file to run as-is (e.g. one ``vmr-host mqtt-config``
+            wrote); ``extra_config``, ``listener`` and ``persistence`` are then ignored and
+            ``port`` is the listener to wait for.
     """
 
     def __init__(
@@ -47,12 +50,16 @@ class Broker:
         listener: bool = True,
         port: Optional[int] = None,
         persistence: bool = True,
+        config: Optional[Path] = None,
     ) -> None:
         self.root = root or Path(tempfile.mkdtemp(dir="/tmp", prefix="vhmq"))
         self.root.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
-        self.conf = self.root / "mosquitto.conf"
+        self.conf = config or self.root / "mosquitto.conf"
         self.log = self.root / "mosquitto.log"
+        self.proc: Optional[subprocess.Popen] = None
+        if config is not None:
+            return
         lines: List[str] = [
             f"user {getpass.getuser()}",
             f"log_dest file {self.log}",
@@ -68,7 +75,6 @@ class Broker:
         if listener:
             lines += [f"listener {self.port} 127.0.0.1", "allow_anonymous true"]
         self.conf.write_text("\n".join(lines) + "\n" + extra_config)
-        self.proc: Optional[subprocess.Popen] = None
 
     @property
     def url(self) -> str:

@@ -364,7 +364,7 @@ class BrokerPaths:
         return cls(
             passwd=os.path.join(out, "passwd"),
             acl=os.path.join(out, "acl"),
-            data=os.path.join(out, "data") + os.sep,
+            data=os.path.join(out, "data"),
             ca_cert=os.path.join(tls, "ca.crt"),
             server_cert=os.path.join(tls, "server.crt"),
             server_key=os.path.join(tls, "server.key"),
@@ -442,8 +442,13 @@ def render_passwd(credentials: Dict[str, str], tool: Optional[str]) -> bytes:
     password on any command line). Without it, :func:`hash_password` hashes them.
 
     Raises:
+        ValueError: a username or password contains ``:`` or a line break (the file's
+            separators: ``mosquitto_passwd -U`` would hash only part of such a password).
         OSError: ``mosquitto_passwd`` failed (its message) or the temp file failed.
     """
+    for user, password in credentials.items():
+        if any(sep in text for text in (user, password) for sep in ":\r\n"):
+            raise ValueError(f"user {user!r}: ':' or a line break in a password-file entry")
     if tool is None:
         return "".join(f"{u}:{hash_password(p)}\n" for u, p in credentials.items()).encode()
     fd, path = tempfile.mkstemp(prefix="vmr-passwd-")  # mode 0600
