@@ -687,3 +687,21 @@ def test_vms_from_a_schedules_directory(tmp_path: Path) -> None:
         "--out", str(tmp_path / "cfg3"), "--experiment", "e1", "--vms-from", str(sched), "--vms", "a"
     )
     assert done.returncode == 2 and "not allowed with argument" in done.stderr
+
+
+def test_generated_files_are_valid_transport_settings(tmp_path: Path) -> None:
+    """The agent reads ``vms/<vm>.yaml`` as its fw_cfg blob and the host reads
+    ``host/<user>.yaml`` as ``--credentials`` (without client certificates: see docs/mqtt.md).
+    """
+    from vmr_handler.cli import load_config
+    from vmr_handler.transports.mqtt import options_from
+
+    out = generate(
+        tmp_path / "cfg", "--experiment", "e1", "--vms", "vm1", "--tls", "--broker-host", "10.0.2.2"
+    )
+    blob = load_config(str(out / "vms" / "vm1.yaml"), None)
+    vm = options_from(blob, "fw_cfg")
+    assert (vm.broker, vm.experiment, vm.username) == ("mqtts://10.0.2.2:8883", "e1", "vm1")
+    assert blob["vm_name"] == "vm1" and vm.ca_pem == blob["ca_pem"]
+    host = options_from(creds(out, "host", "vmr-host"), "credentials")
+    assert (host.broker, host.username) == ("mqtts://127.0.0.1:8883", "vmr-host")
