@@ -23,20 +23,13 @@ password hashes from ``mosquitto_passwd -U`` when it is installed, else :func:`h
 
 from __future__ import annotations
 
+# The rest of the standard library is imported where it is used: this module is imported by
+# every ``vmr-host`` command line (argparse), and ``status``/``resume`` must start quickly.
 import argparse
-import base64
-import datetime
-import hashlib
-import ipaddress
 import os
-import pwd
 import re
-import secrets
-import shutil
 import stat
-import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -321,6 +314,8 @@ def layout_from_args(args: argparse.Namespace) -> MqttLayout:
 
 
 def _is_ip(text: str) -> bool:
+    import ipaddress
+
     try:
         ipaddress.ip_address(text)
     except ValueError:
@@ -429,6 +424,10 @@ def hash_password(password: str, salt: Optional[bytes] = None, iterations: int =
     dk = PBKDF2-HMAC-SHA512(password, salt, ITER, 64 bytes) (:func:`hashlib.pbkdf2_hmac`),
     the format ``mosquitto_passwd`` writes. ``salt`` defaults to 12 random bytes.
     """
+    import base64
+    import hashlib
+    import secrets
+
     salt = secrets.token_bytes(PBKDF2_SALT_BYTES) if salt is None else salt
     dk = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, iterations, 64)
     return f"$7${iterations}${base64.b64encode(salt).decode()}${base64.b64encode(dk).decode()}"
@@ -446,6 +445,9 @@ def render_passwd(credentials: Dict[str, str], tool: Optional[str]) -> bytes:
             separators: ``mosquitto_passwd -U`` would hash only part of such a password).
         OSError: ``mosquitto_passwd`` failed (its message) or the temp file failed.
     """
+    import subprocess
+    import tempfile
+
     for user, password in credentials.items():
         if any(sep in text for text in (user, password) for sep in ":\r\n"):
             raise ValueError(f"user {user!r}: ':' or a line break in a password-file entry")
@@ -479,6 +481,8 @@ class Pki:
 
 
 def _names(names: Sequence[str]) -> List[Any]:
+    import ipaddress
+
     from cryptography import x509
 
     out: List[Any] = []
@@ -502,6 +506,8 @@ def issue(
     Returns:
         (key PEM, certificate PEM).
     """
+    import datetime
+
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -566,6 +572,8 @@ def make_pki(experiment: str, server_names: Sequence[str], days: int) -> Pki:
     """A new CA for ``experiment`` and a server certificate for ``server_names``
     (``cryptography`` x509 builder; EC P-256, SHA-256 signatures).
     """
+    import datetime
+
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -622,6 +630,8 @@ def _yaml(doc: Dict[str, Any]) -> bytes:
 
 def _write(path: str, data: bytes, mode: int, owner: Optional[Tuple[int, int]] = None) -> None:
     """Write ``path`` atomically with ``mode`` (and ``owner``) set before any byte lands."""
+    import tempfile
+
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
     try:
         os.fchmod(fd, mode)
@@ -654,6 +664,8 @@ def broker_owner(user: Optional[str]) -> Optional[Tuple[int, int]]:
     Raises:
         UsageError: ``user`` names no OS user (mosquitto would exit at start).
     """
+    import pwd
+
     if os.geteuid() != 0:
         return None
     try:
@@ -733,6 +745,8 @@ def generate(layout: MqttLayout, passwd_tool: Optional[str] = None) -> List[str]
             (without ``force``); ``--user`` names no OS user.
         OSError: writing failed (disk, ``mosquitto_passwd``).
     """
+    import secrets
+
     owner = broker_owner(layout.broker_user)
     _prepare_out(layout)
     out, paths = layout.out, BrokerPaths.under(layout.out)
@@ -799,6 +813,8 @@ def cmd_mqtt_config(args: argparse.Namespace) -> int:
         UsageError: bad input (see :func:`layout_from_args` and :func:`generate`).
         OSError: writing failed.
     """
+    import shutil
+
     layout = layout_from_args(args)
     for warning in generate(layout, shutil.which("mosquitto_passwd")):
         print(f"vmr-host: warning: {warning}", file=sys.stderr)
