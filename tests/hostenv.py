@@ -28,18 +28,26 @@ class HostEnv:
     """One experiment: schedules, resources, logs, channels; the host and its agents.
 
     ``transport="mqtt"`` runs the same experiment over a real mosquitto started for it
-    (:class:`tests.broker.Broker`, anonymous, on 127.0.0.1) instead of unix sockets.
+    (:class:`tests.broker.Broker`, anonymous, on 127.0.0.1) instead of unix sockets; pass
+    ``broker`` and ``experiment`` of another env to share them (several hosts, one broker).
     """
 
     def __init__(
-        self, schedules: Dict[str, Any], start_buffer: float = 1.0, transport: str = "unix"
+        self,
+        schedules: Dict[str, Any],
+        start_buffer: float = 1.0,
+        transport: str = "unix",
+        broker: Optional[Broker] = None,
+        experiment: Optional[str] = None,
     ) -> None:
         self.root = Path(tempfile.mkdtemp(dir="/tmp", prefix="vh"))
         self.transport = transport
-        self.experiment = "exp-" + self.root.name
-        self.broker: Optional[Broker] = None
-        if transport == "mqtt":
+        self.experiment = experiment or "exp-" + self.root.name
+        self.broker: Optional[Broker] = broker
+        self.owns_broker = False
+        if transport == "mqtt" and broker is None:
             self.broker = Broker(self.root / "broker").start()
+            self.owns_broker = True
         self.schedules = self.root / "sch"
         self.resources = self.root / "res"
         self.logs = self.root / "logs"
@@ -200,7 +208,7 @@ class HostEnv:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        if self.broker is not None:
+        if self.broker is not None and self.owns_broker:
             self.broker.stop()
         if os.environ.get("VMR_KEEP_TEST_DIRS") is None:
             shutil.rmtree(self.root, ignore_errors=True)

@@ -140,3 +140,25 @@ def test_restore_completes_a_start_that_was_not_saved():
 def test_restore_rejects_a_bad_shape(bad):
     with pytest.raises(ValueError):
         Barrier.from_dict(bad, ["a"], 1)
+
+
+def test_peer_placeholder_holds_the_start_until_the_peer_announces_its_vms():
+    b = Barrier({"a", "host:h2"}, buffer=10)
+    assert not b.configure("a", 100.0)
+    assert b.waiting_for() == ["host:h2"]
+    # h2 announces x (configured at 105) and y (not yet)
+    assert not b.update_expected(add={"x", "y"}, remove={"host:h2"})
+    assert not b.configure("x", 105.0)
+    assert b.waiting_for() == ["y"]
+    assert b.configure("y", 103.0)  # the last one to configure sets the start
+    assert b.start_time == 115.0  # last configured (x at 105) + buffer
+    assert not b.update_expected(add={"z"})  # nothing changes after the start
+    assert "z" not in b.expected and b.start_time == 115.0
+
+
+def test_announcement_that_completes_the_barrier_sets_the_start():
+    b = Barrier({"a", "host:h2"}, buffer=1)
+    b.configure("a", 50.0)
+    b.configure("x", 60.0)  # reported before the announcement that names it
+    assert b.update_expected(add={"x"}, remove={"host:h2"})
+    assert b.start_time == 61.0

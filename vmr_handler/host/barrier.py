@@ -102,8 +102,30 @@ class Barrier:
             return False
         self.configured[vm] = t
         if self.start_time is None and vm in self.active and not self.waiting_for():
-            self.start_time = t + self.buffer
+            # the latest configured time, not this one: peer hosts report times out of order
+            self.start_time = max(t, self.last_configured() or t) + self.buffer
             return True
+        return False
+
+    def update_expected(self, add: Iterable[str] = (), remove: Iterable[str] = ()) -> bool:
+        """Change the expected set before the start (a peer host announced its VMs).
+
+        Several hosts sharing a broker (issue 6): the coordinator expects a placeholder per
+        peer host until that host says which VMs it serves; then the placeholder is removed
+        and those VMs are added. Nothing changes once the start is set.
+
+        Returns:
+            True when this change set the start time (every active VM had configured).
+        """
+        if self.start_time is not None:
+            return False
+        self.expected |= set(add)
+        self.expected -= set(remove)
+        if self.active and not self.waiting_for():
+            last = self.last_configured()
+            if last is not None:
+                self.start_time = last + self.buffer
+                return True
         return False
 
     def release(self, now: float, exclude: Iterable[str] = ()) -> Optional[float]:

@@ -23,6 +23,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
@@ -131,6 +132,24 @@ def _parser() -> argparse.ArgumentParser:
     mq.add_argument("--key-file", metavar="FILE", help="client key (mqtts, when required)")
     mq.add_argument(
         "--host-id", metavar="NAME", help="this host among hosts sharing a broker (default hostname)"
+    )
+    role = mq.add_mutually_exclusive_group()
+    role.add_argument(
+        "--coordinator",
+        action="store_true",
+        help="several hosts share the broker and this one decides the start for all (with --peers)",
+    )
+    role.add_argument(
+        "--member",
+        action="store_true",
+        help="several hosts share the broker: announce this host's VMs, take the coordinator's start",
+    )
+    mq.add_argument(
+        "--peers",
+        action="append",
+        default=[],
+        metavar="HOST,...",
+        help="(coordinator) the other hosts' --host-id: the start waits for each one's VMs",
     )
     serve.add_argument(
         "--allow-class",
@@ -264,8 +283,14 @@ def build_config(args: argparse.Namespace) -> HostConfig:
     mqtt = None
     if args.transport == "mqtt":
         mqtt = mqtt_options(args)
-    elif args.broker or args.credentials:
-        raise UsageError("--broker/--credentials need --transport mqtt")
+    elif args.broker or args.credentials or args.coordinator or args.member:
+        raise UsageError("--broker/--credentials/--coordinator/--member need --transport mqtt")
+    peers = frozenset(n.strip() for chunk in args.peers for n in chunk.split(",") if n.strip())
+    if peers and not args.coordinator:
+        raise UsageError("--peers is for the --coordinator host")
+    if args.coordinator and not peers:
+        raise UsageError("--coordinator needs --peers HOST,... (the other hosts' --host-id)")
+    role = "coordinator" if args.coordinator else "member" if args.member else "standalone"
     return HostConfig(
         vms=specs,
         expected=expected,
@@ -276,7 +301,9 @@ def build_config(args: argparse.Namespace) -> HostConfig:
         connect=args.connect,
         limits=limits,
         mqtt=mqtt,
-        host_id=args.host_id,
+        host_id=args.host_id or socket.gethostname(),
+        role=role,
+        peers=peers,
         signing_key=signing_key,
     )
 

@@ -104,6 +104,9 @@ class HostConfig:
         mqtt: broker, experiment and credentials when VMs are served over MQTT (no
             channel sockets then); None for virtio-serial.
         host_id: this host's name among the hosts sharing a broker (default: hostname).
+        role: ``standalone`` (one host decides alone), ``coordinator`` (decides the start for
+            every host sharing the broker) or ``member`` (follows the coordinator's start).
+        peers: a coordinator's peer host ids: the start waits until each announced its VMs.
         signing_key: the host's Ed25519 private key (``vmr-host keygen``); schedule, start
             time and RESUME are signed with it (SPEC §7). None: unsigned.
     """
@@ -119,6 +122,8 @@ class HostConfig:
     reconnect: Tuple[float, float] = (0.1, 2.0)
     mqtt: Optional[MqttOptions] = None
     host_id: Optional[str] = None
+    role: str = "standalone"
+    peers: FrozenSet[str] = frozenset()
     signing_key: Any = None
 
 

@@ -14,6 +14,12 @@ same code. What differs (``docs/mqtt.md``):
   VM learns it from the broker even while this host is away; a host that starts an
   experiment with no start time yet clears those retained messages first;
 * a lost broker connection detaches every VM and reconnects with backoff (tenacity).
+
+Several hosts, one broker (``--coordinator`` / ``--member``): a member publishes its VMs and
+their configured times retained on ``vmr/E/_hosts/<host>/state``; the coordinator waits
+for every ``--peers`` host's announcement and their VMs as for its own, decides the start
+and publishes it retained on ``vmr/E/_hosts/_start``; members adopt it and pass it to their
+VMs. The broker (a mosquitto bridge, or a clustered broker) is the distributed part.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import json
 import logging
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
@@ -37,6 +43,8 @@ log = logging.getLogger("vmr_handler.host")
 
 #: Largest presence payload read (a guest controls it).
 MAX_PRESENCE = 4096
+#: Largest host announcement or start message read, bytes.
+MAX_HOST_MESSAGE = 16 * 1024 * 1024
 #: Seconds between re-signed publications of the retained start time (agents refuse
 #: signatures older than 300 s by default).
 START_REFRESH = 60.0
@@ -118,10 +126,7 @@ class MqttService:
                     bridge = PahoBridge(
                         self.options,
                         client_id=f"vmr-host-{self.experiment}-{self.host_id}",
-                        subscriptions=[
-                            (f"vmr/{self.experiment}/+/up", 1),
-                            (f"vmr/{self.experiment}/+/presence", 1),
-                        ],
+                        subscriptions=self._subscriptions(),
                     )
                     await bridge.connect()
             self.bridge = bridge
@@ -131,8 +136,11 @@ class MqttService:
             if first and self.server.barrier.start_time is None:
                 for vm in self.server.sessions:  # a stale start of an earlier run must not be learnt
                     bridge.publish_nowait(self.topics(vm).start, b"", retain=True)
+                if self.role == "coordinator":
+                    bridge.publish_nowait(self.hosts_topic("_start"), b"", retain=True)
             first = False
             self.publish_start()
+            self.publish_host_state()
             self.connected.set()
             refresh = asyncio.ensure_future(self._refresh_start()) if self.server.signs else None
             try:
@@ -162,7 +170,49 @@ class MqttService:
             except Exception:  # one VM's input must never stop the others
                 log.exception("error handling %s", topic)
 
+    @property
+    def role(self) -> str:
+        return self.server.config.role
+
+    def hosts_topic(self, leaf: str) -> str:
+        """``vmr/E/_hosts/<leaf>`` (host-to-host topics; VMs have no access)."""
+        return f"vmr/{self.experiment}/_hosts/{leaf}"
+
+    def _subscriptions(self) -> List[Tuple[str, int]]:
+        subs = [(f"vmr/{self.experiment}/+/up", 1), (f"vmr/{self.experiment}/+/presence", 1)]
+        if self.role == "coordinator":
+            subs.append((self.hosts_topic("+/state"), 1))
+        elif self.role == "member":
+            subs.append((self.hosts_topic("_start"), 1))
+        return subs
+
+    def publish_host_state(self) -> None:
+        """Announce this member's VMs and configured times (retained; no-op for other roles)."""
+        if self.role == "member" and self.bridge is not None:
+            doc = json.dumps(self.server.host_state(), separators=(",", ":")).encode()
+            self.bridge.publish_nowait(self.hosts_topic(f"{self.host_id}/state"), doc, retain=True)
+
+    def _on_host_message(self, topic: str, payload: bytes) -> None:
+        prefix = self.hosts_topic("")
+        if not payload or len(payload) > MAX_HOST_MESSAGE:
+            return
+        try:
+            doc = json.loads(payload)
+        except ValueError:
+            log.warning("malformed message on %s ignored", topic)
+            return
+        if not isinstance(doc, dict):
+            return
+        rest = topic[len(prefix) :].split("/")
+        if rest == ["_start"]:
+            self.server.on_coordinator_start(doc)
+        elif len(rest) == 2 and rest[1] == "state" and rest[0] != self.host_id:
+            self.server.on_peer_state(rest[0], doc)
+
     def _on_message(self, bridge: PahoBridge, topic: str, payload: bytes) -> None:
+        if topic.startswith(self.hosts_topic("")):
+            self._on_host_message(topic, payload)
+            return
         parsed = vm_of(topic, self.experiment)
         now = time.time()
         session = self.server.sessions.get(parsed[0]) if parsed else None
@@ -217,6 +267,10 @@ class MqttService:
         for vm in self.server.sessions:
             frame = encode_message([self.server.sign_for(vm, start)], time.time())
             bridge.publish_nowait(self.topics(vm).start, frame, retain=True)
+        announcement = self.server.start_announcement()
+        if self.role == "coordinator" and announcement is not None:
+            doc = json.dumps(announcement, separators=(",", ":")).encode()
+            bridge.publish_nowait(self.hosts_topic("_start"), doc, retain=True)
 
 
 def _presence_state(payload: bytes) -> Optional[str]:

@@ -27,7 +27,7 @@ import socket
 import stat
 import time
 import uuid
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Set
 
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
@@ -36,7 +36,7 @@ from vmr_handler.control import MAX_SOCKET_PATH, ControlServer
 from vmr_handler.errors import ControlError
 from vmr_handler.events import Event
 from vmr_handler.host.barrier import Barrier
-from vmr_handler.host.config import HostConfig, HostSetupError, control_socket_path
+from vmr_handler.host.config import VM_NAME, HostConfig, HostSetupError, control_socket_path
 from vmr_handler.host.resources import ResourceRefused, ResourceStore
 from vmr_handler.host.session import HostEvents, VmSession
 from vmr_handler.host.store import ExperimentStore, TransferStore, VmLog
@@ -45,6 +45,10 @@ from vmr_handler.protocol import RESUME, START_TIME
 log = logging.getLogger("vmr_handler.host")
 
 LOCK_FILE = "vmr-host.lock"
+#: Barrier placeholder of a host that has not announced its VMs yet (never a VM name).
+PEER_PREFIX = "host:"
+#: Most VMs one peer host may announce.
+MAX_PEER_VMS = 100_000
 READ_SIZE = 64 * 1024
 STATE_VERSION = 1
 
@@ -162,7 +166,9 @@ class HostServer:
         self.limits = config.limits
         self.events = HostEvents()
         self.store = ExperimentStore(config.logs)
-        self.barrier = Barrier(config.expected, config.start_buffer)
+        self.barrier = Barrier(self.barrier_expected(), config.start_buffer)
+        #: peer host id -> the VMs it announced (coordinator)
+        self.peer_vms: Dict[str, List[str]] = {}
         self.start_id: Optional[str] = None
         self.start_set_at: Optional[float] = None
         self.resumes: List[ResumeRecord] = []
@@ -286,7 +292,7 @@ class HostServer:
         barrier = saved.get("barrier", {})
         if not isinstance(barrier, Mapping):
             raise ValueError("'barrier' must be an object")
-        self.barrier = Barrier.from_dict(barrier, cfg.expected, cfg.start_buffer)
+        self.barrier = Barrier.from_dict(barrier, self.barrier_expected(), cfg.start_buffer)
         start_id = saved.get("start_time_id")
         self.start_id = start_id if isinstance(start_id, str) and start_id else None
         set_at = saved.get("start_set_at")
@@ -315,6 +321,96 @@ class HostServer:
                 info[filename] = {"size": r.size, "sha256": r.sha256}
             out[name] = info
         return out
+
+    # ------------------------------------------------------------------ several hosts
+    def barrier_expected(self) -> Set[str]:
+        """What the barrier waits for: this host's expected VMs, plus ``host:<peer>`` for each
+        peer not yet announced (coordinator) or ``host:coordinator`` (member: never decides)."""
+        cfg = self.config
+        names = set(cfg.expected)
+        if cfg.role == "coordinator":
+            names |= {PEER_PREFIX + p for p in cfg.peers}
+        elif cfg.role == "member":
+            names.add(PEER_PREFIX + "coordinator")
+        return names
+
+    def host_state(self) -> Dict[str, Any]:
+        """This host's announcement to the coordinator (member): its VMs and their configured
+        times (UTC, this host's clock; hosts sharing a broker keep NTP time)."""
+        own = set(self.config.expected) - self.barrier.excluded
+        return {
+            "host": self.config.host_id,
+            "expected": sorted(own),
+            "configured": {vm: t for vm, t in sorted(self.barrier.configured.items()) if vm in own},
+            "sent_at": time.time(),
+        }
+
+    def on_peer_state(self, peer: str, doc: Mapping[str, Any]) -> None:
+        """A peer host's announcement (coordinator): wait for its VMs, take their configured times.
+
+        Bad input (not a listed peer, wrong shapes, bad names) is logged and ignored.
+        """
+        if self.config.role != "coordinator":
+            return
+        if peer not in self.config.peers:
+            log.warning("announcement from host %r ignored: not a --peers host", peer)
+            return
+        expected, configured = doc.get("expected"), doc.get("configured")
+        if not isinstance(expected, list) or not isinstance(configured, dict) or len(expected) > MAX_PEER_VMS:
+            log.warning("malformed announcement from host %r ignored", peer)
+            return
+        names = [n for n in expected if isinstance(n, str) and VM_NAME.match(n)]
+        elsewhere = set(self.config.vms).union(*(vs for p, vs in self.peer_vms.items() if p != peer))
+        clash = sorted(set(names) & elsewhere)
+        if clash:
+            log.error("host %r announces VM(s) served elsewhere: %s; ignored", peer, ", ".join(clash))
+            return
+        if self.peer_vms.get(peer) != sorted(names):
+            log.warning("host %s serves %d VM(s): %s", peer, len(names), ", ".join(sorted(names)[:20]))
+        self.peer_vms[peer] = sorted(names)
+        just_set = self.barrier.update_expected(add=names, remove=[PEER_PREFIX + peer])
+        for vm, at in configured.items():
+            if vm in names and isinstance(at, (int, float)) and vm not in self.barrier.configured:
+                just_set = self.barrier.configure(vm, float(at)) or just_set
+        if just_set:
+            self._start_was_set()
+        else:
+            self._save()
+
+    def on_coordinator_start(self, doc: Mapping[str, Any]) -> None:
+        """The coordinator's start (member): adopt it unless it is stale.
+
+        A retained start left from an earlier run of the same experiment name would name this
+        host's VMs as configured at times this host never saw: such a start is ignored.
+        """
+        if self.config.role != "member" or self.barrier.start_time is not None:
+            return
+        start, configured = doc.get("start_time"), doc.get("configured")
+        released = doc.get("released") or []
+        if not isinstance(start, (int, float)) or not isinstance(configured, dict):
+            log.warning("malformed start from the coordinator ignored")
+            return
+        for vm in self.config.expected:
+            if vm in released:
+                continue
+            mine, theirs = self.barrier.configured.get(vm), configured.get(vm)
+            if mine is None or not isinstance(theirs, (int, float)) or abs(theirs - mine) > 0.001:
+                log.warning("start from the coordinator ignored: it does not match %s (stale?)", vm)
+                return
+        self.barrier.restore_start(float(start))
+        self._start_was_set()
+
+    def start_announcement(self) -> Optional[Dict[str, Any]]:
+        """The start as the coordinator publishes it to member hosts (None before it is set)."""
+        b = self.barrier
+        if b.start_time is None:
+            return None
+        return {
+            "start_time": b.start_time,
+            "configured": dict(sorted(b.configured.items())),
+            "released": sorted(b.released | b.excluded),
+            "coordinator": self.config.host_id,
+        }
 
     def state_dict(self) -> Dict[str, Any]:
         """What ``experiment.json`` holds."""
@@ -357,6 +453,8 @@ class HostServer:
             self._start_was_set()
         elif not self._loading:
             self._save()
+        if self.mqtt is not None and not self._loading:
+            self.mqtt.publish_host_state()
 
     def on_resume_answer(self, vm: str, resume_id: str, data: Mapping[str, Any], at: float) -> None:
         """``vm`` answered RESUME ``resume_id``: record it (it is no longer re-sent to ``vm``)."""
@@ -415,6 +513,9 @@ class HostServer:
             "now": now,
             "host_version": __version__,
             "mode": self.mode,
+            "role": self.config.role,
+            "host_id": self.config.host_id,
+            "peers": {p: self.peer_vms.get(p) for p in sorted(self.config.peers)},
             "logs": os.path.abspath(self.config.logs),
             "channels": None if self.mode == "mqtt" else os.path.abspath(self.config.channels),
             "broker": self.config.mqtt.broker if self.config.mqtt is not None else None,
@@ -481,6 +582,8 @@ class HostServer:
         exclude = request.get("exclude") or []
         if not isinstance(exclude, list) or not all(isinstance(v, str) for v in exclude):
             raise ValueError("'exclude' must be a list of VM names")
+        if self.config.role == "member":
+            raise ValueError("this host is a member: release the barrier on the coordinator host")
         start = self.barrier.release(time.time(), exclude)
         if start is not None:
             self._start_was_set()
