@@ -3,7 +3,7 @@
 # inside a debootstrap'd Debian 11 "bullseye" chroot (glibc 2.31, python3 3.9 with the shared
 # libpython3.9), then report the glibc floor of the result.
 #
-#   packaging/build-old-glibc.sh [DIST_DIR]      (default DIST_DIR: <repo>/dist-bullseye)
+#   packaging/build-old-glibc.sh [DIST_DIR]      (default DIST_DIR: <repo>/dist/bullseye)
 #
 # Result: DIST_DIR/vmr-handler/vmr-handler (onedir bundle). Needs root (debootstrap, chroot,
 # mounts), debootstrap, objdump (binutils) on this machine, and network access to the Debian
@@ -28,7 +28,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(dirname "$here")
-dist=${1:-$repo/dist-bullseye}
+dist=${1:-$repo/dist/bullseye}
 root=${VMR_CHROOT:-/var/cache/vmr-handler/bullseye}
 suite=${VMR_SUITE:-bullseye}
 mirror=${VMR_MIRROR:-http://deb.debian.org/debian}
