@@ -74,6 +74,8 @@ class AgentConfig:
             schedule, start time or RESUME is applied only with a valid, fresh signature
             (SPEC §7); the ``start_time`` of ``welcome`` (unsigned) is not used.
         signature_max_age: seconds a signature stays fresh (host clock).
+        http_ca_file: CA certificate file that signs ``vmr-host``'s HTTPS certificate (resources
+            over HTTPS); None: the broker's CA (``mqtt.ca_file``/``ca_pem``), else the system CAs.
     """
 
     port: str = DEFAULT_PORT
@@ -91,6 +93,7 @@ class AgentConfig:
     mqtt: Optional[MqttOptions] = None
     public_key: Optional[str] = None
     signature_max_age: float = 300.0
+    http_ca_file: Optional[str] = None
 
 
 class HostLink:
@@ -567,6 +570,10 @@ class ConnectedAgent:
         resources = data.get("resources")
         if isinstance(resources, dict):
             self._resources = {str(k): v for k, v in resources.items() if isinstance(v, dict)}
+            http = data.get("http")
+            for info in self._resources.values():  # over HTTP(S): each url with the VM's token
+                if "url" in info and isinstance(http, dict):
+                    info["token"] = http.get("token")
         if self._schedule is not None:
             same = self._schedule.digest == schedule.digest
             return P.result_data(
@@ -667,12 +674,18 @@ class ConnectedAgent:
             except EntryError as exc:
                 self._report(EventType.SCHEDULE_WARNING, status="error", details=str(exc))
                 continue
-            want = self._resources.get(name, {}).get("sha256")
+            info = self._resources.get(name, {})
+            want = info.get("sha256")
             target = os.path.join(root, hashlib.sha256(name.encode()).hexdigest()[:16])
             if want and os.path.exists(target) and _sha256_file(target) == want:
                 _link_name(root, name, target)
                 continue
-            error = await self._fetch_one(name, target)
+            if "url" in info:
+                error = await self._fetch_http(name, target, info)
+            else:
+                error = await self._fetch_one(name, target)
+            if self._stopped.is_set():
+                break
             if error:
                 self._report(
                     EventType.SCHEDULE_WARNING, status="error", details=f"resource {name!r}: {error}"
@@ -714,6 +727,44 @@ class ConnectedAgent:
             finally:
                 self.link.forget_request(ident)
         return "gave up after 50 attempts"
+
+    async def _fetch_http(self, name: str, target: str, info: Mapping[str, Any]) -> Optional[str]:
+        """Download one resource from the ``url`` announced with the schedule (``vmr-host serve
+        --http``) in a worker thread (:func:`vmr_handler.httpfetch.fetch`: resumable, retried,
+        checked against the announced sha256); None on success, else why not. Ends at the next
+        block when the agent stops (the ``.part`` file is kept for the next start)."""
+        import threading
+
+        from vmr_handler.httpfetch import fetch
+
+        url, token, sha256, size = (info.get(k) for k in ("url", "token", "sha256", "size"))
+        if not (isinstance(url, str) and isinstance(token, str) and isinstance(sha256, str)):
+            return "announced with a url but without token and sha256"
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            return "announced with a url but without a size"
+        cancel = threading.Event()
+        job = asyncio.ensure_future(
+            asyncio.to_thread(fetch, url, token, target, sha256, size, self._http_verify(), cancel)
+        )
+        stopped = asyncio.ensure_future(self._stopped.wait())
+        try:
+            await asyncio.wait([job, stopped], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            cancel.set()  # (done already, or the agent stops: end the download)
+        return await job
+
+    def _http_verify(self) -> bool | str:
+        """TLS trust for https resources: ``http_ca_file``, else the broker's CA (``ca_pem`` is
+        written to ``<state>/http-ca.pem``: requests needs a file), else the system CAs."""
+        mqtt = self.config.mqtt
+        if self.config.http_ca_file or mqtt is None or not (mqtt.ca_file or mqtt.ca_pem):
+            return self.config.http_ca_file or True
+        if mqtt.ca_file:
+            return mqtt.ca_file
+        path = os.path.join(self.config.state_dir, "http-ca.pem")
+        atomic_write(path, str(mqtt.ca_pem).encode(), mode=0o644)
+        return path
 
     # -------------------------------------------------------------- main
     async def run(self) -> int:

@@ -80,6 +80,11 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PEM|FILE",
         help="the host's Ed25519 public key: apply only signed schedules, start times and RESUMEs",
     )
+    run.add_argument(
+        "--http-ca-file",
+        metavar="FILE",
+        help="CA certificate of vmr-host's HTTPS resource server (default: the broker's CA, else system)",
+    )
     mq = run.add_argument_group("MQTT transport (docs/mqtt.md)")
     mq.add_argument(
         "--transport",
@@ -251,7 +256,7 @@ CONFIG_KEYS = {
     "peer_timeout": (int, float), "transport": str, "broker": str, "experiment": str,
     "username": str, "password": str, "password_file": str, "ca_file": str, "ca_pem": str,
     "cert_file": str, "key_file": str, "keepalive": int, "public_key": str,
-    "signature_max_age": (int, float),
+    "signature_max_age": (int, float), "http_ca_file": str,
 }  # fmt: skip
 
 
@@ -320,6 +325,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if name:
             agent_config.vm_name = name
         agent_config.public_key = _setting(args, settings, "public_key", None)
+        agent_config.http_ca_file = _setting(args, settings, "http_ca_file", None)
         if "signature_max_age" in settings:
             agent_config.signature_max_age = float(settings["signature_max_age"])
         if _setting(args, settings, "transport", "virtio-serial") == "mqtt":

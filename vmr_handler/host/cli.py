@@ -4,6 +4,7 @@ Commands::
 
     vmr-host serve --schedules DIR [--resources DIR] [--logs DIR] [--channels DIR]
                    [--start-buffer SECONDS] [--expect VM,...] [--connect] [--allow-class NAME]...
+                   [--http HOST:PORT [--http-url URL] [--http-cert FILE [--http-key FILE]]]
     vmr-host status [--logs DIR] [--json]
     vmr-host resume (VM... | --all) [--logs DIR] [--json]
     vmr-host release [--exclude VM...] [--logs DIR] [--json]
@@ -162,6 +163,12 @@ def _parser() -> argparse.ArgumentParser:
     # debug/test tuning (docs/host.md): keep --heartbeat well under the agent's 15 s silence limit
     serve.add_argument("--heartbeat", type=_positive, default=5.0, help=argparse.SUPPRESS)
     serve.add_argument("--silent-after", type=_positive, default=15.0, help=argparse.SUPPRESS)
+    serve.add_argument("--http-debug-rate", type=_positive, metavar="BYTES/S", help=argparse.SUPPRESS)
+    web = serve.add_argument_group("VM resources over HTTP(S) (docs/host.md)")
+    web.add_argument("--http", metavar="HOST:PORT", help="serve `filename` drops over HTTP(S) here")
+    web.add_argument("--http-url", metavar="URL", help="base URL agents use (default http[s]://HOST:PORT)")
+    web.add_argument("--http-cert", metavar="FILE", help="PEM server certificate: serve HTTPS")
+    web.add_argument("--http-key", metavar="FILE", help="PEM key of --http-cert (if not in it)")
 
     status = sub.add_parser("status", help="every VM and whom the barrier waits for")
     logs(status)
@@ -280,6 +287,18 @@ def build_config(args: argparse.Namespace) -> HostConfig:
             signing_key = load_private_key(args.signing_key)
         except SigningError as exc:
             raise UsageError(f"--signing-key: {exc}") from exc
+    http = None
+    if args.http:
+        from vmr_handler.host.http import parse_http_options
+
+        try:
+            http = parse_http_options(
+                args.http, args.http_url, args.http_cert, args.http_key, args.http_debug_rate
+            )
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+    elif args.http_url or args.http_cert or args.http_key:
+        raise UsageError("--http-url/--http-cert/--http-key need --http HOST:PORT")
     mqtt = None
     if args.transport == "mqtt":
         mqtt = mqtt_options(args)
@@ -305,6 +324,7 @@ def build_config(args: argparse.Namespace) -> HostConfig:
         role=role,
         peers=peers,
         signing_key=signing_key,
+        http=http,
     )
 
 

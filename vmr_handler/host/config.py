@@ -16,6 +16,7 @@ from vmr_handler.errors import ControlError, VmrError
 from vmr_handler.protocol import MAX_FRAME
 
 if TYPE_CHECKING:
+    from vmr_handler.host.http import HttpOptions
     from vmr_handler.transports.mqtt import MqttOptions
 
 #: A VM name is used in file names (``<vm>.sock``, ``<vm>.jsonl``): keep it plain.
@@ -109,6 +110,8 @@ class HostConfig:
         peers: a coordinator's peer host ids: the start waits until each announced its VMs.
         signing_key: the host's Ed25519 private key (``vmr-host keygen``); schedule, start
             time and RESUME are signed with it (SPEC §7). None: unsigned.
+        http: serve VM-resource files over HTTP(S) (``--http``, :mod:`vmr_handler.host.http`);
+            None: only over the channel.
     """
 
     vms: Dict[str, VmSpec]
@@ -125,6 +128,7 @@ class HostConfig:
     role: str = "standalone"
     peers: FrozenSet[str] = frozenset()
     signing_key: Any = None
+    http: Optional[HttpOptions] = None
 
 
 CONTROL_SOCKET = "vmr-host.sock"

@@ -20,6 +20,10 @@ class ResourceRefused(Exception):
     """A resource request the host will not serve; the message says why (sent to the agent)."""
 
 
+class ResourceMissing(ResourceRefused):
+    """The name is acceptable but no such file is in the resource directory (HTTP 404)."""
+
+
 @dataclass(frozen=True)
 class ResourceInfo:
     """A resolved resource file.
@@ -78,7 +82,7 @@ class ResourceStore:
         try:
             st = os.stat(path)
         except OSError as exc:
-            raise ResourceRefused(f"resource {name!r} not found") from exc
+            raise ResourceMissing(f"resource {name!r} not found") from exc
         if not stat.S_ISREG(st.st_mode):
             raise ResourceRefused(f"resource {name!r} is not a regular file")
         return path, st

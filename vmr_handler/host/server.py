@@ -20,6 +20,7 @@ bytes to that VM's :class:`~vmr_handler.host.session.VmSession`. The control soc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
@@ -37,6 +38,7 @@ from vmr_handler.errors import ControlError
 from vmr_handler.events import Event
 from vmr_handler.host.barrier import Barrier
 from vmr_handler.host.config import VM_NAME, HostConfig, HostSetupError, control_socket_path
+from vmr_handler.host.http import NoteFn, ResourceHttp
 from vmr_handler.host.resources import ResourceRefused, ResourceStore
 from vmr_handler.host.session import HostEvents, VmSession
 from vmr_handler.host.store import ExperimentStore, TransferStore, VmLog
@@ -174,6 +176,7 @@ class HostServer:
         self.resumes: List[ResumeRecord] = []
         self.sessions: Dict[str, VmSession] = {}
         self.resources = ResourceStore(config.resources)
+        self.http: Optional[ResourceHttp] = None  # with --http
         self._opened = False
         self._loading = False
         self._servers: List[asyncio.AbstractServer] = []
@@ -231,6 +234,9 @@ class HostServer:
             raise HostSetupError(f"cannot prepare {cfg.logs}: {exc}") from exc
         except ValueError as exc:
             raise HostSetupError(f"cannot restore the experiment state: {exc}") from exc
+        if cfg.http is not None:  # tokens now: the schedule events carry them
+            streams = self.limits.resource_streams
+            self.http = ResourceHttp(cfg.http, cfg.vms, self.resources, cfg.logs, streams)
         resource_info = self._resource_info()
         self._loading = True
         try:
@@ -249,6 +255,7 @@ class HostServer:
                     self,
                     self.events,
                     resource_info.get(name, {}),
+                    self.http.schedule_data(name) if self.http is not None else None,
                 )
                 self.sessions[name] = session
                 try:
@@ -308,7 +315,8 @@ class HostServer:
             log.info("restored experiment start time %.3f", self.barrier.start_time)
 
     def _resource_info(self) -> Dict[str, Dict[str, Dict[str, Any]]]:
-        """Per VM: ``{filename: {"size", "sha256"}}`` of the resources its schedule names."""
+        """Per VM: ``{filename: {"size", "sha256"[, "url"]}}`` of the resources its schedule names
+        (``url`` with ``--http``: the agent fetches them over HTTP(S) instead of the channel)."""
         out: Dict[str, Dict[str, Dict[str, Any]]] = {}
         for name, spec in self.config.vms.items():
             info: Dict[str, Dict[str, Any]] = {}
@@ -319,6 +327,8 @@ class HostServer:
                     log.warning("%s: %s (the agent will be refused it)", name, exc)
                     continue
                 info[filename] = {"size": r.size, "sha256": r.sha256}
+                if self.http is not None:
+                    info[filename]["url"] = self.http.url(name, filename)
             out[name] = info
         return out
 
@@ -620,6 +630,8 @@ class HostServer:
         except OSError as exc:
             raise HostSetupError(f"cannot bind the control socket: {exc}") from exc
         try:
+            if self.http is not None:
+                self.http.start(self._http_notes(asyncio.get_running_loop()))
             if self.config.mqtt is not None:
                 from vmr_handler.host.mqtt import MqttService
 
@@ -645,6 +657,29 @@ class HostServer:
             await stop.wait()
         finally:
             await self._shutdown()
+
+    def _http_notes(self, loop: asyncio.AbstractEventLoop) -> NoteFn:
+        """The thread-safe ``note`` of the HTTP resource server: on the loop, a download or a
+        refusal goes to the VM's counters and (``text`` not None) its readable log."""
+
+        def apply(vm: str, text: Optional[str], outcome: str) -> None:
+            s = self.sessions.get(vm)
+            if s is None:
+                return
+            if outcome == "served":
+                s.counters.resources_served += 1
+            elif outcome == "refused":
+                s.counters.resources_refused += 1
+            if text is not None:
+                s.log.note(text, time.time())
+                if outcome != "refused":  # refusals are logged (rate-limited) by the HTTP server
+                    log.info("%s: %s", vm, text)
+
+        def note(vm: str, text: Optional[str], outcome: str) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the host is gone
+                loop.call_soon_threadsafe(apply, vm, text, outcome)
+
+        return note
 
     async def _watch(self, job: Any, stop: asyncio.Event) -> None:
         """Run ``job``; if it fails for good (e.g. the broker refuses this host), log and stop."""
@@ -755,6 +790,8 @@ class HostServer:
                     log.exception("%s: tick failed", s.name)
 
     async def _shutdown(self) -> None:
+        if self.http is not None:
+            await asyncio.to_thread(self.http.stop)
         for s in self.sessions.values():
             if s.link is not None:
                 s.link.close()

@@ -206,6 +206,13 @@ class Counters:
     hello_flood: int = 0
 
 
+def worth_logging(n: int) -> bool:
+    """Whether the ``n``-th (1-based) occurrence of a remark is logged: the 1st-5th, then every
+    power of 10 (so a hostile guest cannot flood the host's logs)."""
+    digits = str(n)
+    return n <= 5 or (digits[0] == "1" and set(digits[1:]) <= {"0"})
+
+
 def schedule_event_id(digest: str) -> str:
     """The stable id of the ``schedule`` event for a schedule with this sha256."""
     return f"schedule-{digest[:32]}"
@@ -223,7 +230,10 @@ class VmSession:
         resources: the shared resource store.
         host: the experiment (start time, RESUMEs, barrier).
         events: the host's event maker.
-        resource_info: ``{filename: {"size", "sha256"}}`` announced with the schedule.
+        resource_info: ``{filename: {"size", "sha256"[, "url"]}}`` announced with the schedule.
+        http: ``{"base", "token"}`` of the host's resource HTTP server for this VM
+            (:meth:`vmr_handler.host.http.ResourceHttp.schedule_data`), announced with the
+            schedule as its ``http`` member; None without ``--http``.
     """
 
     def __init__(
@@ -237,6 +247,7 @@ class VmSession:
         host: HostApi,
         events: HostEvents,
         resource_info: Mapping[str, Mapping[str, Any]],
+        http: Optional[Mapping[str, str]] = None,
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -254,6 +265,8 @@ class VmSession:
             "size": len(spec.schedule_bytes),
             "resources": {k: dict(v) for k, v in sorted(resource_info.items())},
         }
+        if http is not None:  # large resources come over HTTP(S) (urls in "resources")
+            schedule_data["http"] = dict(http)
         if len(spec.schedule_bytes) <= INLINE_SCHEDULE:
             schedule_data["data_b64"] = base64.b64encode(spec.schedule_bytes).decode("ascii")
         else:  # too big for one frame: the agent fetches it in chunks (resource_request)
@@ -379,8 +392,7 @@ class VmSession:
         """Log a hostile-input remark, rate-limited per kind (1st-5th, then every power of 10)."""
         n = self._warned.get(kind, 0) + 1
         self._warned[kind] = n
-        digits = str(n)
-        if n <= 5 or (digits[0] == "1" and set(digits[1:]) <= {"0"}):
+        if worth_logging(n):
             more = f" (x{n})" if n > 1 else ""
             log.warning("%s: %s%s", self.name, text, more)
             self.log.note(text + more, now)

@@ -1,0 +1,493 @@
+"""VM-resource files over HTTP(S): ``vmr-host serve --http HOST:PORT`` (issue 6 §1).
+
+Large ``filename`` drops do not travel as base64 ``resource_chunk`` events through the
+channel or the broker: the agent downloads them from this server, with one secret token per
+VM, and checks them against the sha256 announced in the (signed) ``schedule`` event.
+
+URL layout: ``GET|HEAD <base>/r/<vm>/<name>`` with ``Authorization: Bearer <token>``.
+
+* **401** missing or unknown token (``WWW-Authenticate: Bearer``).
+* **403** the token is another VM's, ``name`` is not a ``filename`` drop of that VM's
+  schedule, or :class:`~vmr_handler.host.resources.ResourceStore` refuses it (absolute, ``..``,
+  a symlink leading out of ``--resources``, not a regular file).
+* **404** a named resource that is not there; any other path.
+* **503** (``Retry-After: 1``) the VM already has ``Limits.resource_streams`` downloads under
+  way, or the server holds its maximum of connections.
+* **206** for ``Range: bytes=N-`` / ``bytes=N-M`` (one range; ``Content-Range``), **416** for a
+  start at or past the end; other ``Range`` forms are ignored (200, whole file).
+* ``ETag`` is the quoted sha256 of the file as served now.
+
+Tokens (``secrets.token_urlsafe(32)``, one per VM) live in ``<logs>/http-tokens.json``
+(mode 0600) so a restarted host keeps them; VMs new to the file get a token at start.
+
+Design: the stdlib :class:`http.server.ThreadingHTTPServer` in a thread of its own, one
+thread per connection, rather than asyncio streams on the host loop. File reads, sha256
+hashing of a changed file and (with TLS) handshakes are blocking work that must never stall
+the loop that runs the barrier and every VM's channel; threads give that for free, with no
+new dependency, and ``http.server`` parses requests and headers for us. The cost is a thread
+per open connection, bounded by ``max_connections`` (beyond it connections are closed at
+once) and freed after ``SOCKET_TIMEOUT`` seconds of client silence. With TLS the listening
+socket is not wrapped: each accepted socket is wrapped without an immediate handshake, so the
+handshake happens in the connection's own thread and a slow client cannot hold up ``accept``.
+
+Everything the threads tell the rest of the host goes through the ``note`` callback given to
+:meth:`ResourceHttp.start`, which must be thread-safe (the server hands it to its loop).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import secrets
+import socket
+import socketserver
+import ssl
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+
+from vmr_handler import __version__
+from vmr_handler.host.config import HostSetupError, VmSpec
+from vmr_handler.host.resources import ResourceMissing, ResourceRefused, ResourceStore
+from vmr_handler.host.session import worth_logging
+from vmr_handler.host.store import atomic_write_json
+
+log = logging.getLogger("vmr_handler.host.http")
+
+TOKENS_FILE = "http-tokens.json"
+#: Bytes read from the file and written to the socket at a time.
+CHUNK = 256 * 1024
+#: Seconds a connection may stay silent (request line, headers, a stalled reader).
+SOCKET_TIMEOUT = 60.0
+#: What ``note`` is told about a request: a whole download, a broken one, a refusal.
+SERVED, INTERRUPTED, REFUSED = "served", "interrupted", "refused"
+
+#: ``note(vm, text, outcome)``: called from HTTP threads, must be thread-safe. ``text`` is the
+#: line for the VM's readable log, None for a refusal counted but not logged (rate limit).
+NoteFn = Callable[[str, Optional[str], str], None]
+
+
+@dataclass(frozen=True)
+class HttpOptions:
+    """How ``vmr-host serve`` serves VM resources over HTTP(S).
+
+    Attributes:
+        host: address to bind (a name or IP; ``0.0.0.0`` / ``::`` for every interface).
+        port: TCP port to bind (1-65535).
+        base_url: the URL prefix agents use (``http[s]://NAME:PORT``, no trailing ``/``).
+        cert_file: PEM server certificate (chain) for HTTPS; None: plain HTTP.
+        key_file: PEM private key of ``cert_file`` (None: the key is in ``cert_file``).
+        debug_rate: tests only: bytes per second each download is held to (None: full speed).
+    """
+
+    host: str
+    port: int
+    base_url: str
+    cert_file: Optional[str] = None
+    key_file: Optional[str] = None
+    debug_rate: Optional[float] = None
+
+
+def parse_http_options(
+    bind: str,
+    url: Optional[str] = None,
+    cert_file: Optional[str] = None,
+    key_file: Optional[str] = None,
+    debug_rate: Optional[float] = None,
+) -> HttpOptions:
+    """:class:`HttpOptions` from the ``--http*`` flags.
+
+    Args:
+        bind: ``HOST:PORT`` (``[V6ADDR]:PORT`` for IPv6).
+        url: ``--http-url``; default ``http[s]://HOST:PORT`` (not for a wildcard HOST).
+        cert_file, key_file: ``--http-cert`` / ``--http-key``.
+        debug_rate: ``--http-debug-rate`` bytes per second, > 0.
+
+    Raises:
+        ValueError: a malformed value, a key without a certificate, a wildcard bind address
+            without ``url``, or a ``url`` that is not ``http[s]://``; the message names the flag.
+    """
+    host, sep, port_text = bind.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"--http {bind!r}: expected HOST:PORT with a port 1-65535")
+    if key_file and not cert_file:
+        raise ValueError("--http-key needs --http-cert")
+    for flag, path in (("--http-cert", cert_file), ("--http-key", key_file)):
+        if path and not os.path.isfile(path):
+            raise ValueError(f"{flag} {path}: no such file")
+    if debug_rate is not None and not debug_rate > 0:
+        raise ValueError("--http-debug-rate must be > 0 bytes per second")
+    scheme = "https" if cert_file else "http"
+    if url is None:
+        if host in ("0.0.0.0", "::", ""):
+            raise ValueError(f"--http {bind}: binds every interface; give --http-url (how agents reach it)")
+        url = f"{scheme}://{'[' + host + ']' if ':' in host else host}:{port_text}"
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+        raise ValueError(f"--http-url {url!r}: expected http[s]://HOST[:PORT][/PREFIX]")
+    return HttpOptions(host, int(port_text), url.rstrip("/"), cert_file, key_file, debug_rate)
+
+
+def load_tokens(logs: str, vms: Any) -> Dict[str, str]:
+    """Every VM's token from ``<logs>/http-tokens.json``, adding (and saving) any missing one.
+
+    Args:
+        logs: the host's logs directory (must exist).
+        vms: the VM names served now (tokens of VMs no longer served are kept in the file).
+
+    Returns:
+        ``{vm: token}`` for every VM in ``vms``.
+
+    Raises:
+        HostSetupError: (exit 1) the file cannot be read, is not ``{"version": 1, "tokens":
+            {vm: str}}``, or cannot be written.
+    """
+    path = os.path.join(logs, TOKENS_FILE)
+    tokens: Dict[str, str] = {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+        raw = doc.get("tokens") if isinstance(doc, dict) else None
+        if not isinstance(raw, dict) or not all(isinstance(v, str) and v for v in raw.values()):
+            raise ValueError('expected {"version": 1, "tokens": {"<vm>": "<token>"}}')
+        tokens = {str(k): v for k, v in raw.items()}
+        os.chmod(path, 0o600)
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as exc:
+        raise HostSetupError(f"cannot use {path}: {exc}") from exc
+    missing = [vm for vm in vms if vm not in tokens]
+    for vm in missing:
+        tokens[vm] = secrets.token_urlsafe(32)
+    if missing or not os.path.exists(path):
+        try:
+            atomic_write_json(path, {"version": 1, "tokens": dict(sorted(tokens.items()))})  # mode 0600
+        except OSError as exc:
+            raise HostSetupError(f"cannot write {path}: {exc}") from exc
+    return {vm: tokens[vm] for vm in vms}
+
+
+def _token_key(token: str) -> str:
+    """Tokens are looked up by their sha256, so the lookup time tells nothing about them."""
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def parse_range(header: Optional[str], size: int) -> Optional[Tuple[int, int]]:
+    """The byte range ``[start, end]`` (inclusive) a ``Range`` header asks of a ``size``-byte
+    file, or None for the whole file (no header, or a form this server ignores: several
+    ranges, a suffix range, malformed).
+
+    Raises:
+        ValueError: a single range starting at or past the end (answer 416).
+    """
+    if not header or not header.startswith("bytes=") or "," in header:
+        return None
+    first, dash, last = header[6:].strip().partition("-")
+    if not dash or not first.isdigit() or (last and not last.isdigit()):
+        return None
+    start = int(first)
+    end = min(int(last), size - 1) if last else size - 1
+    if start >= size:
+        raise ValueError(f"range start {start} is not before the end of the file ({size} bytes)")
+    if end < start:
+        return None
+    return start, end
+
+
+class _Server(ThreadingHTTPServer):
+    """The threading server plus: a cap on connections, TLS per connection, the app."""
+
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, address: Tuple[str, int], app: ResourceHttp, tls: Optional[ssl.SSLContext]) -> None:
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self.app = app
+        self.tls = tls
+        self._active = 0
+        self._count_lock = threading.Lock()
+        super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind would look up the FQDN of the address (DNS): not needed
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
+
+    def get_request(self) -> Tuple[Any, Any]:
+        sock, addr = self.socket.accept()
+        if self.tls is not None:  # handshake later, in the connection's thread
+            sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, addr
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._count_lock:
+            full = self._active >= self.app.max_connections
+            if not full:
+                self._active += 1
+        if full:
+            self.app.refusals_of(None, f"connection from {client_address[0]} closed: server full")
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._count_lock:
+                self._active -= 1
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.info("http: connection from %s ended with an error", client_address[0], exc_info=True)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+    server_version = f"vmr-host/{__version__}"
+    sys_version = ""
+    timeout = SOCKET_TIMEOUT
+
+    def do_GET(self) -> None:
+        self.server.app.handle(self, head=False)
+
+    def do_HEAD(self) -> None:
+        self.server.app.handle(self, head=True)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("http: %s %s", self.address_string(), format % args)
+
+
+class ResourceHttp:
+    """The HTTP(S) resource server of one ``vmr-host serve``.
+
+    Build it at host set-up (tokens are loaded or made then, so the schedule events can carry
+    them), :meth:`start` it on the running host, :meth:`stop` it at shutdown.
+
+    Args:
+        options: flags (:func:`parse_http_options`).
+        vms: the served VMs (a VM may fetch only its own schedule's ``filename`` drops).
+        store: the host's resource store (confinement, sizes, cached sha256).
+        logs: the logs directory (``http-tokens.json``).
+        streams: concurrent downloads per VM (``Limits.resource_streams``).
+
+    Raises:
+        HostSetupError: the token file cannot be used (exit 1).
+    """
+
+    def __init__(
+        self, options: HttpOptions, vms: Mapping[str, VmSpec], store: ResourceStore, logs: str, streams: int
+    ) -> None:
+        self.options = options
+        self.vms = dict(vms)
+        self.store = store
+        self.streams = streams
+        self.tokens = load_tokens(logs, sorted(vms))
+        self._by_token = {_token_key(t): vm for vm, t in self.tokens.items()}
+        #: threads open at most: every VM's downloads plus a keep-alive connection each
+        self.max_connections = max(64, (streams + 2) * len(self.vms))
+        self._busy: Dict[str, int] = {}
+        self._refused: Dict[Optional[str], int] = {}
+        self._lock = threading.Lock()
+        self._note: NoteFn = lambda vm, text, outcome: None
+        self._server: Optional[_Server] = None
+        self._thread: Optional[threading.Thread] = None
+        self._stopping = threading.Event()
+
+    # ------------------------------------------------------------------ what the schedule says
+    def url(self, vm: str, name: str) -> str:
+        """The URL of resource ``name`` for ``vm``."""
+        return f"{self.options.base_url}/r/{urllib.parse.quote(vm)}/{urllib.parse.quote(name)}"
+
+    def schedule_data(self, vm: str) -> Dict[str, str]:
+        """The ``http`` member of ``vm``'s ``schedule`` event: ``{"base", "token"}``."""
+        return {"base": self.options.base_url, "token": self.tokens[vm]}
+
+    # ------------------------------------------------------------------ life
+    @property
+    def address(self) -> Tuple[str, int]:
+        """The bound address (host, port); only after :meth:`start`."""
+        assert self._server is not None
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
+
+    def start(self, note: NoteFn) -> None:
+        """Bind and serve in a daemon thread.
+
+        Args:
+            note: thread-safe ``note(vm, text, outcome)`` for the VM's log and counters.
+
+        Raises:
+            HostSetupError: the address cannot be bound (exit 1) or the certificate/key cannot
+                be loaded (exit 2).
+        """
+        tls = None
+        o = self.options
+        if o.cert_file:
+            try:
+                tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+                tls.load_cert_chain(o.cert_file, o.key_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise HostSetupError(f"--http-cert/--http-key: cannot load {o.cert_file}: {exc}", 2) from exc
+        try:
+            self._server = _Server((o.host, o.port), self, tls)
+        except OSError as exc:
+            raise HostSetupError(f"--http {o.host}:{o.port}: cannot listen: {exc}") from exc
+        self._note = note
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name="vmr-host-http",
+            daemon=True,
+        )
+        self._thread.start()
+        log.warning("serving VM resources at %s (listening on %s:%d)", o.base_url, *self.address)
+
+    def stop(self) -> None:
+        """Stop accepting, end downloads under way at their next chunk, close the socket.
+
+        Blocking (up to ~0.2 s): call it from a thread on a running loop.
+        """
+        self._stopping.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    # ------------------------------------------------------------------ requests
+    def refusals_of(self, vm: Optional[str], text: str) -> None:
+        """Log a refusal (rate-limited per VM: 1st-5th, then every power of 10); ``vm`` None
+        when the requester is unknown (bad token, server full)."""
+        with self._lock:
+            n = self._refused[vm] = self._refused.get(vm, 0) + 1
+        logged = worth_logging(n)
+        if logged:
+            text = f"http: {text}" + (f" (x{n})" if n > 1 else "")
+            log.warning("%s%s", f"{vm}: " if vm else "", text)
+        if vm is not None:
+            self._note(vm, text if logged else None, REFUSED)
+
+    def _answer(self, h: _Handler, code: int, text: str, headers: Optional[Mapping[str, str]] = None) -> None:
+        body = (text + "\n").encode()
+        h.send_response(code)
+        for k, v in (headers or {}).items():
+            h.send_header(k, v)
+        h.send_header("Content-Type", "text/plain; charset=utf-8")
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        if h.command != "HEAD":
+            h.wfile.write(body)
+
+    def _who(self, authorization: Optional[str]) -> Optional[str]:
+        """The VM whose token ``Authorization: Bearer <token>`` carries, or None."""
+        scheme, _sp, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return None
+        return self._by_token.get(_token_key(token.strip()))
+
+    def handle(self, h: _Handler, head: bool) -> None:
+        """Answer one GET/HEAD (in the connection's thread)."""
+        parts = urllib.parse.urlsplit(h.path).path.split("/", 3)
+        if len(parts) != 4 or parts[0] or parts[1] != "r" or not parts[2] or not parts[3]:
+            self._answer(h, 404, "not found: resources are at /r/<vm>/<name>")
+            return
+        vm, name = urllib.parse.unquote(parts[2]), urllib.parse.unquote(parts[3])
+        who = self._who(h.headers.get("Authorization"))
+        if who is None:
+            peer = h.client_address[0]
+            self.refusals_of(None, f"{h.command} {h.path[:200]!r} from {peer}: bad or no token")
+            self._answer(h, 401, "a valid bearer token is needed", {"WWW-Authenticate": "Bearer"})
+            return
+        if vm != who:
+            self.refusals_of(who, f"{h.command} {name[:200]!r} of VM {vm[:64]!r} refused: not this VM's")
+            self._answer(h, 403, "this token gives access to its own VM's resources only")
+            return
+        if name not in self.vms[who].filenames:
+            self.refusals_of(who, f"{h.command} {name[:200]!r} refused: not a filename drop of its schedule")
+            self._answer(h, 403, f"{name!r} is not a filename drop of this VM's schedule")
+            return
+        try:
+            info = self.store.info(name)  # may hash a changed file: fine in this thread
+        except ResourceRefused as exc:
+            missing = isinstance(exc, ResourceMissing)
+            self.refusals_of(who, f"{h.command} {name[:200]!r}: {exc}")
+            self._answer(h, 404 if missing else 403, str(exc))
+            return
+        with self._lock:
+            busy = self._busy.get(who, 0)
+            if busy < self.streams:
+                self._busy[who] = busy + 1
+        if busy >= self.streams:
+            self.refusals_of(who, f"{h.command} {name[:200]!r}: busy ({busy} downloads under way)")
+            self._answer(h, 503, f"busy: {busy} downloads under way; ask again later", {"Retry-After": "1"})
+            return
+        try:
+            self._send_file(h, who, info.name, info.path, info.size, info.sha256, head)
+        finally:
+            with self._lock:
+                self._busy[who] -= 1
+
+    def _send_file(
+        self, h: _Handler, vm: str, name: str, path: str, size: int, sha256: str, head: bool
+    ) -> None:
+        """Send ``path`` (or the asked range) in :data:`CHUNK` pieces; note the outcome."""
+        header = h.headers.get("Range")
+        try:
+            rng = parse_range(header, size)
+        except ValueError as exc:
+            self.refusals_of(vm, f"{h.command} {name!r} Range {header!r}: 416 ({exc})")
+            self._answer(h, 416, str(exc), {"Content-Range": f"bytes */{size}"})
+            return
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            self._answer(h, 404, f"{name!r} cannot be opened: {exc.strerror}")
+            return
+        start, end = rng if rng is not None else (0, size - 1)
+        code = 206 if rng is not None else 200
+        length = end - start + 1
+        sent = 0
+        began = time.monotonic()
+        try:
+            h.send_response(code)
+            h.send_header("Content-Type", "application/octet-stream")
+            h.send_header("Content-Length", str(length))
+            h.send_header("Accept-Ranges", "bytes")
+            h.send_header("ETag", f'"{sha256}"')
+            if rng is not None:
+                h.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+            h.end_headers()
+            if head:
+                return
+            rate = self.options.debug_rate
+            while sent < length and not self._stopping.is_set():
+                piece = os.pread(fd, min(CHUNK, length - sent), start + sent)
+                if not piece:
+                    break  # the file shrank under us: the client sees a short body
+                h.wfile.write(piece)
+                sent += len(piece)
+                if rate and sent < length:
+                    time.sleep(max(0.0, began + sent / rate - time.monotonic()))
+        except OSError as exc:  # the client went away (BrokenPipe, reset, timeout)
+            h.close_connection = True
+            log.debug("http: %s %s: %s", vm, name, exc)
+        finally:
+            os.close(fd)
+            if not head:
+                took = time.monotonic() - began
+                what = f"{code} bytes {start}-{end}/{size}" if rng is not None else f"{code} {size} bytes"
+                outcome = SERVED if sent == length else INTERRUPTED
+                done = "sent" if outcome == SERVED else f"interrupted after {sent} of {length} bytes"
+                self._note(
+                    vm,
+                    f"http: GET {name!r} {what} {done} in {took:.2f} s "
+                    f"({sent / max(took, 1e-6) / 1e6:.1f} MB/s)",
+                    outcome,
+                )

@@ -1,0 +1,185 @@
+"""The agent's download of a VM-resource file over HTTP(S) from ``vmr-host serve --http``.
+
+Blocking (``requests``): the agent runs :func:`fetch` in a worker thread
+(``asyncio.to_thread``) so its event loop never waits on the network. ``requests`` is
+imported on first use only: the frozen agent starts faster in guests that never fetch over
+HTTP.
+
+The file is streamed to ``<target>.part``; a later attempt (after a dropped connection, an
+agent restart or a reboot) asks for the rest with ``Range: bytes=<size of .part>-``. When
+the whole file is there its sha256 must equal the one announced in the (signed) ``schedule``
+event, never one the HTTP server states; only then is it renamed to ``target``.
+Attempts are retried by tenacity with exponential backoff and jitter on connection errors,
+timeouts, short bodies and 5xx answers; 401/403/404 and other 4xx answers are final.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from typing import Any, Optional, Tuple, Union
+
+log = logging.getLogger(__name__)
+
+#: Bytes per read from the response (and per cancellation check).
+CHUNK = 1024 * 1024
+#: Seconds to connect, seconds of silence while reading.
+TIMEOUT: Tuple[float, float] = (10.0, 30.0)
+
+
+class FetchRefused(Exception):
+    """The server refused for good (401, 403, 404, other 4xx) or the file is wrong."""
+
+
+class FetchCancelled(Exception):
+    """The agent is stopping (``cancel`` was set)."""
+
+
+class _Again(Exception):
+    """An attempt to retry: 5xx, a short body, a range the server did not honour."""
+
+
+def _sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(CHUNK), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except FileNotFoundError:
+        return 0
+
+
+def _attempt(
+    session: Any,
+    url: str,
+    token: str,
+    part: str,
+    size: int,
+    verify: Union[bool, str],
+    cancel: threading.Event,
+) -> None:
+    """One request: append the missing bytes to ``part`` (resuming after its current size).
+
+    Raises:
+        FetchRefused: a final HTTP error. FetchCancelled: ``cancel`` was set.
+        _Again, requests.RequestException: retry.
+    """
+    if cancel.is_set():
+        raise FetchCancelled()
+    have = _size(part)
+    if have > size:  # a leftover of another version: start over
+        os.unlink(part)
+        have = 0
+    if have == size:
+        return  # all there (the last attempt ended after the last byte): just verify
+    headers = {"Authorization": f"Bearer {token}"}
+    if have:
+        headers["Range"] = f"bytes={have}-"
+    with session.get(url, headers=headers, stream=True, timeout=TIMEOUT, verify=verify) as resp:
+        code = resp.status_code
+        if code == 416:  # the server's file is not longer than what we have: start over
+            os.unlink(part)
+            raise _Again("416: range not satisfiable; starting again from byte 0")
+        if code >= 500:
+            raise _Again(f"HTTP {code}")
+        if code not in (200, 206):
+            raise FetchRefused(f"HTTP {code}: {resp.text.strip()[:200]}")
+        if code == 206 and not resp.headers.get("Content-Range", "").startswith(f"bytes {have}-"):
+            raise _Again(f"206 with Content-Range {resp.headers.get('Content-Range')!r}, asked from {have}")
+        start = have if code == 206 else 0
+        if have:
+            log.info("%s: %s", url, f"resumed at byte {have}" if start else "whole file sent again")
+        with open(part, "r+b" if start else "wb") as fh:
+            fh.seek(start)
+            fh.truncate()
+            for block in resp.iter_content(CHUNK):
+                if cancel.is_set():
+                    raise FetchCancelled()
+                fh.write(block)
+        if _size(part) < size:
+            raise _Again(f"body ended at byte {_size(part)} of {size}")
+
+
+def fetch(
+    url: str,
+    token: str,
+    target: str,
+    sha256: str,
+    size: int,
+    verify: Union[bool, str] = True,
+    cancel: Optional[threading.Event] = None,
+    attempts: int = 10,
+    backoff: Tuple[float, float] = (0.5, 30.0),
+) -> Optional[str]:
+    """Download ``url`` to ``target``, resuming from ``<target>.part``; blocking.
+
+    Args:
+        url: the resource URL announced in the schedule event.
+        token: the VM's bearer token (the schedule event's ``http.token``).
+        target: final path; written only when the sha256 matches.
+        sha256: the announced hex digest (from the schedule event).
+        size: the announced size, bytes.
+        verify: TLS verification for https: True (system CAs) or a CA file path.
+        cancel: set by the agent when it stops; the download ends at the next block
+            (``<target>.part`` stays for the next start).
+        attempts: requests in all before giving up (each resumes where the last stopped).
+        backoff: (first, longest) seconds between attempts (exponential, with jitter).
+
+    Returns:
+        None when ``target`` holds the file; otherwise why not (``sha256 mismatch ...``,
+        ``HTTP 403: ...``, ``gave up after N attempts: ...``, ``stopped``). On a mismatch
+        ``<target>.part`` is deleted.
+    """
+    import requests
+    from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+
+    cancel = cancel or threading.Event()
+    part = target + ".part"
+    retry_on = (_Again, requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
+
+    def note(state: Any) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        log.warning("%s: attempt %d failed (%s); retrying", url, state.attempt_number, exc)
+
+    def pause(seconds: float) -> None:
+        cancel.wait(seconds)  # a stopping agent does not sit out the backoff
+
+    fresh_try = True  # one more download from byte 0 when a resumed file does not match
+    with requests.Session() as session:
+        while True:
+            resumed = _size(part) > 0  # bytes of an earlier start (maybe of an older file version)
+            try:
+                for attempt in Retrying(
+                    stop=stop_after_attempt(attempts),
+                    wait=wait_exponential_jitter(initial=backoff[0], max=backoff[1], jitter=backoff[0]),
+                    retry=retry_if_exception_type(retry_on),
+                    sleep=pause,
+                    before_sleep=note,
+                    reraise=True,
+                ):
+                    with attempt:
+                        _attempt(session, url, token, part, size, verify, cancel)
+            except FetchCancelled:
+                return "stopped"
+            except FetchRefused as exc:
+                return str(exc)
+            except retry_on as exc:  # (requests' errors are OSErrors too: first)
+                return f"gave up after {attempts} attempts: {exc}"
+            except OSError as exc:
+                return f"cannot write {part}: {exc.strerror or exc}"
+            got = _sha256_file(part)
+            if got == sha256:
+                os.replace(part, target)
+                return None
+            os.unlink(part)
+            if resumed and fresh_try:
+                fresh_try = False
+                continue
+            return f"sha256 mismatch after download: got {got}, the schedule announced {sha256}"
