@@ -250,3 +250,32 @@ def test_schedule_event_carries_url_and_token_signed(unix_env_factory, tmp_path:
     placed = env.wait_event("a", "data_placed", index=0)["event"]["data"]
     assert placed["sha256"] == hashlib.sha256(b"hello\n").hexdigest()
     assert "http: GET 'f.txt' 200" in _vm_log(env, "a")
+
+
+def test_https_with_the_experiment_ca(unix_env_factory, tmp_path: Path):
+    """HTTPS: the agent trusts vmr-host's certificate through ``--http-ca-file`` (a CA made
+    like ``vmr-host mqtt-config``'s); an agent without that CA refuses at once, no retries."""
+    from vmr_handler.host.mqttconfig import make_pki
+
+    pki = make_pki("t", ["127.0.0.1"], 1)
+    for name, pem in (
+        ("ca.crt", pki.ca_cert),
+        ("server.crt", pki.server_cert),
+        ("server.key", pki.server_key),
+    ):
+        (tmp_path / name).write_bytes(pem)
+    env = unix_env_factory({"a": [_drop("f.bin")], "b": [_drop("f.bin")]}, start_buffer=0.5)
+    data = os.urandom(3 * MB)
+    (env.resources / "f.bin").write_bytes(data)
+    base = _start_http_host(
+        env, "--http-cert", str(tmp_path / "server.crt"), "--http-key", str(tmp_path / "server.key")
+    )
+    assert requests.get(base.replace("http:", "https:") + "/r/a/f.bin", verify=str(tmp_path / "ca.crt"),
+                        timeout=30).status_code == 401  # fmt: skip
+    env.start_agent("a", "--http-ca-file", str(tmp_path / "ca.crt"))
+    env.start_agent("b")  # system CAs only
+    placed = env.wait_event("a", "data_placed", index=0)["event"]["data"]
+    assert placed["sha256"] == hashlib.sha256(data).hexdigest()
+    warning = env.wait_event("b", "schedule_warning")["event"]["data"]["details"]
+    assert "certificate verify failed" in warning.lower(), warning
+    assert "gave up" not in warning

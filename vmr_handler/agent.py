@@ -664,7 +664,9 @@ class ConnectedAgent:
 
     # -------------------------------------------------------------- resources
     async def _fetch_resources(self, schedule: Schedule) -> str:
-        """Fetch every VM-resource file the schedule drops into ``<state>/resources``."""
+        """Fetch every VM-resource file the schedule drops into ``<state>/resources``: over
+        HTTP(S) when the schedule event gave it a ``url`` (:meth:`_fetch_http`), else in
+        ``resource_chunk`` events over the channel (:meth:`_fetch_one`)."""
         root = os.path.join(self.config.state_dir, RESOURCES_DIR)
         os.makedirs(root, exist_ok=True)
         names = sorted({d.filename for e in schedule.entries for d in e.data if isinstance(d, FileDrop)})

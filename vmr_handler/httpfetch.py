@@ -10,7 +10,8 @@ agent restart or a reboot) asks for the rest with ``Range: bytes=<size of .part>
 the whole file is there its sha256 must equal the one announced in the (signed) ``schedule``
 event, never one the HTTP server states; only then is it renamed to ``target``.
 Attempts are retried by tenacity with exponential backoff and jitter on connection errors,
-timeouts, short bodies and 5xx answers; 401/403/404 and other 4xx answers are final.
+timeouts, short bodies and 5xx answers; 401/403/404 and other 4xx answers, and a server
+certificate that does not verify, are final.
 """
 
 from __future__ import annotations
@@ -138,11 +139,15 @@ def fetch(
         ``<target>.part`` is deleted.
     """
     import requests
-    from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+    from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
     cancel = cancel or threading.Event()
     part = target + ".part"
     retry_on = (_Again, requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
+
+    def transient(exc: BaseException) -> bool:
+        # a certificate that does not verify will not verify next time either
+        return isinstance(exc, retry_on) and "certificate verify failed" not in str(exc).lower()
 
     def note(state: Any) -> None:
         exc = state.outcome.exception() if state.outcome else None
@@ -159,7 +164,7 @@ def fetch(
                 for attempt in Retrying(
                     stop=stop_after_attempt(attempts),
                     wait=wait_exponential_jitter(initial=backoff[0], max=backoff[1], jitter=backoff[0]),
-                    retry=retry_if_exception_type(retry_on),
+                    retry=retry_if_exception(transient),
                     sleep=pause,
                     before_sleep=note,
                     reraise=True,
@@ -171,6 +176,8 @@ def fetch(
             except FetchRefused as exc:
                 return str(exc)
             except retry_on as exc:  # (requests' errors are OSErrors too: first)
+                if not transient(exc):
+                    return f"TLS: {exc}"
                 return f"gave up after {attempts} attempts: {exc}"
             except OSError as exc:
                 return f"cannot write {part}: {exc.strerror or exc}"
