@@ -16,38 +16,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
 
-import pytest
 import requests
 
+from tests import test_connected
 from tests.broker import free_port
 from tests.hostenv import HostEnv
 
 MB = 1024 * 1024
-
-
-def _factory(transport: str) -> Iterator:
-    made = []
-
-    def make(schedules, **kw) -> HostEnv:
-        env = HostEnv(schedules, transport=transport, **kw)
-        made.append(env)
-        return env
-
-    yield make
-    for env in made:
-        env.close()
-
-
-@pytest.fixture(params=["unix", "mqtt"])
-def env_factory(request) -> Iterator:
-    yield from _factory(request.param)
-
-
-@pytest.fixture
-def unix_env_factory() -> Iterator:
-    yield from _factory("unix")
+#: the contract fixtures of test_connected: each experiment over unix sockets and MQTT / unix only
+env_factory = test_connected.env_factory
+unix_env_factory = test_connected.unix_env_factory
 
 
 def _drop(name: str, start: float = -5) -> dict:
