@@ -27,6 +27,7 @@ MQTT protocol work, keep-alives and the network thread; nothing MQTT is written 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import re
@@ -220,7 +221,9 @@ class PahoBridge:
         self._room = asyncio.Event()
         self._room.set()
         self.closed = False
-        self.refusals: Dict[str, str] = {}  # topic filter -> why its subscription was refused
+        self.refusals: Dict[str, str] = {}  # topic (filter) -> why the broker refused it
+        self._pending: Dict[int, str] = {}  # message id -> topic, until the broker acks
+        self._acked: Dict[int, Optional[str]] = {}  # acked before publish() returned -> refusal
         client = mqtt.Client(
             CallbackAPIVersion.VERSION2,
             client_id=client_id,
@@ -280,22 +283,38 @@ class PahoBridge:
     def _on_message(self, _c: Any, _u: Any, msg: Any) -> None:
         self._call(self.messages.put_nowait, (msg.topic, bytes(msg.payload)))
 
-    def _on_publish(self, _c: Any, _u: Any, _mid: Any, _reason: Any, _props: Any) -> None:
+    def _on_publish(self, _c: Any, _u: Any, mid: Any, reason: Any, _props: Any) -> None:
         with self._inflight_lock:
             self._inflight -= 1
             room = self._inflight < MAX_INFLIGHT
+            refused = f"publish refused: {reason}" if getattr(reason, "is_failure", False) else None
+            topic = self._pending.pop(mid, None)
+            if topic is None:  # publish() has not returned yet in the other thread
+                self._acked[mid] = refused
         if room:
             self._call(self._room.set)
+        if refused is not None and topic is not None:  # MQTT v5 PUBACK 0x87 Not authorized (ACL)
+            self._call(self._note_refusal, topic, refused)
 
     def _on_subscribe(self, _c: Any, _u: Any, _mid: Any, reasons: Any, _props: Any) -> None:
         bad = [str(r) for r in reasons if getattr(r, "is_failure", False)]
         if bad:
-            self._call(self._note_refusal, ", ".join(bad))
+            topics = ", ".join(t for t, _q in self._subscriptions)
+            self._call(self._note_refusal, topics, f"subscription refused: {', '.join(bad)}")
 
-    def _note_refusal(self, why: str) -> None:
-        topics = ", ".join(t for t, _q in self._subscriptions)
-        self.refusals[topics] = why
-        log.error("broker %s refused a subscription to %s: %s (check the ACL)", self.url, topics, why)
+    def _note_refusal(self, topic: str, why: str) -> None:
+        """Log a refusal by the broker once per topic (mosquitto 2.0 refuses publishes outside
+        the ACL with PUBACK 0x87; it grants such subscriptions but delivers nothing)."""
+        if self.refusals.get(topic) == why:
+            return
+        self.refusals[topic] = why
+        log.error(
+            "broker %s: %s on %s (this client's credentials do not cover that topic: check the VM "
+            "name, username and the broker's ACL)",
+            self.url,
+            why,
+            topic,
+        )
 
     # ------------------------------------------------------------ asyncio side
     async def connect(self) -> None:
@@ -305,15 +324,29 @@ class PahoBridge:
             MqttError: the broker refused (bad credentials, not authorised) or TLS failed.
             OSError: the broker cannot be reached (the caller retries with backoff).
         """
-        try:
-            self.client.connect_async(
-                self.url.host,
-                self.url.port,
-                keepalive=self.options.keepalive,
-                clean_start=False,
-                properties=self._props,
-            )
+        connect = functools.partial(
+            self.client.connect,
+            self.url.host,
+            self.url.port,
+            keepalive=self.options.keepalive,
+            clean_start=False,
+            properties=self._props,
+        )
+        try:  # TCP + TLS handshake + CONNECT in a worker thread: errors surface here, named
+            await asyncio.wait_for(self._loop.run_in_executor(None, connect), self.options.connect_timeout)
             self.client.loop_start()
+        except ssl.SSLCertVerificationError as exc:
+            self.close()
+            raise MqttError(
+                f"broker {self.url}: TLS certificate not trusted ({exc.verify_message}): "
+                "check ca_file/ca_pem and the broker's certificate names"
+            ) from exc
+        except ssl.SSLError as exc:
+            self.close()
+            raise MqttError(f"broker {self.url}: TLS failed: {exc}") from exc
+        except asyncio.TimeoutError as exc:
+            self.close()
+            raise OSError(f"no answer from broker {self.url} in {self.options.connect_timeout:g} s") from exc
         except (OSError, ValueError) as exc:
             self.close()
             raise OSError(f"cannot reach broker {self.url}: {exc}") from exc
@@ -345,11 +378,8 @@ class PahoBridge:
                     break
                 self._room.clear()
             await self._room.wait()
-        info = self.client.publish(topic, payload, qos=qos, retain=retain)
-        if info.rc != 0:
-            with self._inflight_lock:
-                self._inflight -= 1
-            raise ChannelClosed(f"broker {self.url}: publish failed ({info.rc})")
+        if not self._publish(topic, payload, qos, retain):
+            raise ChannelClosed(f"broker {self.url}: publish failed")
 
     def publish_nowait(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> bool:
         """Publish without waiting for room (host fan-out); False when not connected."""
@@ -357,11 +387,24 @@ class PahoBridge:
             return False
         with self._inflight_lock:
             self._inflight += 1
+        return self._publish(topic, payload, qos, retain)
+
+    def _publish(self, topic: str, payload: bytes, qos: int, retain: bool) -> bool:
+        """Hand one message to paho (a slot in :attr:`_inflight` is already taken).
+
+        Our lock is never held while paho runs: paho's network thread holds its own locks
+        when it calls :meth:`_on_publish`, which takes ours (lock order)."""
         info = self.client.publish(topic, payload, qos=qos, retain=retain)
-        if info.rc != 0:
-            with self._inflight_lock:
+        with self._inflight_lock:
+            if info.rc != 0:
                 self._inflight -= 1
-            return False
+                return False
+            if info.mid not in self._acked:
+                self._pending[info.mid] = topic
+            else:  # acked before we got here: a refusal waits for its topic
+                reason = self._acked.pop(info.mid)
+                if reason is not None:
+                    self._call(self._note_refusal, topic, reason)
         return True
 
     def close(self) -> None:
