@@ -28,16 +28,19 @@ SCHED = [
 ]
 
 
-@pytest.fixture
-def secured() -> Iterator[tuple]:
+@pytest.fixture(params=["password", "client-certs"])
+def secured(request) -> Iterator[tuple]:
+    """A broker from ``mqtt-config --tls`` (passwords; or passwords + client certificates,
+    carried inline as ``cert_pem``/``key_pem`` in the per-VM and host files)."""
     env = HostEnv({"a": SCHED, "b": SCHED}, start_buffer=1.0)
     out = env.root / "mq"
     tls_port = free_port()
+    certs = ["--client-certs"] if request.param == "client-certs" else []
     res = subprocess.run(
         [
             sys.executable, "-m", "vmr_handler.host", "mqtt-config", "--experiment", "sec",
             "--vms", "a,b", "--out", str(out), "--tls", "--tls-port", str(tls_port),
-            "--user", getpass.getuser(),
+            "--user", getpass.getuser(), *certs,
         ],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip

@@ -255,7 +255,8 @@ CONFIG_KEYS = {
     "allow_class": list, "start_buffer": (int, float), "heartbeat": (int, float),
     "peer_timeout": (int, float), "transport": str, "broker": str, "experiment": str,
     "username": str, "password": str, "password_file": str, "ca_file": str, "ca_pem": str,
-    "cert_file": str, "key_file": str, "keepalive": int, "public_key": str,
+    "cert_file": str, "key_file": str, "cert_pem": str, "key_pem": str, "keepalive": int,
+    "public_key": str,
     "signature_max_age": (int, float), "http_ca_file": str,
 }  # fmt: skip
 

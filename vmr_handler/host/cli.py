@@ -31,7 +31,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from vmr_handler import __version__
 from vmr_handler.errors import ControlError, ScheduleError
-from vmr_handler.host.config import VM_NAME, HostConfig, VmSpec
+from vmr_handler.host.config import HostConfig, VmSpec
+from vmr_handler.names import VM_NAME
 
 EXIT_OK = 0
 EXIT_RUNTIME = 1

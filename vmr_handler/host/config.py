@@ -7,7 +7,6 @@ Limits are per VM (SPEC section 7: every guest is hostile); defaults are the tab
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Optional, Tuple
 
@@ -19,8 +18,6 @@ if TYPE_CHECKING:
     from vmr_handler.host.http import HttpOptions
     from vmr_handler.transports.mqtt import MqttOptions
 
-#: A VM name is used in file names (``<vm>.sock``, ``<vm>.jsonl``): keep it plain.
-VM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from vmr_handler.host.cli import UsageError, load_specs
-from vmr_handler.host.config import VM_NAME
+from vmr_handler.names import name_problem
 
 #: First level of every topic.
 TOPIC_ROOT = "vmr"
@@ -76,31 +76,6 @@ def topic(experiment: str, vm: str, leaf: str) -> str:
 
 
 # ------------------------------------------------------------------------------- checking
-def name_problem(name: str) -> Optional[str]:
-    """Why ``name`` cannot be a VM, experiment or MQTT user name, or None when it can.
-
-    A name is one topic level and a file name (``<vm>.yaml``, ``<vm>.jsonl``): no MQTT
-    wildcards or separators, no whitespace, no leading ``_`` (reserved: ``_hosts``), and in
-    the end :data:`vmr_handler.host.config.VM_NAME` (the rule ``vmr-host serve`` applies).
-    """
-    if not name:
-        return "is empty"
-    for char, what in (("/", "'/'"), ("+", "'+'"), ("#", "'#'"), (":", "':'")):
-        if char in name:
-            return f"contains {what} (an MQTT topic separator, wildcard or password-file separator)"
-    if any(c.isspace() for c in name):
-        return "contains whitespace"
-    if name.startswith("_"):
-        return "starts with '_' (reserved for host topics such as _hosts)"
-    if name.startswith("$"):
-        return "starts with '$' (reserved by MQTT)"
-    if not VM_NAME.match(name):
-        return (
-            "is not a usable name (letters, digits, '.', '_', '-'; starts with a letter or digit; at most 64)"
-        )
-    return None
-
-
 def check_names(kind: str, names: Sequence[str]) -> None:
     """Refuse bad or duplicate names, listing every problem.
 

@@ -37,11 +37,12 @@ from vmr_handler.control import MAX_SOCKET_PATH, ControlServer
 from vmr_handler.errors import ControlError
 from vmr_handler.events import Event
 from vmr_handler.host.barrier import Barrier
-from vmr_handler.host.config import VM_NAME, HostConfig, HostSetupError, control_socket_path
+from vmr_handler.host.config import HostConfig, HostSetupError, control_socket_path
 from vmr_handler.host.http import NoteFn, ResourceHttp
 from vmr_handler.host.resources import ResourceRefused, ResourceStore
 from vmr_handler.host.session import HostEvents, VmSession
 from vmr_handler.host.store import ExperimentStore, TransferStore, VmLog
+from vmr_handler.names import VM_NAME
 from vmr_handler.protocol import RESUME, START_TIME
 
 log = logging.getLogger("vmr_handler.host")

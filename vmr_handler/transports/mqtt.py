@@ -30,7 +30,7 @@ import asyncio
 import functools
 import json
 import logging
-import re
+import os
 import ssl
 import threading
 from dataclasses import dataclass
@@ -38,6 +38,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import urlsplit
 
 from vmr_handler.errors import VmrError
+from vmr_handler.names import name_problem
 from vmr_handler.transports.channel import ByteChannel, ChannelClosed
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,6 @@ log = logging.getLogger(__name__)
 SESSION_EXPIRY = 7 * 24 * 3600
 #: Publishes not yet acknowledged by the broker before :meth:`PahoBridge.publish` waits.
 MAX_INFLIGHT = 200
-#: A name segment of a topic: no MQTT wildcards, no level separator, no whitespace.
-_NAME = re.compile(r"^[^/+#\s\x00]{1,128}$")
 
 
 class MqttError(VmrError):
@@ -90,18 +89,14 @@ def parse_broker(url: str) -> BrokerUrl:
 
 
 def check_name(what: str, value: str) -> str:
-    """``value`` as a topic level (experiment or VM name); VM names may not start with ``_``.
+    """``value`` if it can be a VM, experiment or host name (:func:`name_problem`).
 
     Raises:
-        MqttError: empty, too long, containing ``/ + #``, whitespace or NUL, or a VM name
-            starting with ``_`` (reserved for ``vmr/E/_hosts``).
+        MqttError: naming ``what`` and what is wrong with ``value``.
     """
-    if not isinstance(value, str) or not _NAME.match(value):
-        raise MqttError(
-            f"{what} {value!r} cannot be a topic level: 1-128 characters without / + # or whitespace"
-        )
-    if what == "VM name" and value.startswith("_"):
-        raise MqttError(f"VM name {value!r}: names starting with '_' are reserved for vmr-host")
+    why = name_problem(value) if isinstance(value, str) else "is not a string"
+    if why:
+        raise MqttError(f"{what} {value!r} {why}")
     return value
 
 
@@ -152,6 +147,8 @@ class MqttOptions:
         ca_file: CA certificate file that signs the broker's certificate (mqtts).
         ca_pem: the same, inline PEM text (a fw_cfg blob carries no files).
         cert_file, key_file: client certificate and key when the broker requires one.
+        cert_pem, key_pem: the same, inline PEM text (``mqtt-config --client-certs`` puts them
+            in the per-VM fw_cfg blob).
         keepalive: MQTT keep-alive, seconds (the broker drops a silent client after 1.5x).
         connect_timeout: seconds to wait for CONNACK.
     """
@@ -164,6 +161,8 @@ class MqttOptions:
     ca_pem: Optional[str] = None
     cert_file: Optional[str] = None
     key_file: Optional[str] = None
+    cert_pem: Optional[str] = None
+    key_pem: Optional[str] = None
     keepalive: int = 15
     connect_timeout: float = 10.0
 
@@ -182,7 +181,33 @@ class MqttOptions:
                 ctx.load_cert_chain(self.cert_file, self.key_file)
             except (OSError, ssl.SSLError) as exc:
                 raise MqttError(f"cannot load the client certificate {self.cert_file}: {exc}") from exc
+        elif self.cert_pem:
+            _load_inline_chain(ctx, self.cert_pem, self.key_pem)
         return ctx
+
+
+def _load_inline_chain(ctx: ssl.SSLContext, cert_pem: str, key_pem: Optional[str]) -> None:
+    """Load an inline client certificate + key (``ssl`` reads only files: a private temp dir,
+    mode 0700, removed at once).
+
+    Raises:
+        MqttError: the PEM text is not a usable certificate/key pair.
+    """
+    import shutil
+    import tempfile
+
+    tmp = tempfile.mkdtemp(prefix="vmr-tls-")
+    try:
+        cert, key = os.path.join(tmp, "client.crt"), os.path.join(tmp, "client.key")
+        for path, text in ((cert, cert_pem), (key, key_pem or "")):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w", encoding="ascii") as fh:
+                fh.write(text)
+        ctx.load_cert_chain(cert, key if key_pem else None)
+    except (OSError, ssl.SSLError, UnicodeError) as exc:
+        raise MqttError(f"cannot load the inline client certificate (cert_pem/key_pem): {exc}") from exc
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 class PahoBridge:
@@ -482,7 +507,8 @@ class MqttChannel(ByteChannel):
 #: file (``password_file`` is read into ``password``).
 OPTION_KEYS = {
     "broker": str, "experiment": str, "username": str, "password": str, "password_file": str,
-    "ca_file": str, "ca_pem": str, "cert_file": str, "key_file": str, "keepalive": int,
+    "ca_file": str, "ca_pem": str, "cert_file": str, "key_file": str, "cert_pem": str,
+    "key_pem": str, "keepalive": int,
 }  # fmt: skip
 
 
@@ -515,7 +541,9 @@ def options_from(settings: Dict[str, Any], source: str) -> MqttOptions:
                 password = fh.read().strip()
         except OSError as exc:
             raise MqttError(f"{source}: cannot read password_file: {exc}") from exc
-    tls_keys = [k for k in ("ca_file", "ca_pem", "cert_file", "key_file") if settings.get(k)]
+    tls_keys = [
+        k for k in ("ca_file", "ca_pem", "cert_file", "key_file", "cert_pem", "key_pem") if settings.get(k)
+    ]
     if tls_keys and not url.tls:
         raise MqttError(f"{source}: {', '.join(tls_keys)} given but the broker URL is not mqtts://")
     return MqttOptions(
@@ -527,5 +555,7 @@ def options_from(settings: Dict[str, Any], source: str) -> MqttOptions:
         ca_pem=settings.get("ca_pem"),
         cert_file=settings.get("cert_file"),
         key_file=settings.get("key_file"),
+        cert_pem=settings.get("cert_pem"),
+        key_pem=settings.get("key_pem"),
         keepalive=int(settings.get("keepalive") or 15),
     )
