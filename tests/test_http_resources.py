@@ -258,3 +258,17 @@ def test_https_with_the_experiment_ca(unix_env_factory, tmp_path: Path):
     warning = env.wait_event("b", "schedule_warning")["event"]["data"]["details"]
     assert "certificate verify failed" in warning.lower(), warning
     assert "gave up" not in warning
+
+
+def test_channel_download_is_checked_against_the_schedule_sha256(env_factory):
+    """Without --http the file comes in resource_chunk events, whose own sha256 is not
+    signed: the agent checks the result against the sha256 the schedule announced."""
+    env = env_factory({"a": [_drop("tool.bin")]}, start_buffer=0.5)
+    (env.resources / "tool.bin").write_bytes(b"version 1\n")
+    env.start_host()  # announces the sha256 of version 1 with the schedule
+    (env.resources / "tool.bin").write_bytes(b"version 2, changed afterwards\n")
+    env.start_agent("a")
+    warning = env.wait_event("a", "schedule_warning")["event"]["data"]
+    assert "differs from the one the schedule announced" in warning["details"], warning
+    env.wait_event("a", "entry_failed", index=0)
+    assert not env.events("a", "data_placed")
