@@ -232,3 +232,62 @@ def test_connected_to_real_host(frozen: Path, lab: Path, mei_before: Set[str]) -
                 p.wait()
     assert agent.returncode == 0, agent_out.read_text()[-2000:]
     assert _mei() <= mei_before, "the frozen agent left a /tmp/_MEI* directory behind"
+
+
+def test_frozen_agent_over_mqtts_with_signed_control(frozen: Path, lab: Path) -> None:
+    """The bundle carries ssl (mqtts) and cryptography (signature checks): a frozen agent with
+    only its fw_cfg blob and the host's public key plays a signed schedule over TLS."""
+    import getpass
+
+    from tests.broker import Broker, free_port
+
+    d, logs, mq, keys = lab / "D", lab / "L", lab / "mq", lab / "keys"
+    d.mkdir()
+    (d / "vm1.yaml").write_text(
+        yaml.safe_dump([{"start_time": 0.5, "executable": "/bin/echo", "arguments": "frozen, signed, tls"}])
+    )
+    port = free_port()
+    for args in (
+        ["mqtt-config", "--experiment", "fz", "--vms", "vm1", "--out", str(mq), "--tls", "--tls-port",
+         str(port), "--user", getpass.getuser()],
+        ["keygen", "--out", str(keys)],
+    ):  # fmt: skip
+        cmd = [sys.executable, "-m", "vmr_handler.host", *args]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    broker = Broker(root=mq, config=mq / "mosquitto.conf", port=port).start()
+    host_out, agent_out = lab / "host.out", lab / "agent.out"
+    procs: List[subprocess.Popen] = []
+    try:
+        host_cmd = [
+            sys.executable, "-m", "vmr_handler.host", "serve", "--schedules", str(d), "--logs", str(logs),
+            "--start-buffer", "0.5", "--transport", "mqtt",
+            "--credentials", str(mq / "host" / "vmr-host.yaml"), "--signing-key", str(keys / "host.key"),
+        ]  # fmt: skip
+        agent_cmd = [
+            str(frozen), "run", "--fw-cfg", str(mq / "vms" / "vm1.yaml"),
+            "--public-key", str(keys / "host.pub"), "--state-dir", str(lab / "st"), "--launch-dir", str(lab / "la"),
+        ]  # fmt: skip
+        with host_out.open("wb") as ho:
+            procs.append(subprocess.Popen(host_cmd, stdout=ho, stderr=ho, cwd=REPO))
+        with agent_out.open("wb") as ao:
+            procs.append(subprocess.Popen(agent_cmd, stdout=ao, stderr=ao, env={"PATH": "/usr/bin:/bin"}))
+        log = logs / "vm1.jsonl"
+
+        def complete() -> bool:
+            return log.exists() and '"schedule_complete"' in log.read_text()
+
+        _wait(complete, "schedule_complete over mqtts", procs, [host_out, agent_out])
+        text = log.read_text()
+        assert "frozen, signed, tls" in text and "control_refused" not in text
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        broker.close()
