@@ -266,7 +266,8 @@ def test_frozen_agent_over_mqtts_with_signed_control(frozen: Path, lab: Path) ->
         ]  # fmt: skip
         agent_cmd = [
             str(frozen), "run", "--fw-cfg", str(mq / "vms" / "vm1.yaml"),
-            "--public-key", str(keys / "host.pub"), "--state-dir", str(lab / "st"), "--launch-dir", str(lab / "la"),
+            "--public-key", str(keys / "host.pub"),
+            "--state-dir", str(lab / "st"), "--launch-dir", str(lab / "la"),
         ]  # fmt: skip
         with host_out.open("wb") as ho:
             procs.append(subprocess.Popen(host_cmd, stdout=ho, stderr=ho, cwd=REPO))
