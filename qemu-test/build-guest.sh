@@ -66,9 +66,12 @@ fi
 [ -n "$kpkg" ] || { log "cannot resolve linux-image-cloud-amd64 to a kernel package"; exit 1; }
 kver=${kpkg#linux-image-}
 kdir=$cache/kernel/$kver
-# the module chain for virtio-serial (+ virtio_blk for the optional state disk); each module's
-# own dependencies are read from the .ko
-want_modules=(virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci virtio_console virtio_blk)
+# the module chain for virtio-serial (+ virtio_blk for the optional state disk, virtio_net with
+# failover/net_failover for an optional NIC, qemu_fw_cfg for the per-VM fw_cfg blob under
+# /sys/firmware/qemu_fw_cfg); each module's own dependencies are read from the .ko. Always all
+# of them: a guest without a NIC or a blob loads them and nothing changes for it.
+want_modules=(virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci virtio_console virtio_blk
+              failover net_failover virtio_net qemu_fw_cfg)
 # the cache is valid for this exact module list (ok holds it)
 if [ "$(cat "$kdir/ok" 2>/dev/null)" != "${want_modules[*]}" ]; then
     log "fetching $kpkg"
@@ -195,8 +198,28 @@ else
     mount -t tmpfs -o mode=755 state /var/lib/vmr-handler
     mount -t tmpfs -o mode=755 launch /var/launch
 fi
+# The per-VM settings blob (QEMU -fw_cfg name=opt/org.vmr/config,file=...; module qemu_fw_cfg):
+# when it is there, the agent takes its name, transport, broker and credentials from it.
+fw_cfg=/sys/firmware/qemu_fw_cfg/by_name/opt/org.vmr/config/raw
+[ -e "$fw_cfg" ] && echo "vmr-guest: fw_cfg blob opt/org.vmr/config present ($(wc -c <"$fw_cfg") bytes)"
+# A NIC (virtio-net, QEMU user networking): eth0 gets vmr.ip=ADDR/LEN from the kernel command
+# line, default 10.0.2.15/24 (the slirp network; a guestfwd address such as 10.0.2.100 is on it).
+if [ -e /sys/class/net/eth0 ]; then
+    ip_addr=10.0.2.15/24
+    for w in $(cat /proc/cmdline); do
+        case $w in vmr.ip=*) ip_addr=${w#vmr.ip=} ;; esac
+    done
+    ip link set lo up
+    ip addr add "$ip_addr" dev eth0 && ip link set eth0 up && echo "vmr-guest: eth0 $ip_addr up"
+fi
+# the port link, when a virtio console device (virtio device id 3) is attached
+console_dev=
+for d in /sys/bus/virtio/devices/*; do
+    [ "$(cat "$d/device" 2>/dev/null)" = 0x0003 ] && console_dev=yes
+done
 mkdir -p /dev/virtio-ports
 i=0
+[ -n "$console_dev" ] || i=100
 while [ $i -lt 100 ]; do
     found=
     for p in /sys/class/virtio-ports/vport*; do
@@ -209,11 +232,12 @@ while [ $i -lt 100 ]; do
     i=$((i + 1)); sleep 0.1
 done
 ls -l /dev/virtio-ports/
-# vmr.name=NAME on the kernel command line names the agent (only for its logs)
+# vmr.name=NAME on the kernel command line names the agent (only for its logs), unless the
+# fw_cfg blob is there: then the blob alone names it (a command-line name would win over it)
 name_arg=
 for w in $(cat /proc/cmdline); do
     case $w in
-        vmr.name=*) name_arg="--vm-name ${w#vmr.name=}" ;;
+        vmr.name=*) [ -e "$fw_cfg" ] || name_arg="--vm-name ${w#vmr.name=}" ;;
         vmr.timing) for run in cold warm; do   # measure the agent's start-up in this guest
                         echo "vmr-guest: --version $run:"; time /usr/local/bin/vmr-handler --version
                     done ;;

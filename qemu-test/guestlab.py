@@ -244,3 +244,85 @@ class QemuAppend(Qemu):
         self.started = time.time()
         with open(self.out, "wb") as log, open(os.devnull, "rb") as null:
             self.proc = subprocess.Popen(cmd, stdin=null, stdout=log, stderr=log)
+
+
+# ---------------------------------------------------------------------- MQTT guests (fw_cfg)
+#: QEMU fw_cfg name of the per-VM settings blob (``vmr-host mqtt-config``'s ``vms/<vm>.yaml``).
+FW_CFG_NAME = "opt/org.vmr/config"
+#: The address the guests reach the broker at: a slirp ``guestfwd`` to the host's 127.0.0.1.
+GUESTFWD_ADDR = "10.0.2.100"
+SPEC = REPO / "packaging" / "vmr-handler.spec"
+
+
+def agent_lacks_ssl() -> bool:
+    """The frozen agent of ``packaging/vmr-handler.spec`` is built without ``ssl``.
+
+    ``vmr_handler.transports.mqtt`` imports ``ssl`` at module level, so such an agent cannot
+    use the MQTT transport at all (not even ``mqtt://``): ``ModuleNotFoundError: ssl``.
+    The spec keeps ``ssl`` since the MQTT transport; this names the failure if that regresses.
+    """
+    code = "\n".join(line.split("#", 1)[0] for line in SPEC.read_text().splitlines())
+    return '"ssl"' in code
+
+
+def qemu_mqtt_argv(
+    kernel: str,
+    initrd: str,
+    console: Path,
+    blob: Path,
+    broker_port: int,
+    *,
+    guest_port: Optional[int] = None,
+    append: str = "",
+) -> List[str]:
+    """A guest with no identity of its own and no virtio-serial port: the per-VM settings only
+    as the fw_cfg blob ``blob`` (``-fw_cfg name=opt/org.vmr/config,file=BLOB``), and a
+    virtio-net NIC on a restricted slirp network whose only way out is a ``guestfwd`` from
+    ``10.0.2.100:GUEST_PORT`` (default ``broker_port``) to the broker on the host's
+    ``127.0.0.1:BROKER_PORT``. The kernel command line names no VM (``/init`` gives eth0
+    10.0.2.15/24, ``vmr.ip=`` overrides)."""
+    gport = guest_port or broker_port
+    return [
+        "qemu-system-x86_64",
+        "-accel",
+        "tcg",
+        "-m",
+        "512",
+        "-smp",
+        "1",
+        "-nographic",
+        "-no-reboot",
+        "-monitor",
+        "none",
+        "-serial",
+        f"file:{console}",
+        "-kernel",
+        kernel,
+        "-initrd",
+        initrd,
+        "-append",
+        "console=ttyS0 panic=-1 quiet" + (f" {append}" if append else ""),
+        "-netdev",
+        f"user,id=n0,restrict=on,guestfwd=tcp:{GUESTFWD_ADDR}:{gport}-tcp:127.0.0.1:{broker_port}",
+        "-device",
+        "virtio-net-pci,netdev=n0,romfile=",
+        "-fw_cfg",
+        f"name={FW_CFG_NAME},file={blob}",
+    ]
+
+
+class QemuMqtt(Qemu):
+    """A guest that gets everything from its fw_cfg blob and talks MQTT (:func:`qemu_mqtt_argv`);
+    ``vm`` names only the files on the host side (console, QEMU output)."""
+
+    def __init__(
+        self, root: Path, vm: str, kernel: str, initrd: str, blob: Path, broker_port: int, append: str = ""
+    ) -> None:
+        """Start QEMU at once; ``started`` is the wall time of the start."""
+        self.vm = vm
+        self.console = root / f"{vm}.console"
+        self.out = root / f"{vm}.qemu"
+        self.argv = qemu_mqtt_argv(kernel, initrd, self.console, blob, broker_port, append=append)
+        self.started = time.time()
+        with open(self.out, "wb") as log, open(os.devnull, "rb") as null:
+            self.proc = subprocess.Popen(self.argv, stdin=null, stdout=log, stderr=log)
