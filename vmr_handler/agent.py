@@ -154,25 +154,8 @@ class HostLink:
 
     async def run(self) -> None:
         """Keep a channel open and a session running on it, forever (cancel to stop)."""
-        backoff = 0.05
-        refused = ""
         while True:
-            try:
-                channel = await self._open()
-            except OSError as exc:
-                log.debug("channel %s not ready: %s", self.where, exc)
-                await asyncio.sleep(backoff)
-                backoff = min(2.0, backoff * 2)
-                continue
-            except VmrError as exc:  # refused for good (credentials, ACL, TLS): say so, keep trying
-                if str(exc) != refused:
-                    log.error("%s", exc)
-                    refused = str(exc)
-                await asyncio.sleep(backoff)
-                backoff = min(30.0, max(1.0, backoff * 2))
-                continue
-            backoff = 0.05
-            refused = ""
+            channel = await self._connect()
             self._channel = channel
             try:
                 await self._session(channel)
@@ -186,6 +169,40 @@ class HostLink:
                 self.welcomed.clear()
                 channel.close()
             await asyncio.sleep(0.1)
+
+    async def _connect(self) -> ByteChannel:
+        """Open the channel, retrying with backoff (tenacity) until it opens.
+
+        Not there yet (``OSError``: no port, no broker) is retried quickly (50 ms to 2 s);
+        refused for good (``VmrError``: credentials, ACL, TLS) is logged once per distinct
+        reason and retried slowly (up to 30 s): the operator may fix the broker meanwhile.
+        """
+        from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
+
+        fast = wait_exponential_jitter(initial=0.05, max=2.0, jitter=0.05)
+        slow = wait_exponential_jitter(initial=1.0, max=30.0, jitter=1.0)
+        refused: List[str] = []
+
+        def note(state: Any) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            if isinstance(exc, OSError):
+                log.debug("channel %s not ready: %s", self.where, exc)
+            elif exc is not None and str(exc) not in refused[-1:]:
+                log.error("%s", exc)
+                refused.append(str(exc))
+
+        def wait(state: Any) -> float:
+            exc = state.outcome.exception() if state.outcome else None
+            return float((fast if isinstance(exc, OSError) else slow)(state))
+
+        channel: Optional[ByteChannel] = None
+        async for attempt in AsyncRetrying(
+            wait=wait, retry=retry_if_exception_type((OSError, VmrError)), before_sleep=note
+        ):
+            with attempt:
+                channel = await self._open()
+        assert channel is not None
+        return channel
 
     @property
     def where(self) -> str:
