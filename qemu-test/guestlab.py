@@ -274,14 +274,28 @@ def qemu_mqtt_argv(
     *,
     guest_port: Optional[int] = None,
     append: str = "",
+    forward: str = "tcp",
 ) -> List[str]:
     """A guest with no identity of its own and no virtio-serial port: the per-VM settings only
     as the fw_cfg blob ``blob`` (``-fw_cfg name=opt/org.vmr/config,file=BLOB``), and a
     virtio-net NIC on a restricted slirp network whose only way out is a ``guestfwd`` from
     ``10.0.2.100:GUEST_PORT`` (default ``broker_port``) to the broker on the host's
     ``127.0.0.1:BROKER_PORT``. The kernel command line names no VM (``/init`` gives eth0
-    10.0.2.15/24, ``vmr.ip=`` overrides)."""
+    10.0.2.15/24, ``vmr.ip=`` overrides).
+
+    ``forward``: ``"tcp"`` forwards to the chardev ``tcp:127.0.0.1:PORT`` (the lab notes'
+    recipe): QEMU opens that one connection to the broker when it starts and the guest's
+    connection is spliced onto it, so the broker must listen before QEMU starts, and after the
+    broker closes it (a restart) the guest never gets through again. ``"cmd"`` runs
+    ``/bin/busybox nc 127.0.0.1 PORT`` (busybox-static, which build-guest.sh installs) for
+    every connection the guest opens: a reconnect gets a new host connection."""
     gport = guest_port or broker_port
+    if forward == "tcp":
+        target = f"tcp:127.0.0.1:{broker_port}"
+    elif forward == "cmd":
+        target = f"cmd:/bin/busybox nc 127.0.0.1 {broker_port}"
+    else:
+        raise ValueError(f"forward must be 'tcp' or 'cmd', not {forward!r}")
     return [
         "qemu-system-x86_64",
         "-accel",
@@ -303,7 +317,7 @@ def qemu_mqtt_argv(
         "-append",
         "console=ttyS0 panic=-1 quiet" + (f" {append}" if append else ""),
         "-netdev",
-        f"user,id=n0,restrict=on,guestfwd=tcp:{GUESTFWD_ADDR}:{gport}-tcp:127.0.0.1:{broker_port}",
+        f"user,id=n0,restrict=on,guestfwd=tcp:{GUESTFWD_ADDR}:{gport}-{target}",
         "-device",
         "virtio-net-pci,netdev=n0,romfile=",
         "-fw_cfg",
@@ -316,13 +330,23 @@ class QemuMqtt(Qemu):
     ``vm`` names only the files on the host side (console, QEMU output)."""
 
     def __init__(
-        self, root: Path, vm: str, kernel: str, initrd: str, blob: Path, broker_port: int, append: str = ""
+        self,
+        root: Path,
+        vm: str,
+        kernel: str,
+        initrd: str,
+        blob: Path,
+        broker_port: int,
+        append: str = "",
+        forward: str = "tcp",
     ) -> None:
         """Start QEMU at once; ``started`` is the wall time of the start."""
         self.vm = vm
         self.console = root / f"{vm}.console"
         self.out = root / f"{vm}.qemu"
-        self.argv = qemu_mqtt_argv(kernel, initrd, self.console, blob, broker_port, append=append)
+        self.argv = qemu_mqtt_argv(
+            kernel, initrd, self.console, blob, broker_port, append=append, forward=forward
+        )
         self.started = time.time()
         with open(self.out, "wb") as log, open(os.devnull, "rb") as null:
             self.proc = subprocess.Popen(self.argv, stdin=null, stdout=log, stderr=log)
