@@ -202,6 +202,10 @@ def _parser() -> argparse.ArgumentParser:
         "--out", required=True, metavar="DIR", help="writes DIR/host.key (mode 0600) and DIR/host.pub"
     )
     keygen.add_argument("--force", action="store_true", help="replace an existing key pair")
+
+    rep = sub.add_parser("report", help="write the experiment timeline as one HTML file (docs/host.md)")
+    logs(rep)
+    rep.add_argument("--out", metavar="FILE.html", help="where to write it (default <logs>/report.html)")
     return parser
 
 
@@ -527,6 +531,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         if args.command == "serve":
             return cmd_serve(args)
+        if args.command == "report":
+            from vmr_handler.host.report import cmd_report
+
+            return cmd_report(args)
         if args.command == "mqtt-config":
             from vmr_handler.host.mqttconfig import cmd_mqtt_config
 
