@@ -162,3 +162,70 @@ def test_resource_store_confinement(tmp_path):
             store.info(name)
     with pytest.raises(ResourceRefused, match="no --resources"):
         ResourceStore(None).info("x")
+
+
+def _reader(data: bytes):
+    pos = [0]
+
+    def read(n: int) -> bytes:
+        piece = data[pos[0] : pos[0] + n]
+        pos[0] += len(piece)
+        return piece
+
+    return read
+
+
+def test_upload_staged_then_committed_and_counted(tmp_path):
+    from vmr_handler.host.store import TransferConflict, TransferMismatch, TransferTooLarge
+
+    t = TransferStore(str(tmp_path), "vm", max_file=1000, max_total=1500)
+    t.open()
+    data = bytes(range(250)) * 2
+    sha = _sha(data)
+    assert t.upload_have("d/f", sha, 500) == 0
+    assert t.upload("d/f", sha, 500, 0, 200, _reader(data[:200]), chunk=64) == 200
+    assert t.upload_have("d/f", sha, 500) == 200 and t.total == 200
+    with pytest.raises(TransferConflict) as exc:
+        t.upload("d/f", sha, 500, 300, 200, _reader(data[300:]))
+    assert exc.value.have == 200
+    assert t.upload("d/f", sha, 500, 200, 300, _reader(data[200:])) == 500
+    assert t.upload_have("d/f", sha, 500) == 500 and t.total == 500
+    # nothing in place before the report; then the same content for two locations
+    f = tmp_path / "transfers" / "vm" / "d" / "f"
+    assert not f.exists()
+    assert t.commit_upload("d/f", sha, 500, 1.5e9).complete
+    assert f.read_bytes() == data and f.stat().st_mtime == 1.5e9 and t.total == 500
+    assert t.commit_upload("g", sha, 500).path == "g"  # a hard link of d/f
+    assert (tmp_path / "transfers" / "vm" / "g").read_bytes() == data and t.total == 1000
+    assert not list((tmp_path / "uploads" / "vm").iterdir())
+    with pytest.raises(TransferRefused, match="no complete upload"):
+        t.commit_upload("h", _sha(b"never"), 5)
+    # limits, checked before anything is read; a wrong body is deleted
+    with pytest.raises(TransferTooLarge, match="per-file"):
+        t.upload("big", sha, 1001, 0, 10, _reader(b"x" * 10))
+    with pytest.raises(TransferTooLarge, match="per-VM"):
+        t.upload_have("x", _sha(b"x" * 600), 600)
+    with pytest.raises(TransferMismatch):
+        t.upload("m", _sha(b"other"), 3, 0, 3, _reader(b"abc"))
+    assert t.total == 1000 and not list((tmp_path / "uploads" / "vm").iterdir())
+    for bad in ("../x", "/", "a/../../x"):
+        with pytest.raises(TransferRefused):
+            t.upload_have(bad, sha, 500)
+    with pytest.raises(TransferRefused, match="hex"):
+        t.upload_have("x", "../../etc/passwd", 5)
+    # a restarted host counts staged bytes too
+    t.upload("p", _sha(b"partial!"), 8, 0, 4, _reader(b"part"))
+    t2 = TransferStore(str(tmp_path), "vm", max_file=1000, max_total=1500)
+    t2.open()
+    assert t2.total == t.total == 1004
+    assert t2.upload_have("p", _sha(b"partial!"), 8) == 4
+
+
+def test_upload_a_whole_unverified_part_asks_for_its_last_byte_again(tmp_path):
+    t = TransferStore(str(tmp_path), "vm", max_file=1000, max_total=1500)
+    t.open()
+    data = b"0123456789"
+    (tmp_path / "uploads" / "vm" / (_sha(data) + ".part")).write_bytes(data)  # a crash before the rename
+    assert t.upload_have("f", _sha(data), 10) == 9
+    assert t.upload("f", _sha(data), 10, 9, 1, _reader(b"9")) == 10
+    assert t.commit_upload("f", _sha(data), 10).complete

@@ -51,6 +51,11 @@ BATCH_BYTES = 512 * 1024
 #: Reports sent on this connection but not yet acked before the sender waits for acks.
 WINDOW_EVENTS = 2000
 TRANSFER_CHUNK = 256 * 1024
+#: Files transferred out at least this large (bytes) are uploaded over HTTP(S) when the host
+#: offers it (``vmr-host serve --http``); smaller ones travel as ``transfer_chunk`` events.
+HTTP_TRANSFER_MIN = 64 * 1024
+#: The transfers out under way (``{key: {"data", "seen"}}``), restarted with the agent.
+TRANSFERS_FILE = "transfers.json"
 #: What a control handler returns when it answers later (with :meth:`HostLink.send_event`).
 LATER: Dict[str, Any] = {}
 #: Round trip (s) under which a clock sample is trusted; above it the agent re-syncs within 5 s.
@@ -503,7 +508,9 @@ class ConnectedAgent:
         self._resources: Dict[str, Dict[str, Any]] = {}
         self._pending_start: Optional[float] = None
         self._fetching: Optional[asyncio.Future[None]] = None
-        self._transfers: List[asyncio.Task[None]] = []
+        self._transfers: Dict[str, asyncio.Task[None]] = {}
+        self._transfer_state: Dict[str, Dict[str, Any]] = {}
+        self._http: Dict[str, Any] = {}  # the schedule event's "http": base, token, upload
         self._stopped = asyncio.Event()
 
     # -------------------------------------------------------------- control from the host
@@ -588,6 +595,7 @@ class ConnectedAgent:
         if isinstance(resources, dict):
             self._resources = {str(k): v for k, v in resources.items() if isinstance(v, dict)}
             http = data.get("http")
+            self._http = dict(http) if isinstance(http, dict) else {}
             for info in self._resources.values():  # over HTTP(S): each url with the VM's token
                 if "url" in info and isinstance(http, dict):
                     info["token"] = http.get("token")
@@ -604,6 +612,7 @@ class ConnectedAgent:
         atomic_write(
             os.path.join(self.config.state_dir, "resources.json"), json.dumps(self._resources).encode()
         )
+        atomic_write(os.path.join(self.config.state_dir, "http.json"), json.dumps(self._http).encode())
         self._schedule = schedule
         if not self._schedule_ready.done():
             self._schedule_ready.set_result(schedule)
@@ -624,6 +633,11 @@ class ConnectedAgent:
             open(os.path.join(self.config.state_dir, "resources.json"), "rb") as fh,
         ):
             self._resources = json.loads(fh.read())
+        with (
+            contextlib.suppress(OSError, ValueError),
+            open(os.path.join(self.config.state_dir, "http.json"), "rb") as fh,
+        ):
+            self._http = json.loads(fh.read())
         return schedule
 
     # -------------------------------------------------------------- reports
@@ -636,48 +650,147 @@ class ConnectedAgent:
                 self._log.write(describe(event) + "\n")
                 self._log.flush()
         if event.type == EventType.TRANSFER_REGISTERED.value:
-            self._transfers.append(asyncio.ensure_future(self._transfer(dict(event.data))))
+            self._start_transfer(dict(event.data))
 
     def _report(self, type_: EventType, **data: Any) -> None:
         self.sink(self.link.events.make(type_, **data))
 
-    async def _transfer(self, data: Dict[str, Any]) -> None:
-        """Send a transfer-out location to the host once, or every ``interval`` s when it changed."""
+    def _start_transfer(self, data: Dict[str, Any], seen: Optional[Dict[str, str]] = None) -> None:
+        """Run a transfer out (a ``transfer_registered`` report's data), once per entry and
+        location; ``seen``: ``{relative name: sha256}`` already sent (a restarted agent)."""
+        key = f"{data.get('index')}:{data.get('location')}"
+        if key not in self._transfers:
+            self._transfer_state[key] = {"data": data, "seen": dict(seen or {})}
+            self._save_transfers()
+            self._transfers[key] = asyncio.ensure_future(self._transfer(key))
+
+    def _save_transfers(self) -> None:
+        """Keep the transfers under way in ``<state>/transfers.json`` (for a restart)."""
+        with contextlib.suppress(OSError):
+            path = os.path.join(self.config.state_dir, TRANSFERS_FILE)
+            atomic_write(path, json.dumps(self._transfer_state).encode())
+
+    def _restart_transfers(self) -> None:
+        """Restart the transfers a previous run of the agent left under way."""
+        try:
+            with open(os.path.join(self.config.state_dir, TRANSFERS_FILE), "rb") as fh:
+                saved = json.loads(fh.read())
+        except (OSError, ValueError):
+            return
+        for rec in saved.values() if isinstance(saved, dict) else []:
+            if (
+                isinstance(rec, dict)
+                and isinstance(rec.get("data"), dict)
+                and isinstance(rec.get("seen"), dict)
+            ):
+                self._start_transfer(rec["data"], rec["seen"])
+
+    async def _transfer(self, key: str) -> None:
+        """Send a transfer-out location to the host once, or every ``interval`` s when it changed:
+        files of :data:`HTTP_TRANSFER_MIN` bytes or more over HTTP(S) when the host offers it
+        (:meth:`_upload`), the others (and those HTTP refused) as ``transfer_chunk`` events."""
+        state = self._transfer_state[key]
+        data, seen = state["data"], state["seen"]
         path = str(data.get("path") or data.get("location"))
         location = str(data.get("location"))
         interval = data.get("interval")
-        seen: Dict[str, str] = {}
         while True:
             for rel, full in _walk(path):
+                name = location if not rel else location.rstrip("/") + "/" + rel
                 try:
-                    with open(full, "rb") as fh:
-                        content = fh.read()
-                    mtime = os.stat(full).st_mtime
+                    big = os.stat(full).st_size >= HTTP_TRANSFER_MIN
                 except OSError:
                     continue
-                digest = hashlib.sha256(content).hexdigest()
-                if seen.get(rel) == digest:
-                    continue
-                seen[rel] = digest
-                name = location if not rel else location.rstrip("/") + "/" + rel
-                for offset in range(0, max(1, len(content)), TRANSFER_CHUNK):
-                    piece = content[offset : offset + TRANSFER_CHUNK]
-                    self.outbox.add(
-                        self.link.events.make_raw(
-                            P.TRANSFER_CHUNK,
-                            location=name,
-                            offset=offset,
-                            size=len(content),
-                            sha256=digest,
-                            mtime=mtime,
-                            last=offset + TRANSFER_CHUNK >= len(content),
-                            data_b64=base64.b64encode(piece).decode("ascii"),
-                        )
-                    )
-                self.link.notify()
+                digest = (
+                    await self._upload(name, full, seen.get(rel))
+                    if big and self._http.get("upload")
+                    else None
+                )
+                if digest is None:
+                    digest = self._send_chunks(name, full, seen.get(rel))
+                if digest is not None and seen.get(rel) != digest:
+                    seen[rel] = digest
+                    self._save_transfers()
             if not isinstance(interval, (int, float)) or interval <= 0:
+                self._transfer_state.pop(key, None)
+                self._save_transfers()
                 return
             await asyncio.sleep(float(interval))
+
+    def _send_chunks(self, name: str, full: str, sent: Optional[str]) -> Optional[str]:
+        """Queue ``full`` as ``transfer_chunk`` events (unless its sha256 is ``sent``); its
+        sha256, or None when it cannot be read."""
+        try:
+            with open(full, "rb") as fh:
+                content = fh.read()
+            mtime = os.stat(full).st_mtime
+        except OSError:
+            return None
+        digest = hashlib.sha256(content).hexdigest()
+        if sent == digest:
+            return digest
+        for offset in range(0, max(1, len(content)), TRANSFER_CHUNK):
+            piece = content[offset : offset + TRANSFER_CHUNK]
+            self.outbox.add(
+                self.link.events.make_raw(
+                    P.TRANSFER_CHUNK,
+                    location=name,
+                    offset=offset,
+                    size=len(content),
+                    sha256=digest,
+                    mtime=mtime,
+                    last=offset + TRANSFER_CHUNK >= len(content),
+                    data_b64=base64.b64encode(piece).decode("ascii"),
+                )
+            )
+        self.link.notify()
+        return digest
+
+    async def _upload(self, name: str, full: str, sent: Optional[str]) -> Optional[str]:
+        """Upload ``full`` over HTTP(S) (:func:`vmr_handler.httpfetch.upload`, resumable, in a
+        worker thread) unless its sha256 is ``sent``, then queue a ``transfer_uploaded`` report
+        (the host puts the file in place when it arrives, in order with the other reports).
+
+        Returns:
+            The sha256 the host now has; None when the file must go over the channel (it cannot
+            be read, or HTTP failed for good: a ``schedule_warning`` says why). A file that
+            changes while it is uploaded is hashed and sent again (3 tries).
+
+        Raises:
+            asyncio.CancelledError: the agent is stopping.
+        """
+        from urllib.parse import quote
+
+        from vmr_handler.httpfetch import upload
+
+        url, token = str(self._http.get("upload")) + quote(name, safe=""), str(self._http.get("token"))
+        error: Optional[str] = None
+        for _try in range(3):
+            try:
+                digest = await asyncio.to_thread(_sha256_file, full)
+                st = os.stat(full)
+            except OSError:
+                return None
+            if digest == sent:
+                return digest
+            error = await self._in_thread(upload, url, token, full, digest, st.st_size, self._http_verify())
+            if error is None:
+                uploaded = P.TRANSFER_UPLOADED
+                data = {"location": name, "size": st.st_size, "sha256": digest, "mtime": st.st_mtime}
+                self.outbox.add(self.link.events.make_raw(uploaded, **data))
+                self.link.notify()
+                return digest
+            if self._stopped.is_set():
+                raise asyncio.CancelledError()
+            with contextlib.suppress(OSError):
+                if await asyncio.to_thread(_sha256_file, full) == digest:
+                    break  # not a change under way: HTTP refused it
+        self._report(
+            EventType.SCHEDULE_WARNING,
+            status="error",
+            details=f"transfer {name!r} over HTTP failed ({error}); sending it over the channel",
+        )
+        return None
 
     # -------------------------------------------------------------- resources
     async def _fetch_resources(self, schedule: Schedule) -> str:
@@ -756,8 +869,6 @@ class ConnectedAgent:
         --http``) in a worker thread (:func:`vmr_handler.httpfetch.fetch`: resumable, retried,
         checked against the announced sha256); None on success, else why not. Ends at the next
         block when the agent stops (the ``.part`` file is kept for the next start)."""
-        import threading
-
         from vmr_handler.httpfetch import fetch
 
         url, token, sha256, size = (info.get(k) for k in ("url", "token", "sha256", "size"))
@@ -765,17 +876,23 @@ class ConnectedAgent:
             return "announced with a url but without token and sha256"
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             return "announced with a url but without a size"
+        return await self._in_thread(fetch, url, token, target, sha256, size, self._http_verify())
+
+    async def _in_thread(self, job: Callable[..., Optional[str]], *args: Any) -> Optional[str]:
+        """``job(*args, cancel)`` in a worker thread (a blocking download or upload); ``cancel``
+        (a ``threading.Event``) is set when the agent stops or this task is cancelled, and the
+        job then ends at its next block. Returns what the job returns."""
+        import threading
+
         cancel = threading.Event()
-        job = asyncio.ensure_future(
-            asyncio.to_thread(fetch, url, token, target, sha256, size, self._http_verify(), cancel)
-        )
+        work = asyncio.ensure_future(asyncio.to_thread(job, *args, cancel))
         stopped = asyncio.ensure_future(self._stopped.wait())
         try:
-            await asyncio.wait([job, stopped], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([work, stopped], return_when=asyncio.FIRST_COMPLETED)
         finally:
             stopped.cancel()
-            cancel.set()  # (done already, or the agent stops: end the download)
-        return await job
+            cancel.set()  # (done already, or the agent stops: end the job)
+        return await work
 
     def _http_verify(self) -> bool | str:
         """TLS trust for https resources: ``http_ca_file``, else the broker's CA (``ca_pem`` is
@@ -826,6 +943,7 @@ class ConnectedAgent:
                 local_start=False,
             )
             self._engine = engine = Engine(schedule, config, self.sink, self.clock)
+            self._restart_transfers()  # those a previous run left under way
             self.link.on_clock = engine.clock_changed
             # positive time runs on the host's clock: nothing is timed before the first sync
             sync_task = asyncio.ensure_future(self._when_synced(engine))
@@ -854,10 +972,10 @@ class ConnectedAgent:
                 await control.close()
             return rc
         finally:
-            for task in self._transfers:
+            for task in self._transfers.values():
                 task.cancel()
             link_task.cancel()
-            await asyncio.gather(link_task, *self._transfers, return_exceptions=True)
+            await asyncio.gather(link_task, *self._transfers.values(), return_exceptions=True)
             self.outbox.close()
 
     async def _when_synced(self, engine: Any) -> None:

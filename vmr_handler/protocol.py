@@ -45,6 +45,7 @@ START_TIME = "start_time"  # host -> agent: experiment start, UTC
 RESUME = "resume"  # host -> agent: at (host experiment seconds)
 HEARTBEAT = "heartbeat"  # either way
 TRANSFER_CHUNK = "transfer_chunk"  # agent -> host: a piece of a file transferred out
+TRANSFER_UPLOADED = "transfer_uploaded"  # agent -> host: a file transferred out was uploaded over HTTP(S)
 
 
 class ProtocolError(VmrError):

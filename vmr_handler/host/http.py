@@ -1,8 +1,10 @@
-"""VM-resource files over HTTP(S): ``vmr-host serve --http HOST:PORT`` (issue 6 §1).
+"""VM-resource files and transfers out over HTTP(S): ``vmr-host serve --http HOST:PORT`` (issue 6 §1).
 
 Large ``filename`` drops do not travel as base64 ``resource_chunk`` events through the
 channel or the broker: the agent downloads them from this server, with one secret token per
-VM, and checks them against the sha256 announced in the (signed) ``schedule`` event.
+VM, and checks them against the sha256 announced in the (signed) ``schedule`` event. Large
+files transferred out do not travel as ``transfer_chunk`` events either: the agent uploads
+them here (``PUT /t/...``, below) and then reports ``transfer_uploaded`` on the channel.
 
 URL layout: ``GET|HEAD <base>/r/<vm>/<name>`` with ``Authorization: Bearer <token>``.
 
@@ -16,6 +18,24 @@ URL layout: ``GET|HEAD <base>/r/<vm>/<name>`` with ``Authorization: Bearer <toke
 * **206** for ``Range: bytes=N-`` / ``bytes=N-M`` (one range; ``Content-Range``), **416** for a
   start at or past the end; other ``Range`` forms are ignored (200, whole file).
 * ``ETag`` is the quoted sha256 of the file as served now.
+
+Uploads: ``HEAD|PUT <base>/t/<vm>/<location>`` (``location`` percent-encoded, ``/`` as
+``%2F`` or not), same token, ``X-Vmr-Sha256: <hex>`` (the whole file's). The bytes go to
+:meth:`~vmr_handler.host.store.TransferStore.upload` (the VM's transfer store: the same
+confinement and limits as ``transfer_chunk``), staged by sha256 until the VM's
+``transfer_uploaded`` report puts the file in place, in the order of its other reports.
+
+* ``HEAD`` with ``X-Vmr-Size: <bytes>``: **200** and ``X-Vmr-Have: N``, the bytes the host
+  holds of this content (the size when complete): where to resume.
+* ``PUT`` with ``Content-Length`` (**411** without; no chunked bodies) and optionally
+  ``Content-Range: bytes N-M/SIZE`` (without: the whole file, ``N`` 0). **201** the file is
+  complete and its sha256 verified; **200** (``X-Vmr-Have``) a piece stored, more to come.
+* **400** a malformed header; **401**/**403** as above (403 also: a location the transfer
+  store refuses, ``..``, a symlink out); **409** (``X-Vmr-Have``) ``N`` is neither 0 nor the
+  bytes held, or this content is being uploaded on another connection; **413** over the
+  per-file or the per-VM transfer limit (checked before the body is read; the connection is
+  then closed); **422** the complete file does not have the announced sha256 (deleted);
+  **503** the VM already has ``Limits.resource_streams`` uploads under way.
 
 Tokens (``secrets.token_urlsafe(32)``, one per VM) live in ``<logs>/http-tokens.json``
 (mode 0600) so a restarted host keeps them; VMs new to the file get a token at start.
@@ -36,6 +56,7 @@ Everything the threads tell the rest of the host goes through the ``note`` callb
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -55,7 +76,14 @@ from vmr_handler import __version__
 from vmr_handler.host.config import HostSetupError, VmSpec
 from vmr_handler.host.resources import ResourceMissing, ResourceRefused, ResourceStore
 from vmr_handler.host.session import worth_logging
-from vmr_handler.host.store import atomic_write_json
+from vmr_handler.host.store import (
+    TransferConflict,
+    TransferMismatch,
+    TransferRefused,
+    TransferStore,
+    TransferTooLarge,
+    atomic_write_json,
+)
 
 log = logging.getLogger("vmr_handler.host.http")
 
@@ -64,8 +92,10 @@ TOKENS_FILE = "http-tokens.json"
 CHUNK = 256 * 1024
 #: Seconds a connection may stay silent (request line, headers, a stalled reader).
 SOCKET_TIMEOUT = 60.0
-#: What ``note`` is told about a request: a whole download, a broken one, a refusal.
-SERVED, INTERRUPTED, REFUSED = "served", "interrupted", "refused"
+#: What ``note`` is told about a request: a whole download, a broken one, a refusal, an upload.
+#: (``UPLOAD_REFUSED``: a refused upload, counted with the VM's refused transfers.)
+SERVED, INTERRUPTED, REFUSED, UPLOADED = "served", "interrupted", "refused", "uploaded"
+UPLOAD_REFUSED = "upload_refused"
 
 #: ``note(vm, text, outcome)``: called from HTTP threads, must be thread-safe. ``text`` is the
 #: line for the VM's readable log, None for a refusal counted but not logged (rate limit).
@@ -82,7 +112,8 @@ class HttpOptions:
         base_url: the URL prefix agents use (``http[s]://NAME:PORT``, no trailing ``/``).
         cert_file: PEM server certificate (chain) for HTTPS; None: plain HTTP.
         key_file: PEM private key of ``cert_file`` (None: the key is in ``cert_file``).
-        debug_rate: tests only: bytes per second each download is held to (None: full speed).
+        debug_rate: tests only: bytes per second each download and upload is held to
+            (None: full speed).
     """
 
     host: str
@@ -260,6 +291,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_HEAD(self) -> None:
         self.server.app.handle(self, head=True)
 
+    def do_PUT(self) -> None:
+        self.server.app.handle(self, head=False)
+
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("http: %s %s", self.address_string(), format % args)
 
@@ -275,7 +309,12 @@ class ResourceHttp:
         vms: the served VMs (a VM may fetch only its own schedule's ``filename`` drops).
         store: the host's resource store (confinement, sizes, cached sha256).
         logs: the logs directory (``http-tokens.json``).
-        streams: concurrent downloads per VM (``Limits.resource_streams``).
+        streams: concurrent downloads per VM (``Limits.resource_streams``), and as many
+            concurrent uploads.
+
+    Attributes:
+        transfers: every VM's transfer store, for uploads; set by the host once they exist
+            (before :meth:`start`). A VM without one is answered 503.
 
     Raises:
         HostSetupError: the token file cannot be used (exit 1).
@@ -291,8 +330,10 @@ class ResourceHttp:
         self.tokens = load_tokens(logs, sorted(vms))
         self._by_token = {_token_key(t): vm for vm, t in self.tokens.items()}
         #: threads open at most: every VM's downloads plus a keep-alive connection each
-        self.max_connections = max(64, (streams + 2) * len(self.vms))
+        self.max_connections = max(64, (2 * streams + 2) * len(self.vms))
+        self.transfers: Dict[str, TransferStore] = {}
         self._busy: Dict[str, int] = {}
+        self._uploading: Dict[str, int] = {}
         self._refused: Dict[Optional[str], int] = {}
         self._lock = threading.Lock()
         self._note: NoteFn = lambda vm, text, outcome: None
@@ -306,8 +347,15 @@ class ResourceHttp:
         return f"{self.options.base_url}/r/{urllib.parse.quote(vm)}/{urllib.parse.quote(name)}"
 
     def schedule_data(self, vm: str) -> Dict[str, str]:
-        """The ``http`` member of ``vm``'s ``schedule`` event: ``{"base", "token"}``."""
-        return {"base": self.options.base_url, "token": self.tokens[vm]}
+        """The ``http`` member of ``vm``'s ``schedule`` event: ``{"base", "token", "upload"}``
+        (``upload``: the URL prefix of its transfers out, to which the percent-encoded
+        location is appended)."""
+        base = self.options.base_url
+        return {
+            "base": base,
+            "token": self.tokens[vm],
+            "upload": f"{base}/t/{urllib.parse.quote(vm, safe='')}/",
+        }
 
     # ------------------------------------------------------------------ life
     @property
@@ -362,7 +410,7 @@ class ResourceHttp:
             self._thread.join(timeout=5)
 
     # ------------------------------------------------------------------ requests
-    def refusals_of(self, vm: Optional[str], text: str) -> None:
+    def refusals_of(self, vm: Optional[str], text: str, outcome: str = REFUSED) -> None:
         """Log a refusal (rate-limited per VM: 1st-5th, then every power of 10); ``vm`` None
         when the requester is unknown (bad token, server full)."""
         with self._lock:
@@ -372,7 +420,7 @@ class ResourceHttp:
             text = f"http: {text}" + (f" (x{n})" if n > 1 else "")
             log.warning("%s%s", f"{vm}: " if vm else "", text)
         if vm is not None:
-            self._note(vm, text if logged else None, REFUSED)
+            self._note(vm, text if logged else None, outcome)
 
     def _answer(self, h: _Handler, code: int, text: str, headers: Optional[Mapping[str, str]] = None) -> None:
         body = (text + "\n").encode()
@@ -393,21 +441,36 @@ class ResourceHttp:
         return self._by_token.get(_token_key(token.strip()))
 
     def handle(self, h: _Handler, head: bool) -> None:
-        """Answer one GET/HEAD (in the connection's thread)."""
+        """Answer one GET/HEAD/PUT (in the connection's thread)."""
         parts = urllib.parse.urlsplit(h.path).path.split("/", 3)
-        if len(parts) != 4 or parts[0] or parts[1] != "r" or not parts[2] or not parts[3]:
-            self._answer(h, 404, "not found: resources are at /r/<vm>/<name>")
+        if len(parts) != 4 or parts[0] or parts[1] not in ("r", "t") or not parts[2] or not parts[3]:
+            h.close_connection = h.command == "PUT"  # a body we do not read
+            self._answer(h, 404, "not found: resources are at /r/<vm>/<name>, uploads at /t/<vm>/<location>")
+            return
+        upload = parts[1] == "t"
+        if h.command not in (("PUT", "HEAD") if upload else ("GET", "HEAD")):
+            h.close_connection = True
+            self._answer(h, 405, "resources are read with GET, transfers written with PUT")
             return
         vm, name = urllib.parse.unquote(parts[2]), urllib.parse.unquote(parts[3])
         who = self._who(h.headers.get("Authorization"))
         if who is None:
             peer = h.client_address[0]
             self.refusals_of(None, f"{h.command} {h.path[:200]!r} from {peer}: bad or no token")
+            h.close_connection = h.command == "PUT"
             self._answer(h, 401, "a valid bearer token is needed", {"WWW-Authenticate": "Bearer"})
             return
         if vm != who:
-            self.refusals_of(who, f"{h.command} {name[:200]!r} of VM {vm[:64]!r} refused: not this VM's")
-            self._answer(h, 403, "this token gives access to its own VM's resources only")
+            self.refusals_of(
+                who,
+                f"{h.command} {name[:200]!r} of VM {vm[:64]!r} refused: not this VM's",
+                UPLOAD_REFUSED if upload else REFUSED,
+            )
+            h.close_connection = h.command == "PUT"
+            self._answer(h, 403, "this token gives access to its own VM's resources and transfers only")
+            return
+        if upload:
+            self._upload(h, who, name, head)
             return
         if name not in self.vms[who].filenames:
             self.refusals_of(who, f"{h.command} {name[:200]!r} refused: not a filename drop of its schedule")
@@ -491,3 +554,153 @@ class ResourceHttp:
                     f"({sent / max(took, 1e-6) / 1e6:.1f} MB/s)",
                     outcome,
                 )
+
+    # ------------------------------------------------------------------ uploads
+    def _upload(self, h: _Handler, vm: str, location: str, head: bool) -> None:
+        """Answer a HEAD or PUT of ``/t/<vm>/<location>`` by ``vm`` (token checked)."""
+        what = f"{h.command} {location[:200]!r}"
+        store = self.transfers.get(vm)
+        sha256 = (h.headers.get("X-Vmr-Sha256") or "").strip().lower()
+        try:
+            if store is None:
+                raise _Refusal(503, "transfers are not ready yet", {"Retry-After": "1"})
+            if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
+                raise _Refusal(400, "X-Vmr-Sha256 must be the file's sha256 in hex")
+            if head:
+                size = _header_int(h, "X-Vmr-Size")
+                have = store.upload_have(location, sha256, size)
+                self._answer(h, 200, f"{have} of {size} bytes held", {"X-Vmr-Have": str(have)})
+                return
+            length = _header_int(h, "Content-Length", 411)
+            offset, size = parse_content_range(h.headers.get("Content-Range"), length)
+            with self._lock:
+                busy = self._uploading.get(vm, 0)
+                if busy < self.streams:
+                    self._uploading[vm] = busy + 1
+            if busy >= self.streams:
+                raise _Refusal(503, f"busy: {busy} uploads under way; ask again later", {"Retry-After": "1"})
+            try:
+                self._receive(h, vm, store, location, sha256, size, offset, length)
+            finally:
+                with self._lock:
+                    self._uploading[vm] -= 1
+        except _Refusal as exc:
+            self._refuse_upload(h, vm, what, exc.code, str(exc), exc.headers)
+        except TransferConflict as exc:
+            self._refuse_upload(h, vm, what, 409, str(exc), {"X-Vmr-Have": str(exc.have)})
+        except TransferTooLarge as exc:
+            self._refuse_upload(h, vm, what, 413, str(exc))
+        except TransferMismatch as exc:
+            self._refuse_upload(h, vm, what, 422, str(exc))
+        except TransferRefused as exc:
+            self._refuse_upload(h, vm, what, 403, str(exc))
+        except OSError as exc:  # the disk refused (the client's errors are caught in _receive)
+            log.error("%s: %s: cannot store the upload: %s", vm, what, exc)
+            self._refuse_upload(h, vm, what, 500, f"the host cannot store it: {exc.strerror or exc}")
+
+    def _refuse_upload(
+        self,
+        h: _Handler,
+        vm: str,
+        what: str,
+        code: int,
+        text: str,
+        headers: Optional[Mapping[str, str]] = None,
+    ) -> None:
+        self.refusals_of(vm, f"{what}: {code} {text}", UPLOAD_REFUSED)
+        if h.command == "PUT":
+            h.close_connection = True  # the body (or its rest) is not read
+        with contextlib.suppress(OSError):
+            self._answer(h, code, text, headers)
+
+    def _receive(
+        self,
+        h: _Handler,
+        vm: str,
+        store: TransferStore,
+        location: str,
+        sha256: str,
+        size: int,
+        offset: int,
+        length: int,
+    ) -> None:
+        """Stream a PUT body into the VM's staged upload; answer 200/201; note the outcome."""
+        gone: list[OSError] = []
+        began = time.monotonic()
+        rate = self.options.debug_rate
+
+        def read(n: int) -> bytes:
+            if self._stopping.is_set():
+                return b""
+            try:
+                return h.rfile.read(n)
+            except OSError as exc:  # the client went away or stalled past SOCKET_TIMEOUT
+                gone.append(exc)
+                return b""
+
+        def pace(received: int) -> None:
+            if rate:
+                time.sleep(max(0.0, began + received / rate - time.monotonic()))
+
+        have = store.upload(location, sha256, size, offset, length, read, pace, CHUNK)
+        took = time.monotonic() - began
+        got = max(0, have - offset)
+        speed = f"in {took:.2f} s ({got / max(took, 1e-6) / 1e6:.1f} MB/s)"
+        where = f"bytes {offset}-{offset + length - 1}/{size}"
+        if have == size:
+            text, outcome = (
+                f"http: PUT {location!r} {where} received {speed}; complete, sha256 verified",
+                UPLOADED,
+            )
+            self._answer(h, 201, f"complete: {size} bytes, sha256 verified", {"X-Vmr-Have": str(have)})
+        elif have >= offset + length:
+            text, outcome = f"http: PUT {location!r} {where} received {speed}", UPLOADED
+            self._answer(h, 200, f"{have} of {size} bytes held", {"X-Vmr-Have": str(have)})
+        else:
+            h.close_connection = True
+            text, outcome = (
+                f"http: PUT {location!r} {where} interrupted after {got} of {length} bytes {speed}",
+                INTERRUPTED,
+            )
+            if gone:
+                log.debug("http: %s %s: %s", vm, location, gone[0])
+        self._note(vm, text, outcome)
+
+
+class _Refusal(Exception):
+    """An upload answered ``code`` with this message (and these headers)."""
+
+    def __init__(self, code: int, text: str, headers: Optional[Mapping[str, str]] = None) -> None:
+        super().__init__(text)
+        self.code = code
+        self.headers = headers
+
+
+def _header_int(h: _Handler, name: str, missing: int = 400) -> int:
+    """Header ``name`` as an integer >= 0. Raises _Refusal (``missing`` when absent, else 400)."""
+    text = h.headers.get(name)
+    if text is None:
+        raise _Refusal(missing, f"{name} is needed")
+    if not text.strip().isdigit():
+        raise _Refusal(400, f"{name} must be an integer >= 0")
+    return int(text)
+
+
+def parse_content_range(header: Optional[str], length: int) -> Tuple[int, int]:
+    """``(offset, size)`` of a PUT body of ``length`` bytes from ``Content-Range: bytes N-M/SIZE``
+    (no header: the whole file, ``(0, length)``).
+
+    Raises:
+        _Refusal: (400) malformed, ``M - N + 1 != length``, or ``M`` not before ``SIZE``.
+    """
+    if header is None:
+        return 0, length
+    unit, _sp, spec = header.strip().partition(" ")
+    span, slash, total = spec.partition("/")
+    first, dash, last = span.partition("-")
+    if unit != "bytes" or not slash or not dash or not all(x.isdigit() for x in (first, last, total)):
+        raise _Refusal(400, f"Content-Range {header[:100]!r}: expected bytes N-M/SIZE")
+    start, end, size = int(first), int(last), int(total)
+    if end - start + 1 != length or end >= size:
+        raise _Refusal(400, f"Content-Range {header[:100]!r} does not match Content-Length {length}")
+    return start, size

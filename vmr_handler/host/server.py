@@ -266,6 +266,8 @@ class HostServer:
                     raise HostSetupError(f"cannot open the logs of {name}: {exc}") from exc
         finally:
             self._loading = False
+        if self.http is not None:  # uploads over HTTP(S) go to the same stores as transfer_chunk
+            self.http.transfers = {name: s.transfers for name, s in self.sessions.items()}
         if self.barrier.start_time is not None and self.start_id is None:
             self._mark_start()
         self._save()
@@ -671,9 +673,11 @@ class HostServer:
                 s.counters.resources_served += 1
             elif outcome == "refused":
                 s.counters.resources_refused += 1
+            elif outcome == "upload_refused":  # a transfer out refused over HTTP(S)
+                s.counters.transfer_refused += 1
             if text is not None:
                 s.log.note(text, time.time())
-                if outcome != "refused":  # refusals are logged (rate-limited) by the HTTP server
+                if outcome not in ("refused", "upload_refused"):  # logged, rate-limited, by the HTTP server
                     log.info("%s: %s", vm, text)
 
         def note(vm: str, text: Optional[str], outcome: str) -> None:

@@ -55,6 +55,7 @@ from vmr_handler.protocol import (
     SCHEDULE,
     START_TIME,
     TRANSFER_CHUNK,
+    TRANSFER_UPLOADED,
     WELCOME,
     DecoderStats,
     FrameDecoder,
@@ -466,7 +467,7 @@ class VmSession:
             elif t in HOST_ONLY:
                 self.counters.protocol_errors += 1
                 self._warn("host-only", f"guest sent a host-only {t!r} event: ignored", recv_time)
-            elif t == TRANSFER_CHUNK:
+            elif t in (TRANSFER_CHUNK, TRANSFER_UPLOADED):
                 if self.log.seen(ev.id) or ev.id in seen_here:
                     to_store.append(ev)  # a duplicate: acknowledged again, not applied again
                 else:
@@ -711,7 +712,9 @@ class VmSession:
             log.info("%s: schedule not sent: %s", self.name, exc)
 
     def _on_transfer(self, ev: Event, now: float) -> Event:
-        """Store a transfer chunk; return the event to log in its place (no file data)."""
+        """Store a ``transfer_chunk``, or put in place a file uploaded over HTTP(S) that a
+        ``transfer_uploaded`` report names (:meth:`TransferStore.commit_upload`); return the
+        event to log in its place (no file data)."""
         d = ev.data
         raw = d.get("data_b64", "")
         summary: Dict[str, Any] = {
@@ -719,7 +722,15 @@ class VmSession:
         }
         if isinstance(summary.get("location"), str):
             summary["location"] = printable(summary["location"], 4096)
+        what = "transfer chunk" if ev.type == TRANSFER_CHUNK else "uploaded transfer"
         try:
+            if ev.type == TRANSFER_UPLOADED:
+                args = (d.get("location"), d.get("sha256"), d.get("size"), d.get("mtime"))
+                outcome = self.transfers.commit_upload(*args)
+                summary.update(
+                    stored_as=outcome.path, status="success", details="complete (uploaded over HTTP)"
+                )
+                return Event(ev.type, ev.timestamp, ev.id, summary)
             if not isinstance(raw, str):
                 raise TransferRefused("data_b64 must be a string")
             try:
@@ -748,11 +759,11 @@ class VmSession:
         except TransferRefused as exc:
             self.counters.transfer_refused += 1
             summary.update(status="error", details=f"refused: {exc}")
-            self._warn("transfer", f"transfer chunk refused: {exc}", now)
+            self._warn("transfer", f"{what} refused: {exc}", now)
         except OSError as exc:
             self.counters.transfer_refused += 1
             summary.update(status="error", details=f"host could not store it: {exc.strerror or exc}")
-            self._warn("transfer-io", f"transfer chunk not stored: {exc}", now)
+            self._warn("transfer-io", f"{what} not stored: {exc}", now)
         return Event(ev.type, ev.timestamp, ev.id, summary)
 
     # ------------------------------------------------------------------ pushes from the host

@@ -7,6 +7,8 @@ Layout under the logs directory::
                                  {"host_received": <UTC>, "vm": "<vm>", "event": {timestamp,type,id,data}}
     <logs>/experiment.json       start time, configured times, exclusions, RESUMEs (atomic)
     <logs>/transfers/<vm>/<loc>  files transferred out of the VM (confined to that directory)
+    <logs>/uploads/<vm>/<sha256> files uploaded over HTTP(S), staged until their
+                                 ``transfer_uploaded`` report puts them in place (``.part``: under way)
 
 Each event is written and flushed *before* the host acknowledges it, and the set of ids
 already written is rebuilt from ``<vm>.jsonl`` at start, so an agent that resends (after
@@ -15,6 +17,7 @@ a channel drop or a ``kill -9`` of the host) never gets an event logged twice.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -22,6 +25,7 @@ import math
 import os
 import re
 import tempfile
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
@@ -33,6 +37,9 @@ JSONL_SUFFIX = ".jsonl"
 LOG_SUFFIX = ".log"
 EXPERIMENT_FILE = "experiment.json"
 TRANSFERS_DIR = "transfers"
+UPLOADS_DIR = "uploads"
+#: Staged uploads (complete or not) kept per VM; the oldest is deleted to make room.
+MAX_STAGED = 8
 #: Longest readable log line kept (the .jsonl has everything).
 MAX_LOG_LINE = 4096
 
@@ -264,12 +271,32 @@ class VmLog:
 
 # -------------------------------------------------------------------------------- transfers
 class TransferRefused(Exception):
-    """A transfer chunk the host will not store (path escape, size limit); the message says why."""
+    """A transfer the host will not store (path escape, size limit); the message says why."""
+
+
+class TransferTooLarge(TransferRefused):
+    """Over the per-file or the per-VM limit (HTTP 413)."""
+
+
+class TransferConflict(TransferRefused):
+    """An upload that does not continue what the host holds (HTTP 409).
+
+    Attributes:
+        have: bytes of this content the host holds (the offset to resume from).
+    """
+
+    def __init__(self, text: str, have: int) -> None:
+        super().__init__(text)
+        self.have = have
+
+
+class TransferMismatch(TransferRefused):
+    """The uploaded bytes do not have the announced sha256 (HTTP 422); they were deleted."""
 
 
 @dataclass
 class TransferOutcome:
-    """What became of one ``transfer_chunk``.
+    """What became of one ``transfer_chunk`` or ``transfer_uploaded`` report.
 
     Attributes:
         path: the file's path relative to the VM's transfer root.
@@ -283,6 +310,21 @@ class TransferOutcome:
 
 
 _O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _mtime(value: Any) -> Optional[float]:
+    """``value`` as an mtime to set (UTC seconds, finite, 0 <= m < 2**33), else None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value) if 0 <= value < 2**33 else None
+    return None
+
+
+def _count(value: Any, what: str) -> int:
+    """``value`` as an integer >= 0. Raises TransferRefused naming ``what``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise TransferRefused(f"{what} must be an integer >= 0")
+    return value
 
 
 class TransferStore:
@@ -296,6 +338,13 @@ class TransferStore:
     a hidden ``.<name>.vmr-part`` beside its destination and renamed into place when its
     last chunk arrives.
 
+    Over HTTP(S) (:mod:`vmr_handler.host.http`) a file is uploaded to
+    ``<logs>/uploads/<vm>/<sha256>.part``, renamed to ``<sha256>`` when complete and verified
+    (:meth:`upload`), and put in place when the VM's ``transfer_uploaded`` report arrives
+    (:meth:`commit_upload`), in the order of its other reports. Staged bytes count towards the
+    per-VM total. :meth:`upload` and :meth:`upload_have` run in HTTP threads, the rest on the
+    host's loop: the total is kept under a lock.
+
     Args:
         logs: the logs directory.
         vm: the VM name.
@@ -305,27 +354,32 @@ class TransferStore:
 
     def __init__(self, logs: str, vm: str, max_file: int, max_total: int) -> None:
         self.root = os.path.join(logs, TRANSFERS_DIR, vm)
+        self.staging = os.path.join(logs, UPLOADS_DIR, vm)
         self.max_file = max_file
         self.max_total = max_total
         self.total = 0
         self.files = 0
         self.refused = 0
         self._hash: Dict[str, Tuple[int, Any]] = {}  # rel path -> (bytes hashed, sha256 object)
+        self._lock = threading.Lock()  # total, _active
+        self._active: Set[str] = set()  # sha256 of uploads under way
+        self._placed: Dict[str, Tuple[str, int, int]] = {}  # sha256 -> (rel, st_dev, st_ino) put in place
 
     def open(self) -> None:
-        """Create the root (mode 0700) and count what is already stored.
+        """Create the root and the staging directory (mode 0700) and count what they hold.
 
         Raises:
-            OSError: it cannot be created.
+            OSError: they cannot be created.
         """
-        os.makedirs(self.root, mode=0o700, exist_ok=True)
         total = 0
-        for dirpath, _dirs, files in os.walk(self.root):  # os.walk does not follow symlinks
-            for name in files:
-                try:
-                    total += os.lstat(os.path.join(dirpath, name)).st_size
-                except OSError:
-                    pass
+        for top in (self.root, self.staging):
+            os.makedirs(top, mode=0o700, exist_ok=True)
+            for dirpath, _dirs, files in os.walk(top):  # os.walk does not follow symlinks
+                for name in files:
+                    try:
+                        total += os.lstat(os.path.join(dirpath, name)).st_size
+                    except OSError:
+                        pass
         self.total = total
 
     @staticmethod
@@ -351,6 +405,41 @@ class TransferStore:
             raise TransferRefused("a location component is longer than 255 bytes")
         return parts
 
+    def resolve(self, location: Any) -> Tuple[str, List[str], str]:
+        """Check ``location`` (:meth:`confine`, and its real path now inside the root).
+
+        Returns:
+            ``(real root, components, relative path)``.
+
+        Raises:
+            TransferRefused: it is refused.
+        """
+        parts = self.confine(location)
+        rel = "/".join(parts)
+        real_root = os.path.realpath(self.root)
+        target = os.path.realpath(os.path.join(real_root, *parts))
+        if not target.startswith(real_root + os.sep):
+            raise TransferRefused(f"location {printable(rel, 200)!r} resolves outside the transfer root")
+        return real_root, parts, rel
+
+    def check_size(self, size: Any) -> int:
+        """``size`` (bytes of a whole file) if within the per-file limit.
+
+        Raises:
+            TransferRefused: not an integer >= 0. TransferTooLarge: over ``max_file``.
+        """
+        n = _count(size, "size")
+        if n > self.max_file:
+            raise TransferTooLarge(f"file larger than the per-file limit of {self.max_file} bytes")
+        return n
+
+    def _charge(self, grow: int) -> None:
+        """Count ``grow`` more bytes (may be < 0) for this VM; refuse growth past the total."""
+        with self._lock:
+            if grow > 0 and self.total + grow > self.max_total:
+                raise TransferTooLarge(f"per-VM transfer limit of {self.max_total} bytes reached")
+            self.total += grow
+
     def write_chunk(
         self,
         location: Any,
@@ -370,21 +459,14 @@ class TransferStore:
             TransferRefused: the location escapes the root, or a size limit is hit, or the
                 chunk is inconsistent (offset/size).
         """
-        parts = self.confine(location)
-        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
-            raise TransferRefused("offset must be an integer >= 0")
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise TransferRefused("size must be an integer >= 0")
+        self.confine(location)
+        offset = _count(offset, "offset")
+        size = _count(size, "size")
         end = offset + len(data)
-        if size > self.max_file or end > self.max_file:
-            raise TransferRefused(f"file larger than the per-file limit of {self.max_file} bytes")
+        self.check_size(max(size, end))
         if end > size:
             raise TransferRefused(f"chunk ends at {end}, past the announced size {size}")
-        rel = "/".join(parts)
-        real_root = os.path.realpath(self.root)
-        target = os.path.realpath(os.path.join(real_root, *parts))
-        if not target.startswith(real_root + os.sep):
-            raise TransferRefused(f"location {printable(rel, 200)!r} resolves outside the transfer root")
+        real_root, parts, rel = self.resolve(location)
         dir_fd = self._walk(real_root, parts[:-1])
         try:
             return self._write(dir_fd, rel, parts[-1], offset, data, size, sha256, last, mtime)
@@ -433,13 +515,14 @@ class TransferStore:
         try:
             before = os.fstat(fd).st_size
             after = size if last else max(before, offset + len(data))
-            if self.total + max(0, after - before) > self.max_total:
-                raise TransferRefused(f"per-VM transfer limit of {self.max_total} bytes reached")
-            if data:
-                os.pwrite(fd, data, offset)
-            if last:
-                os.ftruncate(fd, size)  # a shorter new version leaves no stale tail
-            self.total += os.fstat(fd).st_size - before
+            self._charge(max(0, after - before))
+            try:
+                if data:
+                    os.pwrite(fd, data, offset)
+                if last:
+                    os.ftruncate(fd, size)  # a shorter new version leaves no stale tail
+            finally:  # count what is there now
+                self._charge(os.fstat(fd).st_size - before - max(0, after - before))
             hashed, h = self._hash.get(rel, (0, None))
             if offset == 0:
                 hashed, h = 0, hashlib.sha256()
@@ -450,35 +533,232 @@ class TransferStore:
             if not last:
                 return TransferOutcome(rel)
             if h is None or hashed != size:  # chunks came out of order: hash the file
-                h = hashlib.sha256()
-                pos = 0
-                while pos < size:
-                    piece = os.pread(fd, 1024 * 1024, pos)
-                    if not piece:
-                        break
-                    h.update(piece)
-                    pos += len(piece)
+                h = _sha256_fd(fd, size)
             self._hash.pop(rel, None)
             ok = isinstance(sha256, str) and h.hexdigest() == sha256.lower()
             if not ok:
                 return TransferOutcome(rel, complete=False, sha256_ok=False)
-            m = mtime if isinstance(mtime, (int, float)) and not isinstance(mtime, bool) else None
-            if m is not None and math.isfinite(m) and 0 <= m < 2**33:
+            m = _mtime(mtime)
+            if m is not None:
                 os.utime(fd, (m, m))
         finally:
             os.close(fd)
+        self._put_in_place(dir_fd, rel, name, part, dir_fd, 0)
+        return TransferOutcome(rel, complete=True, sha256_ok=True)
+
+    def _put_in_place(
+        self, dir_fd: int, rel: str, name: str, src: str, src_dir_fd: Optional[int], added: int
+    ) -> None:
+        """Rename ``src`` to ``name`` (replacing an older version) and count it; ``added``:
+        bytes not counted yet (a hard link of a file already counted)."""
         try:
-            old = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            old_size = old.st_size
+            old_size = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_size
         except FileNotFoundError:
             old_size = 0
         try:
-            os.rename(part, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            os.rename(src, name, src_dir_fd=src_dir_fd, dst_dir_fd=dir_fd)
         except OSError as exc:
             raise TransferRefused(f"cannot put {printable(rel, 200)!r} in place: {exc.strerror}") from exc
-        self.total -= old_size
+        self._charge(added - old_size)
         self.files += 1
-        return TransferOutcome(rel, complete=True, sha256_ok=True)
+
+    # ---------------------------------------------------------------- uploads over HTTP(S)
+    def _staged(self, sha256: Any) -> str:
+        """The staging path of content ``sha256`` (``+ ".part"`` while under way).
+
+        Raises:
+            TransferRefused: ``sha256`` is not 64 lowercase hex digits.
+        """
+        if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
+            raise TransferRefused("sha256 must be 64 lowercase hex digits")
+        return os.path.join(self.staging, sha256)
+
+    def upload_have(self, location: Any, sha256: Any, size: Any) -> int:
+        """Bytes of this content the host holds (``size`` when the upload is complete), after
+        the checks a chunk gets (location, per-file limit).
+
+        Raises:
+            TransferRefused: the location or sha256 is refused. TransferTooLarge: ``size`` is
+                over the per-file limit, or the missing bytes over the per-VM total.
+        """
+        self.resolve(location)
+        whole = self.check_size(size)
+        staged = self._staged(sha256)
+        if os.path.isfile(staged):
+            return whole
+        try:
+            have = os.path.getsize(staged + ".part")
+        except FileNotFoundError:
+            have = 0
+        # a whole .part is not verified yet (a crash, a disk error): its last byte is asked again
+        have = max(0, min(have, whole - 1)) if have <= whole else 0
+        with self._lock:
+            if whole - have > self.max_total - self.total:
+                raise TransferTooLarge(f"per-VM transfer limit of {self.max_total} bytes reached")
+        return have
+
+    def upload(
+        self,
+        location: Any,
+        sha256: Any,
+        size: Any,
+        offset: int,
+        length: int,
+        read: Callable[[int], bytes],
+        pace: Optional[Callable[[int], None]] = None,
+        chunk: int = 256 * 1024,
+    ) -> int:
+        """Append ``length`` bytes (``read(n)`` gives up to ``n``) at ``offset`` of the staged
+        upload of ``sha256`` (a file of ``size`` bytes); blocking, for an HTTP thread.
+
+        ``offset`` must be 0 (start again) or the bytes the host holds. Stops early when
+        ``read`` returns ``b""`` (the client went away): what arrived is kept, to resume from.
+        When the last byte arrives the whole file is hashed: a match is renamed to
+        ``<sha256>``, a mismatch deleted.
+
+        Args:
+            pace: called with the bytes received so far after each piece (debug rate).
+            chunk: bytes per ``read``.
+
+        Returns:
+            The bytes the host holds of this content now (``size``: complete and verified).
+
+        Raises:
+            TransferRefused: location or sha256 refused, or ``offset + length`` past ``size``.
+            TransferTooLarge: over the per-file or the per-VM limit (nothing was read).
+            TransferConflict: another upload of this content is under way, or ``offset`` is
+                not 0 nor the bytes held (nothing was read).
+            TransferMismatch: complete, but not of this sha256 (deleted).
+            OSError: the disk refused.
+        """
+        have = self.upload_have(location, sha256, size)
+        whole = self.check_size(size)
+        staged = self._staged(sha256)
+        if offset + length > whole:
+            raise TransferRefused(f"body ends at {offset + length}, past the size {whole}")
+        if have == whole:
+            return whole
+        if offset not in (0, have):
+            raise TransferConflict(f"upload at offset {offset}, the host holds {have} bytes", have)
+        with self._lock:
+            if sha256 in self._active:
+                raise TransferConflict("an upload of this content is under way", have)
+            self._active.add(sha256)
+        try:
+            if offset == 0 and have == 0:
+                self._make_room()
+            grow = max(0, offset + length - have)
+            self._charge(grow)
+            flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+            fd = os.open(staged + ".part", flags, 0o600)
+            pos = offset
+            try:
+                before = os.fstat(fd).st_size
+                if offset == 0:
+                    os.ftruncate(fd, 0)
+                while pos < offset + length:
+                    piece = read(min(chunk, offset + length - pos))
+                    if not piece:
+                        break
+                    os.pwrite(fd, piece, pos)
+                    pos += len(piece)
+                    if pace is not None:
+                        pace(pos - offset)
+            finally:
+                self._charge(os.fstat(fd).st_size - before - grow)
+                complete = pos == whole
+                digest = _sha256_fd(fd, whole).hexdigest() if complete else None
+                os.close(fd)
+            if not complete:
+                return pos
+            if digest != sha256:
+                os.unlink(staged + ".part")
+                self._charge(-whole)
+                raise TransferMismatch(f"the {whole} bytes received have sha256 {digest}, not {sha256}")
+            os.replace(staged + ".part", staged)
+            return whole
+        finally:
+            with self._lock:
+                self._active.discard(sha256)
+
+    def _make_room(self) -> None:
+        """Delete the oldest staged uploads (not under way) beyond :data:`MAX_STAGED` - 1."""
+        entries = []
+        for entry in os.scandir(self.staging):
+            if entry.name.split(".")[0] not in self._active and entry.is_file(follow_symlinks=False):
+                st = entry.stat(follow_symlinks=False)
+                entries.append((st.st_mtime, entry.path, st.st_size))
+        for _when, path, size in sorted(entries)[: max(0, len(entries) - MAX_STAGED + 1)]:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                self._charge(-size)
+                log.info("staged upload %s deleted to make room", path)
+
+    def commit_upload(self, location: Any, sha256: Any, size: Any, mtime: Any = None) -> TransferOutcome:
+        """Put the staged upload of ``sha256`` in place at ``location`` (a ``transfer_uploaded``
+        report); the same content reported for a second location is hard-linked from the first.
+
+        Raises:
+            TransferRefused: the location is refused, no complete upload of this content and
+                size is held, or it cannot be put in place.
+        """
+        real_root, parts, rel = self.resolve(location)
+        size = self.check_size(size)
+        staged = self._staged(sha256)
+        dir_fd = self._walk(real_root, parts[:-1])
+        try:
+            name = parts[-1]
+            try:
+                st = os.stat(staged, follow_symlinks=False)
+                src, added = staged, 0
+            except FileNotFoundError:
+                st, src = self._placed_copy(real_root, sha256, dir_fd, name)
+                added = st.st_size
+            if st.st_size != size:
+                if src != staged:
+                    os.unlink(src, dir_fd=dir_fd)
+                raise TransferRefused(f"the upload of {sha256[:16]}... holds {st.st_size} bytes, not {size}")
+            m = _mtime(mtime)
+            if m is not None:
+                os.utime(src, (m, m), dir_fd=None if src == staged else dir_fd, follow_symlinks=False)
+            self._put_in_place(dir_fd, rel, name, src, None if src == staged else dir_fd, added)
+            self._placed[sha256] = (rel, st.st_dev, st.st_ino)
+            return TransferOutcome(rel, complete=True, sha256_ok=True)
+        finally:
+            os.close(dir_fd)
+
+    def _placed_copy(self, real_root: str, sha256: str, dir_fd: int, name: str) -> Tuple[os.stat_result, str]:
+        """A hard link, beside ``name``, of the file this content was put in place as before.
+
+        Raises:
+            TransferRefused: there is none (never uploaded, or replaced since).
+        """
+        rel, dev, ino = self._placed.get(sha256, ("", -1, -1))
+        path = os.path.join(real_root, *rel.split("/")) if rel else ""
+        try:
+            st = os.stat(path, follow_symlinks=False) if path else None
+        except OSError:
+            st = None
+        if st is None or (st.st_dev, st.st_ino) != (dev, ino):
+            raise TransferRefused(f"no complete upload of sha256 {str(sha256)[:16]}... is held")
+        tmp = f".{name}.vmr-part"[:255]
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        os.link(path, tmp, dst_dir_fd=dir_fd, follow_symlinks=False)
+        return st, tmp
+
+
+def _sha256_fd(fd: int, size: int) -> Any:
+    """The sha256 object of the first ``size`` bytes of ``fd`` (read in 1 MiB pieces)."""
+    h = hashlib.sha256()
+    pos = 0
+    while pos < size:
+        piece = os.pread(fd, 1024 * 1024, pos)
+        if not piece:
+            break
+        h.update(piece)
+        pos += len(piece)
+    return h
 
 
 def utc_text(ts: Optional[float]) -> str:
