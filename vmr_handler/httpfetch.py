@@ -143,11 +143,11 @@ def fetch(
         ``HTTP 403: ...``, ``gave up after N attempts: ...``, ``stopped``). On a mismatch
         ``<target>.part`` is deleted.
     """
+    import requests
+
     cancel = cancel or threading.Event()
     part = target + ".part"
     fresh_try = True  # one more download from byte 0 when a resumed file does not match
-    import requests
-
     with requests.Session() as session:
         while True:
             resumed = _size(part) > 0  # bytes of an earlier start (maybe of an older file version)
