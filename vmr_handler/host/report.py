@@ -94,7 +94,8 @@ def _secs(value: float) -> str:
     if a < 1:
         return f"{sign}{a * 1000:.3g} ms"
     if a < 120:
-        return f"{sign}{a:.3g} s" if a < 10 else f"{sign}{a:.1f} s"
+        text = f"{a:.3g}" if a < 10 else f"{a:.1f}".removesuffix(".0")
+        return f"{sign}{text} s"
     if a < 7200:
         m, sec = int(a // 60), int(a % 60)
         return f"{sign}{m}m {sec:02d}s" if sec else f"{sign}{m}m"
