@@ -1,0 +1,1234 @@
+#!/usr/bin/env python3
+"""vmr-host over MQTT with N simulated agents (issue 6 §4): barrier, start-time and RESUME
+fan-out, host and broker cost. Prints a table; asserts nothing; not collected by pytest.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/bench_mqtt.py                     # N=1000, 3 runs
+    .venv/bin/python benchmarks/bench_mqtt.py --vms 100,1000 --runs 3
+    .venv/bin/python benchmarks/bench_mqtt.py --vms 3000 --runs 1 --procs 3
+
+Each run starts, all on this machine and all stopped by PID at the end:
+
+* one **mosquitto** (plain listener on a free 127.0.0.1 port, anonymous, persistence as
+  ``vmr-host mqtt-config`` writes it, ``sys_interval 1`` for ``$SYS``), its open-files limit
+  raised above the client count;
+* the real **``vmr-host serve --transport mqtt``** (the venv's console script) serving N VMs
+  ``vm00000..``, each with a one-entry YAML schedule in a temp dir;
+* a **load generator**: ``--procs`` processes (default 2) of this script in ``--worker``
+  mode, each simulating N/procs agents with one paho-mqtt 2.x client per agent, all driven
+  by ONE manual loop per process (an epoll selector over the clients' sockets with paho's
+  socket callbacks, ``loop_read`` / ``loop_write`` / ``loop_misc``; no thread per client).
+
+A simulated agent does what the real agent does on the wire (``vmr_handler/agent.py``,
+``transports/mqtt.py``), minus the clock sync and running anything: MQTT v5, client id
+``vmr-<experiment>-<vm>``, username = VM name, ``clean_start=False`` + session expiry, a
+retained ``offline`` last will on ``presence``; on CONNACK it subscribes ``down`` and
+``start`` (QoS 1), publishes ``presence`` ``online`` (retained) and its ``hello``
+(protocol fields of ``_send_hello``); it answers a host ``hello`` with a ``hello`` (unless
+it sent one < 1 s ago, as the agent does), the ``schedule`` with a ``result`` success, a
+``start_time`` (from ``down`` or the retained ``start`` topic, whichever comes first) with an
+``ack``, a ``resume`` with a ``result``, and sends a ``heartbeat`` after 5 s of silence.
+``configured`` is sent when the controller says: VM i at ``T0 + window * i / (N - 1)``, so the
+last one goes at a known instant. Every time is ``time.time()`` on this machine (host, broker
+and generators share the clock).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import math
+import os
+import queue
+import resource
+import selectors
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from vmr_handler.events import Event  # noqa: E402
+from vmr_handler.protocol import encode_message  # noqa: E402
+
+EXPERIMENT = "bench"
+SESSION_EXPIRY = 7 * 24 * 3600  # as transports/mqtt.py
+KEEPALIVE = 15  # the agent's default
+HEARTBEAT = 5.0  # the agent's default
+WAIT = 120.0  # bound of every phase wait, seconds
+HOST_CONNECT_WAIT = 45.0  # vmr-host start-up until "connected to broker"
+MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+
+#: bench_host.py figures (unix sockets, 20-21 real agents; 100 simulated for idle), quoted
+#: from benchmarks/README.md "vmr-host benchmarks", runs 1-4 (2026-11-23)
+UNIX_QUOTED = {
+    "start_all": "every VM has the start time: 24-42 ms p50, 36-77 ms max after the last configured "
+    "(agent timestamps, 20 real agents)",
+    "resume": "host issued -> resume_received max 31-64 ms; CLI call -> resume_received p50 232-347 ms "
+    "(21 real agents)",
+    "idle": "host CPU 0.3-0.4 % with 100 idle simulated agents; RSS 28.4-28.6 MB; 1 thread; "
+    "fds 3/VM + 1/connection",
+}
+
+
+# =========================================================================== helpers
+def pct(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(q / 100.0 * len(ordered))) - 1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def raise_nofile(want: int) -> Tuple[int, int]:
+    """Raise this process's RLIMIT_NOFILE (inherited by every child) to ``want`` if it can:
+    the hard limit too when running as root, else the soft limit up to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= want:
+        return soft, hard
+    try:
+        if hard != resource.RLIM_INFINITY and hard < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, want))
+        else:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ValueError, OSError):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+def vm_name(i: int) -> str:
+    return f"vm{i:05d}"
+
+
+# =========================================================================== the load generator
+class SimAgent:
+    """One simulated agent: a paho client plus the few protocol steps the benchmark needs."""
+
+    def __init__(self, worker: Worker, index: int) -> None:
+        import paho.mqtt.client as mqtt
+        from paho.mqtt.enums import CallbackAPIVersion
+
+        self.w = worker
+        self.index = index
+        self.vm = vm_name(index)
+        base = f"vmr/{worker.experiment}/{self.vm}"
+        self.up, self.down, self.presence, self.start_topic = (
+            base + "/up",
+            base + "/down",
+            base + "/presence",
+            base + "/start",
+        )
+        self.boot_id = uuid.uuid4().hex
+        self.prefix = self.boot_id[:12]
+        self.counter = 0
+        self.last_tx = 0.0
+        self.hello_mono = -1e9
+        self.rec: Dict[str, Any] = {"vm": self.vm}
+        self.pending: Dict[str, str] = {}  # event id -> what (awaiting the host's ack)
+        self.seen_start = False
+        self.seen_resume: Dict[str, float] = {}
+        c = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=f"vmr-{worker.experiment}-{self.vm}",
+            protocol=mqtt.MQTTv5,
+            userdata=self,
+            reconnect_on_failure=False,
+        )
+        c.max_inflight_messages_set(200)
+        c.max_queued_messages_set(0)
+        c.username_pw_set(self.vm, None)
+        c.will_set(self.presence, self._presence("offline"), qos=1, retain=True)
+        c.on_connect = _on_connect
+        c.on_message = _on_message
+        c.on_disconnect = _on_disconnect
+        c.on_socket_open = worker.sock_open
+        c.on_socket_close = worker.sock_close
+        c.on_socket_register_write = worker.sock_want_write
+        c.on_socket_unregister_write = worker.sock_no_write
+        self.client = c
+
+    def _presence(self, state: str) -> bytes:
+        return json.dumps(
+            {"state": state, "vm": self.vm, "boot_id": self.boot_id}, separators=(",", ":")
+        ).encode()
+
+    def new_id(self) -> str:
+        self.counter += 1
+        return f"{self.prefix}-{self.counter:08d}"
+
+    def send(self, type_: str, data: Dict[str, Any], track: Optional[str] = None) -> str:
+        now = time.time()
+        ev = Event(type_, now, self.new_id(), data)
+        if track:
+            self.pending[ev.id] = track
+        self.client.publish(self.up, encode_message([ev], now), qos=1)
+        self.last_tx = time.monotonic()
+        return ev.id
+
+    def hello(self) -> None:
+        self.hello_mono = time.monotonic()
+        self.send(
+            "hello",
+            {
+                "protocol": 1,
+                "agent_version": "bench-sim",
+                "boot_id": self.boot_id,
+                "vm": self.vm,
+                "journal": {
+                    "digest": None,
+                    "configured_at": None,
+                    "start_time": None,
+                    "stages_done": [],
+                    "resumes": 0,
+                },
+                "unacked": len(self.pending),
+            },
+        )
+
+    def connect(self, host: str, port: int) -> None:
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = SESSION_EXPIRY
+        self.rec["t_connect"] = time.time()
+        self.client.connect(host, port, keepalive=KEEPALIVE, clean_start=False, properties=props)
+
+    # ------------------------------------------------------------------ protocol
+    def on_connack(self, ok: bool, reason: str) -> None:
+        now = time.time()
+        if not ok:
+            self.rec["refused"] = reason
+            return
+        self.rec.setdefault("t_connack", now)
+        self.client.subscribe([(self.down, 1), (self.start_topic, 1)])
+        self.client.publish(self.presence, self._presence("online"), qos=1, retain=True)
+        self.hello()
+
+    def on_frames(self, topic: str, payload: bytes) -> None:
+        now = time.time()
+        for line in payload.split(b"\n"):
+            if not line.strip():
+                continue
+            try:
+                msg = json.loads(line)
+                events = msg["events"]
+            except (ValueError, KeyError, TypeError):
+                self.w.bad_frames += 1
+                continue
+            for ev in events:
+                self.on_event(topic, ev, now)
+
+    def on_event(self, topic: str, ev: Dict[str, Any], now: float) -> None:
+        t = ev.get("type")
+        data = ev.get("data") or {}
+        rec = self.rec
+        if t == "hello":
+            rec["host_hellos"] = rec.get("host_hellos", 0) + 1
+            if time.monotonic() - self.hello_mono > 1.0:
+                self.hello()
+        elif t == "welcome":
+            rec.setdefault("t_welcome", now)
+            rec["welcomes"] = rec.get("welcomes", 0) + 1
+        elif t == "schedule":
+            rec["schedules"] = rec.get("schedules", 0) + 1
+            rec.setdefault("t_schedule", now)
+            self.send("result", {"answers": ev["id"], "status": "success", "details": "loaded"}, "schedule")
+        elif t == "ack":
+            for ident in data.get("ids") or []:
+                what = self.pending.pop(ident, None)
+                if what is not None:
+                    rec.setdefault(f"t_{what}_acked", now)
+                    if what == "schedule":
+                        self.w.progress["ready"] += 1
+        elif t == "start_time":
+            leaf = "retained" if topic == self.start_topic else "down"
+            rec.setdefault(f"t_start_{leaf}", now)
+            rec[f"n_start_{leaf}"] = rec.get(f"n_start_{leaf}", 0) + 1
+            if not self.seen_start:
+                self.seen_start = True
+                rec["t_start"] = now
+                rec["start_via"] = leaf
+                rec["start_time"] = data.get("start_time")
+                self.w.progress["started"] += 1
+                self.send("ack", {"ids": [ev["id"]]})
+        elif t == "resume":
+            rec["resumes"] = rec.get("resumes", 0) + 1
+            if ev["id"] not in self.seen_resume:
+                self.seen_resume[ev["id"]] = now
+                rec["t_resume"] = now
+                rec["resume_id"] = ev["id"]
+                self.w.progress["resumed"] += 1
+            self.send(
+                "result",
+                {"answers": ev["id"], "status": "success", "details": "ignored: no active break",
+                 "ended_break": None, "ignored": True},
+                "resume",
+            )  # fmt: skip
+        elif t == "heartbeat":
+            rec["host_heartbeats"] = rec.get("host_heartbeats", 0) + 1
+
+    def configured(self) -> None:
+        now = time.time()
+        self.rec["t_configured"] = now
+        self.send("configured", {"at": now, "stages": [-1]}, "configured")
+
+    def tick(self, mono: float) -> None:
+        self.client.loop_misc()
+        if "t_connack" in self.rec and mono - self.last_tx >= HEARTBEAT:
+            self.send("heartbeat", {})
+
+
+def _on_connect(_c: Any, sim: SimAgent, _flags: Any, reason: Any, _props: Any) -> None:
+    sim.on_connack(not reason.is_failure, str(reason))
+
+
+def _on_message(_c: Any, sim: SimAgent, msg: Any) -> None:
+    sim.on_frames(msg.topic, bytes(msg.payload))
+
+
+def _on_disconnect(_c: Any, sim: SimAgent, _flags: Any, reason: Any, _props: Any) -> None:
+    sim.rec["disconnects"] = sim.rec.get("disconnects", 0) + 1
+    sim.rec["last_disconnect"] = str(reason)
+    sim.w.disconnects += 1
+
+
+class Worker:
+    """One generator process: many SimAgents, one selector loop, commands on stdin."""
+
+    def __init__(self, host: str, port: int, experiment: str, first: int, count: int) -> None:
+        self.host, self.port, self.experiment = host, port, experiment
+        self.sel = selectors.EpollSelector()
+        self.progress = {"connected": 0, "ready": 0, "started": 0, "resumed": 0}
+        self.bad_frames = 0
+        self.disconnects = 0
+        self.sims = [SimAgent(self, i) for i in range(first, first + count)]
+        self.to_connect: List[SimAgent] = []
+        self.cfg_queue: List[Tuple[float, SimAgent]] = []
+        self.running = True
+        self.stdin_buf = b""
+
+    # paho socket callbacks (external event loop)
+    def sock_open(self, _c: Any, sim: SimAgent, sock: Any) -> None:
+        self.sel.register(sock, selectors.EVENT_READ, sim)
+
+    def sock_close(self, _c: Any, _sim: SimAgent, sock: Any) -> None:
+        try:
+            self.sel.unregister(sock)
+        except (KeyError, ValueError):
+            pass
+
+    def sock_want_write(self, _c: Any, sim: SimAgent, sock: Any) -> None:
+        try:
+            self.sel.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, sim)
+        except (KeyError, ValueError):
+            pass
+
+    def sock_no_write(self, _c: Any, sim: SimAgent, sock: Any) -> None:
+        try:
+            self.sel.modify(sock, selectors.EVENT_READ, sim)
+        except (KeyError, ValueError):
+            pass
+
+    def emit(self, doc: Dict[str, Any]) -> None:
+        sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
+        sys.stdout.flush()
+
+    def command(self, line: str) -> None:
+        parts = line.split()
+        if not parts:
+            return
+        if parts[0] == "connect":
+            self.t_connect_cmd = time.time()
+            self.to_connect = list(self.sims)
+        elif parts[0] == "configured":
+            t0, window, n = float(parts[1]), float(parts[2]), int(parts[3])
+            for s in self.sims:
+                due = t0 + (window * s.index / (n - 1) if n > 1 else 0.0)
+                self.cfg_queue.append((due, s))
+            self.cfg_queue.sort(key=lambda item: item[0])
+        elif parts[0] == "report":
+            self.emit({"ev": "report", "bad_frames": self.bad_frames, "disconnects": self.disconnects,
+                       "vms": [s.rec for s in self.sims]})  # fmt: skip
+        elif parts[0] == "quit":
+            for s in self.sims:
+                try:
+                    s.client.disconnect()
+                    s.client.loop_write()
+                except Exception:
+                    pass
+            self.running = False
+
+    def read_stdin(self) -> None:
+        data = os.read(0, 65536)
+        if not data:
+            self.running = False
+            return
+        self.stdin_buf += data
+        while b"\n" in self.stdin_buf:
+            line, self.stdin_buf = self.stdin_buf.split(b"\n", 1)
+            self.command(line.decode())
+
+    def run(self) -> None:
+        os.set_blocking(0, False)
+        self.sel.register(0, selectors.EVENT_READ, None)
+        self.emit({"ev": "up", "pid": os.getpid(), "n": len(self.sims)})
+        last_tick = time.monotonic()
+        last_progress: Dict[str, int] = {}
+        last_emit = 0.0
+        while self.running:
+            now = time.time()
+            timeout = 0.05
+            if self.to_connect:
+                timeout = 0.0
+            elif self.cfg_queue:
+                timeout = max(0.0, min(timeout, self.cfg_queue[0][0] - now))
+            for key, mask in self.sel.select(timeout):
+                sim = key.data
+                if sim is None:
+                    self.read_stdin()
+                    continue
+                c = sim.client
+                if mask & selectors.EVENT_READ:
+                    c.loop_read()
+                if mask & selectors.EVENT_WRITE and c.want_write():
+                    c.loop_write()
+            # a connect storm, in slices so CONNACKs and handshakes are served meanwhile
+            for _ in range(min(25, len(self.to_connect))):
+                sim = self.to_connect.pop(0)
+                try:
+                    sim.connect(self.host, self.port)
+                except OSError as exc:
+                    sim.rec["connect_errors"] = sim.rec.get("connect_errors", 0) + 1
+                    sim.rec["connect_error"] = str(exc)
+                    self.to_connect.append(sim)
+            now = time.time()
+            while self.cfg_queue and self.cfg_queue[0][0] <= now:
+                _due, sim = self.cfg_queue.pop(0)
+                sim.configured()
+            mono = time.monotonic()
+            if mono - last_tick >= 1.0:
+                last_tick = mono
+                for s in self.sims:
+                    s.tick(mono)
+            self.progress["connected"] = sum(1 for s in self.sims if "t_connack" in s.rec)
+            if self.progress != last_progress and (mono - last_emit > 0.1):
+                last_progress = dict(self.progress)
+                last_emit = mono
+                self.emit({"ev": "progress", **self.progress})
+            elif mono - last_emit > 1.0:
+                last_emit = mono
+                self.emit({"ev": "progress", **self.progress})
+
+
+def worker_main(args: argparse.Namespace) -> int:
+    raise_nofile(args.count * 2 + 256)
+    Worker("127.0.0.1", args.port, args.experiment, args.first, args.count).run()
+    return 0
+
+
+# =========================================================================== host shim
+# A BENCHMARK WORKAROUND, not a fix (see benchmarks/README.md, "MQTT, 1000 simulated agents").
+# paho-mqtt 2.x's threaded loop (``loop_start``, used by ``PahoBridge``) waits with
+# ``select.select``, which refuses file descriptors >= 1024 (FD_SETSIZE). ``vmr-host`` keeps two
+# log files open per VM before it connects to the broker, so with more than ~500 VMs its broker
+# socket gets a descriptor above 1023 and every connect attempt ends in "no answer from broker
+# ... in 10 s; retrying", forever. ``--shim on`` (default ``auto``: when N > 450) starts the host
+# as ``python bench_mqtt.py --host-with-poll <vmr-host args>``: the unchanged ``vmr-host`` CLI in
+# a process where paho's client module sees a ``select`` module whose ``select()`` is the same
+# call made with ``poll()`` (no descriptor limit).
+def poll_select(
+    rlist: Sequence[Any], wlist: Sequence[Any], xlist: Sequence[Any], timeout: Optional[float] = None
+) -> Tuple[List[Any], List[Any], List[Any]]:
+    """``select.select`` semantics (readable, writable; no exceptional set) over ``poll``."""
+    import select as _select
+
+    def fd_of(obj: Any) -> int:
+        return obj if isinstance(obj, int) else int(obj.fileno())
+
+    poller = _select.poll()
+    objs: Dict[int, Dict[str, Any]] = {}
+    masks: Dict[int, int] = {}
+    for obj in rlist:
+        fd = fd_of(obj)
+        objs.setdefault(fd, {})["r"] = obj
+        masks[fd] = masks.get(fd, 0) | _select.POLLIN | _select.POLLPRI
+    for obj in wlist:
+        fd = fd_of(obj)
+        objs.setdefault(fd, {})["w"] = obj
+        masks[fd] = masks.get(fd, 0) | _select.POLLOUT
+    for fd, mask in masks.items():
+        poller.register(fd, mask)
+    ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
+    ready_r: List[Any] = []
+    ready_w: List[Any] = []
+    for fd, ev in poller.poll(ms):
+        bad = ev & (_select.POLLERR | _select.POLLHUP | _select.POLLNVAL)
+        if "r" in objs[fd] and (ev & (_select.POLLIN | _select.POLLPRI) or bad):
+            ready_r.append(objs[fd]["r"])
+        if "w" in objs[fd] and (ev & _select.POLLOUT or bad):
+            ready_w.append(objs[fd]["w"])
+    return ready_r, ready_w, []
+
+
+def host_with_poll(argv: List[str]) -> int:
+    """Run the unchanged ``vmr-host`` CLI with paho's ``select`` on ``poll`` (see above)."""
+    import select as _select
+    import types
+
+    import paho.mqtt.client as paho_client
+
+    shim = types.ModuleType("select")
+    shim.__dict__.update(_select.__dict__)
+    shim.select = poll_select  # type: ignore[attr-defined]
+    paho_client.select = shim  # type: ignore[attr-defined]
+    from vmr_handler.host.cli import main as host_main
+
+    sys.argv = ["vmr-host", *argv]
+    return int(host_main() or 0)
+
+
+# =========================================================================== controller
+_CHILDREN: List[subprocess.Popen] = []
+
+
+def spawn(argv: Sequence[str], **kw: Any) -> subprocess.Popen:
+    proc = subprocess.Popen(list(argv), start_new_session=True, **kw)
+    _CHILDREN.append(proc)
+    return proc
+
+
+def stop(proc: Optional[subprocess.Popen], timeout: float = 10.0) -> None:
+    """SIGTERM by PID, SIGKILL after ``timeout``."""
+    if proc is None:
+        return
+    if proc.poll() is None:
+        try:
+            os.kill(proc.pid, signal.SIGTERM)
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    if proc in _CHILDREN:
+        _CHILDREN.remove(proc)
+
+
+def _cleanup() -> None:
+    for proc in list(_CHILDREN):
+        try:
+            stop(proc, 5.0)
+        except Exception:
+            pass
+
+
+def _on_signal(signum: int, _frame: Any) -> None:
+    _cleanup()
+    sys.exit(128 + signum)
+
+
+def vmr_host() -> List[str]:
+    path = os.path.join(os.path.dirname(sys.executable), "vmr-host")
+    return [path] if os.access(path, os.X_OK) else [sys.executable, "-m", "vmr_handler.host"]
+
+
+class Sampler(threading.Thread):
+    """RSS max and CPU of named processes, every 0.25 s."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        import psutil
+
+        self.psutil = psutil
+        self.procs: Dict[str, Any] = {}
+        self.rss_max: Dict[str, int] = {}
+        self.stop_ev = threading.Event()
+        self.lock = threading.Lock()
+
+    def add(self, name: str, pid: int) -> None:
+        with self.lock:
+            self.procs[name] = self.psutil.Process(pid)
+
+    def run(self) -> None:
+        while not self.stop_ev.wait(0.25):
+            with self.lock:
+                items = list(self.procs.items())
+            for name, p in items:
+                try:
+                    rss = p.memory_info().rss
+                except self.psutil.Error:
+                    continue
+                self.rss_max[name] = max(self.rss_max.get(name, 0), rss)
+
+    def cpu(self, name: str) -> float:
+        try:
+            t = self.procs[name].cpu_times()
+            return float(t.user + t.system)
+        except (KeyError, self.psutil.Error):
+            return math.nan
+
+    def rss(self, name: str) -> float:
+        try:
+            return float(self.procs[name].memory_info().rss)
+        except (KeyError, self.psutil.Error):
+            return math.nan
+
+    def fds(self, name: str) -> float:
+        try:
+            return float(self.procs[name].num_fds())
+        except (KeyError, self.psutil.Error):
+            return math.nan
+
+
+class SysWatch:
+    """The broker's ``$SYS`` tree (one threaded paho client: this is the controller, not the load)."""
+
+    def __init__(self, port: int) -> None:
+        import paho.mqtt.client as mqtt
+        from paho.mqtt.enums import CallbackAPIVersion
+
+        self.values: Dict[str, str] = {}
+        self.max_connected = 0
+        c = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id=f"bench-sys-{os.getpid()}", protocol=mqtt.MQTTv5
+        )
+        c.on_connect = lambda cl, *_a: cl.subscribe("$SYS/broker/#")
+        c.on_message = self._msg
+        c.connect("127.0.0.1", port)
+        c.loop_start()
+        self.client = c
+
+    def _msg(self, _c: Any, _u: Any, msg: Any) -> None:
+        value = msg.payload.decode(errors="replace")
+        self.values[msg.topic] = value
+        if msg.topic == "$SYS/broker/clients/connected":
+            try:
+                self.max_connected = max(self.max_connected, int(value))
+            except ValueError:
+                pass
+
+    def get(self, leaf: str) -> Optional[str]:
+        return self.values.get("$SYS/broker/" + leaf)
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+class Workers:
+    """The generator processes and their JSON-line output."""
+
+    def __init__(self, n: int, procs: int, port: int, root: str) -> None:
+        self.procs: List[subprocess.Popen] = []
+        self.q: queue.Queue[Tuple[int, Dict[str, Any]]] = queue.Queue()
+        self.progress: Dict[int, Dict[str, int]] = {}
+        self.reports: Dict[int, Dict[str, Any]] = {}
+        per = [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
+        first = 0
+        for i, count in enumerate(per):
+            argv = [sys.executable, os.path.abspath(__file__), "--worker", "--port", str(port),
+                    "--experiment", EXPERIMENT, "--first", str(first), "--count", str(count)]  # fmt: skip
+            first += count
+            err = os.path.join(root, f"worker{i}.err")
+            p = spawn(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=out_file(err))
+            self.procs.append(p)
+            threading.Thread(target=self._reader, args=(i, p), daemon=True).start()
+        ups = 0
+        deadline = time.monotonic() + 60
+        while ups < len(self.procs):
+            _i, doc = self.q.get(timeout=max(0.1, deadline - time.monotonic()))
+            ups += doc.get("ev") == "up"
+
+    def _reader(self, i: int, p: subprocess.Popen) -> None:
+        assert p.stdout is not None
+        for line in p.stdout:
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            if doc.get("ev") == "progress":
+                self.progress[i] = doc
+            elif doc.get("ev") == "report":
+                self.reports[i] = doc
+            self.q.put((i, doc))
+
+    def send(self, line: str) -> None:
+        for p in self.procs:
+            assert p.stdin is not None
+            p.stdin.write((line + "\n").encode())
+            p.stdin.flush()
+
+    def total(self, key: str) -> int:
+        return sum(int(d.get(key, 0)) for d in self.progress.values())
+
+    def wait_total(self, key: str, n: int, timeout: float = WAIT) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.total(key) >= n:
+                return True
+            try:
+                self.q.get(timeout=0.05)
+            except queue.Empty:
+                pass
+            if any(p.poll() is not None for p in self.procs):
+                raise RuntimeError("a generator process died (see worker*.err)")
+        return False
+
+    def report(self) -> List[Dict[str, Any]]:
+        self.reports.clear()
+        self.send("report")
+        deadline = time.monotonic() + 60
+        while len(self.reports) < len(self.procs) and time.monotonic() < deadline:
+            try:
+                self.q.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        return [vm for r in self.reports.values() for vm in r["vms"]]
+
+    def quit(self) -> None:
+        try:
+            self.send("quit")
+        except (OSError, ValueError):
+            pass
+        for p in self.procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                pass
+            stop(p, 5.0)
+
+
+def write_broker_conf(root: str, port: int) -> str:
+    import getpass
+
+    conf = os.path.join(root, "mosquitto.conf")
+    os.makedirs(os.path.join(root, "data"), exist_ok=True)
+    lines = [
+        f"user {getpass.getuser()}",
+        # persistence as `vmr-host mqtt-config` writes it (no autosave_interval: mosquitto's default)
+        "persistence true",
+        f"persistence_location {root}/data/",
+        f"log_dest file {root}/mosquitto.log",
+        "log_type error",
+        "log_type warning",
+        "log_type notice",
+        "log_timestamp true",
+        "max_packet_size 4194304",
+        "max_queued_messages 100000",
+        "sys_interval 1",
+        f"listener {port} 127.0.0.1",
+        "allow_anonymous true",
+    ]
+    with open(conf, "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    return conf
+
+
+def wait_port(port: int, proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"mosquitto exited {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("mosquitto did not listen")
+
+
+def out_file(path: str) -> Any:
+    """A file a child process writes to (owned by the child for its life)."""
+    return open(path, "wb")
+
+
+def text(path: str) -> str:
+    with open(path, errors="replace") as fh:
+        return fh.read()
+
+
+def read_json(path: str) -> Dict[str, Any]:
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def stats_ms(values: Sequence[float]) -> Dict[str, float]:
+    v = [x * 1000.0 for x in values]
+    return {"p50": pct(v, 50), "p99": pct(v, 99), "max": max(v) if v else math.nan,
+            "min": min(v) if v else math.nan, "n": len(v)}  # fmt: skip
+
+
+def run_once(
+    n: int, procs: int, window: float, idle: float, buffer: float, keep: bool, shim: bool
+) -> Dict[str, Any]:
+    """One experiment with ``n`` simulated agents; returns the figures."""
+    import psutil
+
+    root = tempfile.mkdtemp(dir="/tmp", prefix="vbm")
+    sch, logs = os.path.join(root, "sch"), os.path.join(root, "logs")
+    os.makedirs(sch)
+    for i in range(n):
+        with open(os.path.join(sch, vm_name(i) + ".yaml"), "w") as fh:
+            fh.write("- {start_time: 1, executable: /bin/true}\n")
+    global WAIT
+    WAIT = max(120.0, 0.15 * n)  # the host's work per VM report grows with N (see README)
+    fig: Dict[str, Any] = {"n": n, "procs": procs, "root": root, "shim": shim}
+    port = free_port()
+    sampler = Sampler()
+    sampler.start()
+    broker = host = None
+    workers: Optional[Workers] = None
+    sysw: Optional[SysWatch] = None
+    psutil.cpu_percent(None)
+    load0 = os.getloadavg()[0]
+    t_run = time.monotonic()
+    try:
+        broker = spawn(
+            [MOSQUITTO, "-c", write_broker_conf(root, port)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=out_file(os.path.join(root, "mosquitto.err")),
+        )
+        wait_port(port, broker)
+        sampler.add("broker", broker.pid)
+        fig["broker_nofile"] = psutil.Process(broker.pid).rlimit(psutil.RLIMIT_NOFILE)[0]
+        sysw = SysWatch(port)
+        # ---- the host
+        herr = os.path.join(root, "host.err")
+        t_host = time.time()
+        launcher = [sys.executable, os.path.abspath(__file__), "--host-with-poll"] if shim else vmr_host()
+        host = spawn(
+            [*launcher, "serve", "--transport", "mqtt", "--broker", f"mqtt://127.0.0.1:{port}",
+             "--experiment", EXPERIMENT, "--host-id", "h1", "--schedules", sch, "--logs", logs,
+             "--start-buffer", str(buffer)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=out_file(herr),
+        )  # fmt: skip
+        sampler.add("host", host.pid)
+        deadline = time.monotonic() + HOST_CONNECT_WAIT
+        while True:
+            if host.poll() is not None:
+                raise RuntimeError(f"vmr-host exited {host.returncode}: {text(herr)[-2000:]}")
+            if "connected to broker" in text(herr):
+                break
+            if time.monotonic() > deadline:
+                retries = text(herr).count("no answer from broker")
+                fig["host_never_connected"] = (
+                    f"not connected after {HOST_CONNECT_WAIT:.0f} s ({retries} x 'no answer from broker')"
+                )
+                fig["host_fds_none"] = sampler.fds("host")
+                return fig
+            time.sleep(0.05)
+        fig["host_up_s"] = time.time() - t_host
+        time.sleep(1.0)
+        c0 = sampler.cpu("host")
+        time.sleep(2.0)
+        fig["host_cpu_pct_none"] = (sampler.cpu("host") - c0) / 2.0 * 100
+        fig["host_rss_none"] = sampler.rss("host")
+        fig["host_fds_none"] = sampler.fds("host")
+        fig["host_threads"] = psutil.Process(host.pid).num_threads()
+        fig["broker_rss_none"] = sampler.rss("broker")
+        # ---- the generators
+        workers = Workers(n, procs, port, root)
+        for i, p in enumerate(workers.procs):
+            sampler.add(f"w{i}", p.pid)
+        cpu = {k: sampler.cpu(k) for k in ("host", "broker")}
+        wcpu0 = sum(sampler.cpu(f"w{i}") for i in range(procs))
+        t_cmd = time.time()
+        workers.send("connect")
+        ok = workers.wait_total("connected", n)
+        t_conn = time.time()
+        ok = ok and workers.wait_total("ready", n)
+        t_ready = time.time()
+        fig["all_connected"] = ok
+        fig["connect_all_s"] = t_conn - t_cmd
+        fig["ready_all_s"] = t_ready - t_cmd
+        fig["host_cpu_s_connect"] = sampler.cpu("host") - cpu["host"]
+        fig["broker_cpu_s_connect"] = sampler.cpu("broker") - cpu["broker"]
+        # ---- idle, N connected
+        time.sleep(2.0)
+        cpu = {k: sampler.cpu(k) for k in ("host", "broker")}
+        wcpu1 = sum(sampler.cpu(f"w{i}") for i in range(procs))
+        time.sleep(idle)
+        fig["host_cpu_pct_idle"] = (sampler.cpu("host") - cpu["host"]) / idle * 100
+        fig["broker_cpu_pct_idle"] = (sampler.cpu("broker") - cpu["broker"]) / idle * 100
+        fig["gen_cpu_pct_idle"] = (sum(sampler.cpu(f"w{i}") for i in range(procs)) - wcpu1) / idle * 100
+        fig["host_rss_idle"] = sampler.rss("host")
+        fig["host_fds_idle"] = sampler.fds("host")
+        fig["broker_rss_idle"] = sampler.rss("broker")
+        fig["broker_fds_idle"] = sampler.fds("broker")
+        fig["sys_connected"] = sysw.get("clients/connected")
+        fig["sys_heap"] = sysw.get("heap/current")
+        # ---- configured -> start time
+        cpu = {k: sampler.cpu(k) for k in ("host", "broker")}
+        t0 = time.time() + 0.5
+        workers.send(f"configured {t0:.6f} {window} {n}")
+        ok = workers.wait_total("started", n)
+        fig["all_started"] = ok
+        time.sleep(1.0)
+        fig["host_cpu_s_start"] = sampler.cpu("host") - cpu["host"]
+        fig["broker_cpu_s_start"] = sampler.cpu("broker") - cpu["broker"]
+        fig["start_phase_s"] = time.time() - t0
+        # ---- RESUME
+        cpu = {k: sampler.cpu(k) for k in ("host", "broker")}
+        t_cli = time.time()
+        r = subprocess.run([*vmr_host(), "resume", "--all", "--logs", logs, "--json"],
+                           capture_output=True, text=True, timeout=WAIT)  # fmt: skip
+        fig["cli_wall_s"] = time.time() - t_cli
+        fig["cli_rc"] = r.returncode
+        ok = workers.wait_total("resumed", n)
+        fig["all_resumed"] = ok
+        # wait until the host recorded every answer (experiment.json), bounded
+        deadline = time.monotonic() + WAIT
+        exp: Dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            try:
+                exp = read_json(os.path.join(logs, "experiment.json"))
+                if exp.get("resumes") and len(exp["resumes"][-1].get("answered", {})) >= n:
+                    break
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.1)
+        time.sleep(0.5)
+        fig["host_cpu_s_resume"] = sampler.cpu("host") - cpu["host"]
+        fig["broker_cpu_s_resume"] = sampler.cpu("broker") - cpu["broker"]
+        fig["gen_cpu_s_total"] = sum(sampler.cpu(f"w{i}") for i in range(procs)) - wcpu0
+        fig["host_cpu_s_total"] = sampler.cpu("host")
+        fig["broker_cpu_s_total"] = sampler.cpu("broker")
+        fig["host_rss_max"] = sampler.rss_max.get("host")
+        fig["broker_rss_max"] = sampler.rss_max.get("broker")
+        fig["sys_connected_max"] = sysw.max_connected
+        fig["machine_busy_pct"] = psutil.cpu_percent(None)
+        fig["load1"] = (load0, os.getloadavg()[0])
+        fig["run_s"] = time.monotonic() - t_run
+        # ---- per-VM records
+        vms = workers.report()
+        fig["vms_reported"] = len(vms)
+        analyse(fig, vms, exp, t_cmd, t_cli)
+        routine = ("serving", "connected to broker", "start time set", "RESUME resume-", "vmr-host stopped")
+        fig["host_warnings"] = sum(
+            1
+            for line in text(herr).splitlines()
+            if (" WARNING " in line or " ERROR " in line) and not any(r in line for r in routine)
+        )
+        fig["host_errors"] = [line.strip()[:200] for line in text(herr).splitlines() if " ERROR " in line][:5]
+        return fig
+    finally:
+        if workers is not None:
+            workers.quit()
+        if sysw is not None:
+            sysw.close()
+        stop(host, 20.0)
+        stop(broker, 10.0)
+        sampler.stop_ev.set()
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def analyse(
+    fig: Dict[str, Any], vms: List[Dict[str, Any]], exp: Dict[str, Any], t_cmd: float, t_cli: float
+) -> None:
+    def col(key: str) -> List[float]:
+        return [v[key] for v in vms if key in v]
+
+    fig["connect_lat"] = stats_ms([v["t_connack"] - v["t_connect"] for v in vms if "t_connack" in v])
+    fig["connect_errors"] = sum(v.get("connect_errors", 0) for v in vms)
+    fig["refused"] = sum(1 for v in vms if "refused" in v)
+    fig["handshake_lat"] = stats_ms([v["t_welcome"] - v["t_connack"] for v in vms if "t_welcome" in v])
+    fig["schedules_per_vm"] = (min(col("schedules") or [0]), max(col("schedules") or [0]))
+    fig["vms_schedule_twice"] = sum(1 for v in vms if v.get("schedules", 0) > 1)
+    fig["vms_two_welcomes"] = sum(1 for v in vms if v.get("welcomes", 0) > 1)
+    fig["disconnects"] = sum(v.get("disconnects", 0) for v in vms)
+    cfg = col("t_configured")
+    last_cfg = max(cfg)
+    fig["cfg_span_s"] = last_cfg - min(cfg)
+    fig["cfg_ack_lat"] = stats_ms(
+        [v["t_configured_acked"] - v["t_configured"] for v in vms if "t_configured_acked" in v]
+    )
+    starts = col("t_start")
+    fig["start_recv"] = stats_ms([t - last_cfg for t in starts])
+    fig["start_spread_ms"] = (max(starts) - min(starts)) * 1000 if starts else math.nan
+    fig["start_via_down"] = sum(1 for v in vms if v.get("start_via") == "down")
+    fig["start_retained_after_down"] = stats_ms(
+        [
+            v["t_start_retained"] - v["t_start_down"]
+            for v in vms
+            if "t_start_retained" in v and "t_start_down" in v
+        ]
+    )
+    fig["start_values"] = len({v.get("start_time") for v in vms if "start_time" in v})
+    barrier = exp.get("barrier", {})
+    host_cfg = list((barrier.get("configured") or {}).values())
+    set_at = exp.get("start_set_at")
+    if host_cfg:
+        fig["host_last_cfg_lag_ms"] = (max(host_cfg) - last_cfg) * 1000
+    if set_at:
+        fig["host_set_after_last_cfg_ms"] = (set_at - last_cfg) * 1000
+        fig["start_recv_from_set"] = stats_ms([t - set_at for t in starts])
+        fig["start_first_after_set_ms"] = (min(starts) - set_at) * 1000
+    resumes = col("t_resume")
+    fig["resume_from_cli"] = stats_ms([t - t_cli for t in resumes])
+    fig["resume_spread_ms"] = (max(resumes) - min(resumes)) * 1000 if resumes else math.nan
+    fig["resume_ack_lat"] = stats_ms(
+        [v["t_resume_acked"] - v["t_resume"] for v in vms if "t_resume_acked" in v]
+    )
+    if exp.get("resumes"):
+        rec = exp["resumes"][-1]
+        issued = float(rec["issued"])
+        fig["cli_to_issued_ms"] = (issued - t_cli) * 1000
+        fig["resume_from_issued"] = stats_ms([t - issued for t in resumes])
+        answered = [a["received"] for a in rec.get("answered", {}).values() if "received" in a]
+        fig["host_answers"] = len(answered)
+        if answered:
+            fig["host_all_answers_ms"] = (max(answered) - issued) * 1000
+
+
+# =========================================================================== printing
+def _f(x: Any, unit: str = "ms", nd: int = 0) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    if unit == "ms":
+        return f"{x:.{nd}f}"
+    if unit == "MB":
+        return f"{x / 1e6:.1f}"
+    return f"{x:.{nd}f}"
+
+
+def cell(runs: List[Dict[str, Any]], get: Any, unit: str = "ms", nd: int = 0) -> str:
+    vals = []
+    for r in runs:
+        try:
+            v = get(r)
+        except (KeyError, TypeError, IndexError):
+            v = None
+        if v is not None and not (isinstance(v, float) and math.isnan(v)):
+            vals.append(float(v))
+    if not vals:
+        return "n/a"
+    if len(vals) == 1:
+        return _f(vals[0], unit, nd)
+    lo, hi = min(vals), max(vals)
+    return f"{_f(statistics.median(vals), unit, nd)} ({_f(lo, unit, nd)}-{_f(hi, unit, nd)})"
+
+
+ROWS: List[Tuple[str, Any, str, int]] = [
+    ("connect: all N CONNACKed after the connect command, s", lambda r: r["connect_all_s"], "s", 2),
+    ("connect: per client, connect() -> CONNACK p50 / p99 / max, ms", lambda r: None, "", 0),
+    ("  p50", lambda r: r["connect_lat"]["p50"], "ms", 1),
+    ("  p99", lambda r: r["connect_lat"]["p99"], "ms", 0),
+    ("  max", lambda r: r["connect_lat"]["max"], "ms", 0),
+    ("connect: CONNACK -> welcome p50 / max, ms", lambda r: None, "", 0),
+    ("  p50", lambda r: r["handshake_lat"]["p50"], "ms", 0),
+    ("  max", lambda r: r["handshake_lat"]["max"], "ms", 0),
+    ("all N welcomed + schedule result acked, s (from connect command)", lambda r: r["ready_all_s"], "s", 2),
+    (
+        "broker connections ($SYS clients/connected, incl. host + $SYS watcher)",
+        lambda r: r["sys_connected"],
+        "",
+        0,
+    ),
+    ("broker fds (psutil)", lambda r: r["broker_fds_idle"], "", 0),
+    ("configured: span of sends (first -> last), s", lambda r: r["cfg_span_s"], "s", 2),
+    ("configured: sent -> host ack p50, ms", lambda r: r["cfg_ack_lat"]["p50"], "ms", 1),
+    ("configured: sent -> host ack p99, ms", lambda r: r["cfg_ack_lat"]["p99"], "ms", 0),
+    ("configured: sent -> host ack max, ms", lambda r: r["cfg_ack_lat"]["max"], "ms", 0),
+    ("host received the last configured after it was sent, ms", lambda r: r["host_last_cfg_lag_ms"], "ms", 1),
+    (
+        "host set the start after the last configured was sent, ms",
+        lambda r: r["host_set_after_last_cfg_ms"],
+        "ms",
+        1,
+    ),
+    ("START: last configured sent -> start_time received, p50 ms", lambda r: r["start_recv"]["p50"], "ms", 0),
+    ("START: ... p99 ms", lambda r: r["start_recv"]["p99"], "ms", 0),
+    ("START: ... max (= all N have it) ms", lambda r: r["start_recv"]["max"], "ms", 0),
+    ("START: host set -> received p50 ms", lambda r: r["start_recv_from_set"]["p50"], "ms", 0),
+    ("START: host set -> received max ms", lambda r: r["start_recv_from_set"]["max"], "ms", 0),
+    ("START: spread of receive times across VMs, ms", lambda r: r["start_spread_ms"], "ms", 0),
+    (
+        "START: VMs that got it first on down (rest: retained start topic)",
+        lambda r: r["start_via_down"],
+        "",
+        0,
+    ),
+    ("RESUME: `vmr-host resume --all` wall time, ms", lambda r: r["cli_wall_s"] * 1000, "ms", 0),
+    ("RESUME: CLI exec -> host issued (experiment.json), ms", lambda r: r["cli_to_issued_ms"], "ms", 0),
+    ("RESUME: CLI exec -> received p50 ms", lambda r: r["resume_from_cli"]["p50"], "ms", 0),
+    ("RESUME: CLI exec -> received max (all N) ms", lambda r: r["resume_from_cli"]["max"], "ms", 0),
+    ("RESUME: host issued -> received p50 ms", lambda r: r["resume_from_issued"]["p50"], "ms", 0),
+    ("RESUME: host issued -> received max ms", lambda r: r["resume_from_issued"]["max"], "ms", 0),
+    ("RESUME: spread of receive times, ms", lambda r: r["resume_spread_ms"], "ms", 0),
+    ("RESUME: answer sent -> host ack max, ms", lambda r: r["resume_ack_lat"]["max"], "ms", 0),
+    (
+        "RESUME: host issued -> host has recorded all N answers, ms",
+        lambda r: r["host_all_answers_ms"],
+        "ms",
+        0,
+    ),
+    ("host: CPU s, connect + handshakes of N", lambda r: r["host_cpu_s_connect"], "s", 2),
+    ("host: CPU % of a core, idle with N connected (heartbeats)", lambda r: r["host_cpu_pct_idle"], "s", 1),
+    ("host: CPU %, none connected", lambda r: r["host_cpu_pct_none"], "s", 1),
+    ("host: CPU s, configured burst + start fan-out", lambda r: r["host_cpu_s_start"], "s", 2),
+    ("host: CPU s, RESUME until all answers recorded", lambda r: r["host_cpu_s_resume"], "s", 2),
+    ("host: CPU s, whole run (incl. start-up)", lambda r: r["host_cpu_s_total"], "s", 1),
+    ("host: RSS none connected / idle N / max, MB", lambda r: None, "", 0),
+    ("  none", lambda r: r["host_rss_none"], "MB", 1),
+    ("  idle N", lambda r: r["host_rss_idle"], "MB", 1),
+    ("  max", lambda r: r["host_rss_max"], "MB", 1),
+    ("host: fds none connected / idle N", lambda r: None, "", 0),
+    ("  none", lambda r: r["host_fds_none"], "", 0),
+    ("  idle", lambda r: r["host_fds_idle"], "", 0),
+    ("host: start-up until connected to the broker, s", lambda r: r["host_up_s"], "s", 2),
+    ("broker: CPU s, connect + handshakes", lambda r: r["broker_cpu_s_connect"], "s", 2),
+    ("broker: CPU % idle with N connected", lambda r: r["broker_cpu_pct_idle"], "s", 1),
+    ("broker: CPU s, configured + start", lambda r: r["broker_cpu_s_start"], "s", 2),
+    ("broker: CPU s, RESUME", lambda r: r["broker_cpu_s_resume"], "s", 2),
+    ("broker: RSS none / idle N / max, MB", lambda r: None, "", 0),
+    ("  none", lambda r: r["broker_rss_none"], "MB", 1),
+    ("  idle N", lambda r: r["broker_rss_idle"], "MB", 1),
+    ("  max", lambda r: r["broker_rss_max"], "MB", 1),
+    ("generators: CPU % idle (all processes)", lambda r: r["gen_cpu_pct_idle"], "s", 1),
+    ("generators: CPU s, whole run", lambda r: r["gen_cpu_s_total"], "s", 1),
+    ("machine: CPU busy % over the run (2 cores = 100 %)", lambda r: r["machine_busy_pct"], "s", 0),
+    ("machine: load1 before / after", lambda r: None, "", 0),
+    ("  before", lambda r: r["load1"][0], "s", 2),
+    ("  after", lambda r: r["load1"][1], "s", 2),
+    ("checks: schedules per VM (max), disconnects, host warnings", lambda r: None, "", 0),
+    ("  schedules per VM max", lambda r: r["schedules_per_vm"][1], "", 0),
+    (
+        "  VMs that got the schedule twice (2nd hello: host hello > 1 s after theirs)",
+        lambda r: r["vms_schedule_twice"],
+        "",
+        0,
+    ),
+    ("  disconnects", lambda r: r["disconnects"], "", 0),
+    ("  host WARNING/ERROR lines (beyond the 4 routine ones)", lambda r: r["host_warnings"], "", 0),
+    ("  host recorded answers", lambda r: r["host_answers"], "", 0),
+]
+
+
+def print_table(results: Dict[int, List[Dict[str, Any]]]) -> None:
+    sizes = sorted(results)
+    head = ["metric"] + [f"N={n} ({len(results[n])} run{'s' if len(results[n]) != 1 else ''})" for n in sizes]
+    rows = []
+    for label, get, unit, nd in ROWS:
+        try:
+            header_only = get({}) is None
+        except (KeyError, TypeError, IndexError):
+            header_only = False
+        rows.append(
+            [label]
+            + (["" for _ in sizes] if header_only else [cell(results[n], get, unit, nd) for n in sizes])
+        )
+    widths = [max(len(r[i]) for r in [*rows, head]) for i in range(len(head))]
+    print("| " + " | ".join(h.ljust(widths[i]) for i, h in enumerate(head)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows:
+        print("| " + " | ".join(c.ljust(widths[i]) for i, c in enumerate(r)) + " |")
+    print("\ncells: median (min-max) over the runs; one run: the value.")
+    print("\nunix-socket / virtio-serial stand-in, quoted from benchmarks/README.md (bench_host.py):")
+    for v in UNIX_QUOTED.values():
+        print("  - " + v)
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--host-with-poll":
+        return host_with_poll(sys.argv[2:])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--vms", default="1000", help="simulated agents, or a comma list (e.g. 100,1000)")
+    ap.add_argument("--runs", type=int, default=3, help="runs per N (default 3)")
+    ap.add_argument("--procs", type=int, default=2, help="generator processes (default 2)")
+    ap.add_argument(
+        "--window", type=float, default=2.0, help="configured reports spread over this many s (default 2)"
+    )
+    ap.add_argument("--idle", type=float, default=10.0, help="idle measurement window, s (default 10)")
+    ap.add_argument("--start-buffer", type=float, default=30.0, help="vmr-host --start-buffer (default 30)")
+    ap.add_argument(
+        "--shim",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="start vmr-host with paho on poll() instead of select() (auto: N > 450; see the code)",
+    )
+    ap.add_argument("--keep", action="store_true", help="keep the /tmp/vbm* run dirs")
+    ap.add_argument("--json", metavar="FILE", help="also write every run's figures as JSON")
+    # worker mode (internal)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--experiment", default=EXPERIMENT, help=argparse.SUPPRESS)
+    ap.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        return worker_main(args)
+    sizes = [int(x) for x in args.vms.split(",") if x.strip()]
+    atexit.register(_cleanup)
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    limit = raise_nofile(max(sizes) * 3 + 4096)
+    print(f"open-files limit (inherited by broker, host, generators): {limit[0]} (hard {limit[1]})")
+    print(f"mosquitto {MOSQUITTO}; {os.cpu_count()} cores; load {os.getloadavg()[0]:.2f}; "
+          f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}")  # fmt: skip
+    results: Dict[int, List[Dict[str, Any]]] = {}
+    for n in sizes:
+        for i in range(args.runs):
+            print(f"\n== N={n} run {i + 1}/{args.runs} ==", flush=True)
+            shim = args.shim == "on" or (args.shim == "auto" and n > 450)
+            if shim:
+                print(
+                    "  vmr-host runs with paho on poll() instead of select() (--shim; see README)", flush=True
+                )
+            fig = run_once(n, args.procs, args.window, args.idle, args.start_buffer, args.keep, shim)
+            if fig.get("host_never_connected"):
+                print(
+                    f"  vmr-host with {n} VMs never connected to the broker: {fig['host_never_connected']}; "
+                    f"host fds {fig.get('host_fds_none')}",
+                    flush=True,
+                )
+                continue
+            results.setdefault(n, []).append(fig)
+            issued_max = fig.get("resume_from_issued", {}).get("max", math.nan)
+            print(
+                f"  connect {fig['connect_all_s']:.2f} s; start: all N after"
+                f" {fig['start_recv']['max']:.0f} ms (p50 {fig['start_recv']['p50']:.0f});"
+                f" resume: all N {fig['resume_from_cli']['max']:.0f} ms"
+                f" after the CLI exec ({issued_max:.0f} after issued); host CPU idle"
+                f" {fig['host_cpu_pct_idle']:.1f} %; run {fig['run_s']:.0f} s; load {fig['load1'][1]:.2f}",
+                flush=True,
+            )
+            if fig.get("host_errors"):
+                print("  host errors:", *fig["host_errors"], sep="\n    ")
+    print()
+    if results:
+        print_table(results)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({str(k): v for k, v in results.items()}, fh, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
