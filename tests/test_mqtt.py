@@ -154,3 +154,41 @@ def test_hostile_broker_client_does_not_disturb_the_host(envs: List[HostEnv]) ->
     finally:
         rogue.loop_stop()
         rogue.disconnect()
+
+
+def test_bridge_works_with_a_socket_above_fd_1024(tmp_path) -> None:
+    """A host with ~500 VMs holds > 1024 descriptors (two logs per VM) before it connects:
+    its broker socket must still work (paho's own thread waits in select(), which cannot)."""
+    import asyncio
+    import os
+    import resource
+
+    from tests.broker import Broker
+    from vmr_handler.transports.mqtt import MqttOptions, PahoBridge
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 1400
+    if hard != resource.RLIM_INFINITY and hard < want:
+        pytest.skip(f"open-files hard limit {hard} < {want}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, want), hard))
+    broker = Broker(tmp_path / "b").start()
+    held = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+    try:
+
+        async def round_trip() -> bytes:
+            opts = MqttOptions(broker=broker.url, experiment="fd")
+            bridge = PahoBridge(opts, "fd-test", [("vmr/fd/x/down", 1)])
+            await bridge.connect()
+            assert bridge.client.socket().fileno() > 1024
+            await bridge.publish("vmr/fd/x/down", b"over 1024\n")
+            item = await asyncio.wait_for(bridge.messages.get(), 10)
+            bridge.close()
+            assert item is not None
+            return item[1]
+
+        assert asyncio.run(round_trip()) == b"over 1024\n"
+    finally:
+        for fd in held:
+            os.close(fd)
+        broker.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

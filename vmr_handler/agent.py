@@ -324,9 +324,14 @@ class HostLink:
     async def _dispatch(self, event: Event) -> None:
         kind, data = event.type, event.data
         if kind == P.HELLO:  # the host (re)connected: introduce ourselves, resend everything
-            self.welcomed.clear()
-            self._sent.clear()
-            if time.monotonic() - self._hello_sent_at > 1.0:  # else our own hello is on its way
+            # Not yet welcomed and our hello of this connection is recent: the host answers it
+            # (a second hello would make it send welcome and the schedule twice; measured with
+            # 1000 agents over MQTT, where the host's hello came 2-3 s after our own). If that
+            # hello was lost, _keepalive says hello again after `heartbeat` seconds.
+            recent = time.monotonic() - self._hello_sent_at < self.config.heartbeat
+            if self.welcomed.is_set() or not recent:
+                self.welcomed.clear()
+                self._sent.clear()
                 await self._send_hello()
         elif kind == P.WELCOME:
             self.welcome = dict(data)

@@ -211,7 +211,15 @@ def _load_inline_chain(ctx: ssl.SSLContext, cert_pem: str, key_pem: Optional[str
 
 
 class PahoBridge:
-    """One paho-mqtt client, its network thread, and its callbacks delivered into asyncio.
+    """One paho-mqtt client driven by the asyncio event loop, its callbacks delivered there.
+
+    paho's own network thread (``loop_start``) waits in ``select()``, which refuses file
+    descriptors of 1024 and above: a host serving ~500 VMs (two log files each) got a broker
+    socket above that and could never connect (measured, ``benchmarks/README.md``). So the
+    socket is watched by the event loop instead (paho's external-loop callbacks:
+    ``on_socket_open/close/register_write/unregister_write`` + ``loop_read/loop_write/
+    loop_misc``; epoll, no thread). Only the blocking connect (TCP, TLS handshake, CONNECT)
+    runs in a worker thread; every paho callback after it runs on the event loop.
 
     Messages arrive on :attr:`messages` as ``(topic, payload)``; a lost connection puts
     ``None`` there (the caller makes a new bridge to reconnect: the broker keeps the session).
@@ -238,17 +246,19 @@ class PahoBridge:
         self.options = options
         self.url = parse_broker(options.broker)
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         self.messages: asyncio.Queue[Optional[Tuple[str, bytes]]] = asyncio.Queue()
         self._subscriptions = subscriptions
         self._connected: asyncio.Future[None] = self._loop.create_future()
         self._inflight = 0
-        self._inflight_lock = threading.Lock()
         self._room = asyncio.Event()
         self._room.set()
         self.closed = False
         self.refusals: Dict[str, str] = {}  # topic (filter) -> why the broker refused it
         self._pending: Dict[int, str] = {}  # message id -> topic, until the broker acks
-        self._acked: Dict[int, Optional[str]] = {}  # acked before publish() returned -> refusal
+        self._fd: Optional[int] = None  # the socket the event loop watches
+        self._writing = False
+        self._misc: Optional[asyncio.Task[None]] = None
         client = mqtt.Client(
             CallbackAPIVersion.VERSION2,
             client_id=client_id,
@@ -268,16 +278,76 @@ class PahoBridge:
         client.on_message = self._on_message
         client.on_publish = self._on_publish
         client.on_subscribe = self._on_subscribe
+        client.on_socket_open = self._on_socket_open
+        client.on_socket_close = self._on_socket_close
+        client.on_socket_register_write = self._on_register_write
+        client.on_socket_unregister_write = self._on_unregister_write
         self._props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         self._props.SessionExpiryInterval = SESSION_EXPIRY
         self.client = client
 
-    # ------------------------------------------------------------ paho thread callbacks
+    # ------------------------------------------------------------ paho callbacks
     def _call(self, fn: Any, *args: Any) -> None:
+        """Run ``fn`` on the event loop: now when called there, else (the connect worker) soon."""
+        if threading.get_ident() == self._loop_thread:
+            fn(*args)
+            return
         try:
             self._loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # the event loop is closed: nobody is listening any more
             pass
+
+    def _on_socket_open(self, _c: Any, _u: Any, sock: Any) -> None:
+        self._call(self._watch, sock)
+
+    def _watch(self, sock: Any) -> None:
+        fd = sock.fileno()
+        if fd < 0 or self.closed:  # closed again before the loop got here (a failed connect)
+            return
+        self._fd = fd
+        self._loop.add_reader(fd, self._readable, sock)
+        if self._writing:
+            self._loop.add_writer(fd, self._writable)
+        if self._misc is None:
+            self._misc = self._loop.create_task(self._misc_loop())
+
+    def _on_socket_close(self, _c: Any, _u: Any, _sock: Any) -> None:
+        self._call(self._unwatch)
+
+    def _unwatch(self) -> None:
+        if self._fd is not None:
+            self._loop.remove_reader(self._fd)
+            self._loop.remove_writer(self._fd)
+            self._fd = None
+
+    def _on_register_write(self, _c: Any, _u: Any, _sock: Any) -> None:
+        self._call(self._want_write, True)
+
+    def _on_unregister_write(self, _c: Any, _u: Any, _sock: Any) -> None:
+        self._call(self._want_write, False)
+
+    def _want_write(self, on: bool) -> None:
+        self._writing = on
+        if self._fd is None:
+            return
+        if on:
+            self._loop.add_writer(self._fd, self._writable)
+        else:
+            self._loop.remove_writer(self._fd)
+
+    def _readable(self, sock: Any) -> None:
+        self.client.loop_read()
+        # TLS: decrypted bytes may wait in the SSL object with nothing left on the socket
+        while self._fd is not None and isinstance(sock, ssl.SSLSocket) and sock.pending():
+            self.client.loop_read()
+
+    def _writable(self) -> None:
+        self.client.loop_write()
+
+    async def _misc_loop(self) -> None:
+        """Keep-alive pings and their timeouts (paho's ``loop_misc``), once a second."""
+        while not self.closed and self.client.loop_misc() == 0:
+            await asyncio.sleep(1.0)
 
     def _on_connect(self, client: Any, _u: Any, _flags: Any, reason: Any, _props: Any) -> None:
         if reason.is_failure:
@@ -306,26 +376,21 @@ class PahoBridge:
         self._room.set()
 
     def _on_message(self, _c: Any, _u: Any, msg: Any) -> None:
-        self._call(self.messages.put_nowait, (msg.topic, bytes(msg.payload)))
+        self.messages.put_nowait((msg.topic, bytes(msg.payload)))
 
     def _on_publish(self, _c: Any, _u: Any, mid: Any, reason: Any, _props: Any) -> None:
-        with self._inflight_lock:
-            self._inflight -= 1
-            room = self._inflight < MAX_INFLIGHT
-            refused = f"publish refused: {reason}" if getattr(reason, "is_failure", False) else None
-            topic = self._pending.pop(mid, None)
-            if topic is None:  # publish() has not returned yet in the other thread
-                self._acked[mid] = refused
-        if room:
-            self._call(self._room.set)
-        if refused is not None and topic is not None:  # MQTT v5 PUBACK 0x87 Not authorized (ACL)
-            self._call(self._note_refusal, topic, refused)
+        self._inflight -= 1
+        if self._inflight < MAX_INFLIGHT:
+            self._room.set()
+        topic = self._pending.pop(mid, "?")
+        if getattr(reason, "is_failure", False):  # MQTT v5 PUBACK 0x87 Not authorized (ACL)
+            self._note_refusal(topic, f"publish refused: {reason}")
 
     def _on_subscribe(self, _c: Any, _u: Any, _mid: Any, reasons: Any, _props: Any) -> None:
         bad = [str(r) for r in reasons if getattr(r, "is_failure", False)]
         if bad:
             topics = ", ".join(t for t, _q in self._subscriptions)
-            self._call(self._note_refusal, topics, f"subscription refused: {', '.join(bad)}")
+            self._note_refusal(topics, f"subscription refused: {', '.join(bad)}")
 
     def _note_refusal(self, topic: str, why: str) -> None:
         """Log a refusal by the broker once per topic (mosquitto 2.0 refuses publishes outside
@@ -359,7 +424,7 @@ class PahoBridge:
         )
         try:  # TCP + TLS handshake + CONNECT in a worker thread: errors surface here, named
             await asyncio.wait_for(self._loop.run_in_executor(None, connect), self.options.connect_timeout)
-            self.client.loop_start()
+            await asyncio.wait_for(asyncio.shield(self._connected), self.options.connect_timeout)
         except ssl.SSLCertVerificationError as exc:
             self.close()
             raise MqttError(
@@ -372,20 +437,15 @@ class PahoBridge:
         except asyncio.TimeoutError as exc:
             self.close()
             raise OSError(f"no answer from broker {self.url} in {self.options.connect_timeout:g} s") from exc
-        except (OSError, ValueError) as exc:
-            self.close()
-            raise OSError(f"cannot reach broker {self.url}: {exc}") from exc
-        try:
-            await asyncio.wait_for(asyncio.shield(self._connected), self.options.connect_timeout)
-        except asyncio.TimeoutError as exc:
-            self.close()
-            raise OSError(f"no answer from broker {self.url} in {self.options.connect_timeout:g} s") from exc
         except ChannelClosed as exc:
             self.close()
             raise OSError(str(exc)) from exc
         except MqttError:
             self.close()
             raise
+        except (OSError, ValueError) as exc:
+            self.close()
+            raise OSError(f"cannot reach broker {self.url}: {exc}") from exc
 
     async def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None:
         """Publish; waits while :data:`MAX_INFLIGHT` publishes are unacknowledged.
@@ -394,52 +454,40 @@ class PahoBridge:
             ChannelClosed: the connection is gone (the caller reconnects; QoS 1 reports are
                 kept in the agent's outbox / the host's session and sent again).
         """
-        while True:
-            if self.closed:
-                raise ChannelClosed(f"broker {self.url}: not connected")
-            with self._inflight_lock:
-                if self._inflight < MAX_INFLIGHT:
-                    self._inflight += 1
-                    break
-                self._room.clear()
+        while self._inflight >= MAX_INFLIGHT and not self.closed:
+            self._room.clear()
             await self._room.wait()
-        if not self._publish(topic, payload, qos, retain):
+        if self.closed:
+            raise ChannelClosed(f"broker {self.url}: not connected")
+        if not self.publish_nowait(topic, payload, qos, retain):
             raise ChannelClosed(f"broker {self.url}: publish failed")
 
     def publish_nowait(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> bool:
-        """Publish without waiting for room (host fan-out); False when not connected."""
+        """Publish without waiting for room (host fan-out); False when not connected.
+
+        Event loop thread only (like every use of the client after :meth:`connect`)."""
         if self.closed:
             return False
-        with self._inflight_lock:
-            self._inflight += 1
-        return self._publish(topic, payload, qos, retain)
-
-    def _publish(self, topic: str, payload: bytes, qos: int, retain: bool) -> bool:
-        """Hand one message to paho (a slot in :attr:`_inflight` is already taken).
-
-        Our lock is never held while paho runs: paho's network thread holds its own locks
-        when it calls :meth:`_on_publish`, which takes ours (lock order)."""
         info = self.client.publish(topic, payload, qos=qos, retain=retain)
-        with self._inflight_lock:
-            if info.rc != 0:
-                self._inflight -= 1
-                return False
-            if info.mid not in self._acked:
-                self._pending[info.mid] = topic
-            else:  # acked before we got here: a refusal waits for its topic
-                reason = self._acked.pop(info.mid)
-                if reason is not None:
-                    self._call(self._note_refusal, topic, reason)
+        if info.rc != 0:
+            return False
+        self._inflight += 1
+        self._pending[info.mid] = topic
         return True
 
     def close(self) -> None:
-        """Disconnect cleanly (no last will) and stop the network thread."""
+        """Disconnect cleanly (no last will): queued packets and DISCONNECT are written now,
+        as far as the socket takes them; the loop stops watching the socket."""
         self.closed = True
         try:
             self.client.disconnect()
+            self.client.loop_write()
         except Exception:  # already gone
             pass
-        self.client.loop_stop()
+        self._unwatch()
+        if self._misc is not None:
+            self._misc.cancel()
+        self._room.set()
 
 
 def presence_payload(state: str, **info: Any) -> bytes:
