@@ -192,3 +192,27 @@ def test_bridge_works_with_a_socket_above_fd_1024(tmp_path) -> None:
             os.close(fd)
         broker.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_hellos_of_an_outage_are_not_replayed_to_a_restarted_host(envs: List[HostEnv]) -> None:
+    """While the host is away the agent says hello every heartbeat; the broker keeps the
+    host's session, so without an expiry a restarted host would get every one of them and
+    run as many handshakes. They expire (MQTT v5 message expiry = 2 heartbeats)."""
+    import yaml
+
+    sched = [{"start_time": -1, "executable": "/bin/true"}, {"start_time": 60, "executable": "/bin/true"}]
+    env = HostEnv({"a": sched}, start_buffer=0.5, transport="mqtt")
+    envs.append(env)
+    config = env.root / "agent.yaml"
+    config.write_text(yaml.safe_dump({"heartbeat": 1, "peer_timeout": 2}))
+    env.start_host("--heartbeat", "1", "--silent-after", "3")
+    env.start_agent("a", "--config", str(config))
+    env.wait_event("a", "experiment_started")
+    env.kill_host()
+    time.sleep(12.0)  # ~10 hellos and heartbeats from the agent meanwhile
+    env.start_host("--heartbeat", "1", "--silent-after", "3")
+    time.sleep(4.0)
+    vm = env.status()["vms"][0]
+    assert vm["connected"], vm
+    assert vm["handshakes"] <= 3, vm  # the reconnect's own, not one per queued hello
+    assert vm["refused"]["hello_flood"] == 0, vm

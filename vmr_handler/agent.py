@@ -295,7 +295,8 @@ class HostLink:
                     journal=journal,
                     unacked=len(self.outbox),
                 )
-            ]
+            ],
+            ttl=2 * self.config.heartbeat,  # a newer hello follows every heartbeat until welcomed
         )
 
     async def _write(self, data: bytes) -> None:
@@ -306,8 +307,19 @@ class HostLink:
             await channel.write(data)
         self._last_tx = time.monotonic()
 
-    async def _send(self, events: List[Event]) -> None:
-        await self._write(P.encode_message(events, self.clock.time()))
+    async def _send(self, events: List[Event], ttl: Optional[float] = None) -> None:
+        """Send one message; ``ttl``: worthless after that many seconds (hello, heartbeat,
+        clock request), so a transport that queues for an absent host may drop it."""
+        data = P.encode_message(events, self.clock.time())
+        if ttl is None:
+            await self._write(data)
+            return
+        channel = self._channel
+        if channel is None:
+            raise ChannelClosed("no channel")
+        async with self._write_lock:
+            await channel.write_ephemeral(data, ttl)
+        self._last_tx = time.monotonic()
 
     async def _reader(self, channel: ByteChannel) -> None:
         decoder = P.FrameDecoder()
@@ -437,7 +449,7 @@ class HostLink:
             await asyncio.sleep(step)
             now = time.monotonic()
             if now - self._last_tx >= self.config.heartbeat:
-                await self._send([self.events.make_raw(P.HEARTBEAT)])
+                await self._send([self.events.make_raw(P.HEARTBEAT)], ttl=2 * self.config.heartbeat)
             if now - self._last_rx >= self.config.peer_timeout:
                 if channel.sees_disconnects:
                     raise ChannelClosed(f"host silent for {self.config.peer_timeout:.0f} s")
@@ -463,7 +475,7 @@ class HostLink:
                 t1 = self.clock.local_time()
                 event = Event(event.type, event.timestamp, event.id, {"t1": t1})
                 self._clock_waiters[event.id] = t1
-                await self._send([event])
+                await self._send([event], ttl=2.0)
                 await asyncio.sleep(0.02)
             for _ in range(50):  # answers of this burst (bounded wait)
                 if not self._clock_waiters:

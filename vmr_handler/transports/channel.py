@@ -41,6 +41,12 @@ class ByteChannel:
         """Write all of ``data``. Raises :class:`ChannelClosed` when the peer is gone."""
         raise NotImplementedError
 
+    async def write_ephemeral(self, data: bytes, ttl: float) -> None:
+        """Write a message that is worthless after ``ttl`` seconds (hello, heartbeat, clock
+        request). A transport that stores messages for an absent peer (MQTT) drops it after
+        ``ttl``; a byte stream just writes it. Raises :class:`ChannelClosed`."""
+        await self.write(data)
+
     def close(self) -> None:
         """Release the channel."""
 

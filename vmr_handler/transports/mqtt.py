@@ -447,8 +447,13 @@ class PahoBridge:
             self.close()
             raise OSError(f"cannot reach broker {self.url}: {exc}") from exc
 
-    async def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None:
+    async def publish(
+        self, topic: str, payload: bytes, qos: int = 1, retain: bool = False, expiry: Optional[int] = None
+    ) -> None:
         """Publish; waits while :data:`MAX_INFLIGHT` publishes are unacknowledged.
+
+        ``expiry``: seconds after which the broker drops the message if it is still queued
+        for an offline subscriber (MQTT v5 Message Expiry Interval); None: never.
 
         Raises:
             ChannelClosed: the connection is gone (the caller reconnects; QoS 1 reports are
@@ -459,16 +464,25 @@ class PahoBridge:
             await self._room.wait()
         if self.closed:
             raise ChannelClosed(f"broker {self.url}: not connected")
-        if not self.publish_nowait(topic, payload, qos, retain):
+        if not self.publish_nowait(topic, payload, qos, retain, expiry):
             raise ChannelClosed(f"broker {self.url}: publish failed")
 
-    def publish_nowait(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> bool:
+    def publish_nowait(
+        self, topic: str, payload: bytes, qos: int = 1, retain: bool = False, expiry: Optional[int] = None
+    ) -> bool:
         """Publish without waiting for room (host fan-out); False when not connected.
 
         Event loop thread only (like every use of the client after :meth:`connect`)."""
         if self.closed:
             return False
-        info = self.client.publish(topic, payload, qos=qos, retain=retain)
+        props = None
+        if expiry is not None:
+            from paho.mqtt.packettypes import PacketTypes
+            from paho.mqtt.properties import Properties
+
+            props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+            props.MessageExpiryInterval = int(expiry)
+        info = self.client.publish(topic, payload, qos=qos, retain=retain, properties=props)
         if info.rc != 0:
             return False
         self._inflight += 1
@@ -541,6 +555,11 @@ class MqttChannel(ByteChannel):
 
     async def write(self, data: bytes) -> None:
         await self._bridge.publish(self.topics.up, data)
+
+    async def write_ephemeral(self, data: bytes, ttl: float) -> None:
+        # MQTT v5 message expiry: while the host is away the broker keeps the host's session,
+        # and without it would hand a restarted host every hello and heartbeat of the outage
+        await self._bridge.publish(self.topics.up, data, expiry=max(1, round(ttl)))
 
     def close(self) -> None:
         bridge = self._bridge
