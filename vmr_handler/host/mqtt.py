@@ -159,7 +159,11 @@ class MqttService:
             await asyncio.sleep(initial)
 
     async def _serve(self, bridge: PahoBridge) -> None:
+        handled = 0
         while True:
+            handled += 1
+            if handled % 64 == 0:  # a full queue never suspends get(): let the ticker etc. run
+                await asyncio.sleep(0)
             item = await bridge.messages.get()
             if item is None:
                 log.warning("lost the broker %s; reconnecting", bridge.url)
