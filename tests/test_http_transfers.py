@@ -9,6 +9,7 @@ ones keep travelling as ``transfer_chunk`` events. Refusals are checked with dir
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import time
@@ -18,9 +19,10 @@ from typing import Any, Dict
 import requests
 
 from tests import test_connected
+from tests.broker import free_port
 from tests.hostenv import HostEnv
 from tests.test_http_resources import _start_http_host, _tokens, _vm_log
-from vmr_handler.agent import HTTP_TRANSFER_MIN
+from vmr_handler.agent import HTTP_TRANSFER_MIN, TRANSFER_CHUNK
 
 MB = 1024 * 1024
 env_factory = test_connected.env_factory
@@ -180,3 +182,103 @@ def test_small_files_over_the_channel_and_periodic_uploads_only_when_changed(uni
     ups = env.events("a", "transfer_uploaded")
     assert [u["event"]["data"]["sha256"] for u in ups] == [_sha(v1), _sha(v2)]
     assert len(env.events("a", "transfer_chunk")) == len(chunks)
+
+
+def _chunked_once(env: HostEnv, vm: str, path: Path, data: bytes) -> None:
+    """``path`` came to ``vm``'s transfers over the channel, exactly once: its
+    ``transfer_chunk`` events (no duplicate offset), no ``transfer_uploaded``, nothing staged."""
+    copy = _copy(env, vm, path)
+    env.wait_for(lambda: copy.exists() and copy.read_bytes() == data, f"{vm}: {path} over the channel")
+    time.sleep(1.0)  # anything sent twice (an upload after all, a second round) would show by now
+    assert copy.read_bytes() == data
+    chunks = [c["event"]["data"] for c in env.events(vm, "transfer_chunk")]
+    assert {c["location"] for c in chunks} == {str(path)}
+    assert sorted(c["offset"] for c in chunks) == list(range(0, len(data), TRANSFER_CHUNK))
+    assert all(c["sha256"] == _sha(data) and c["size"] == len(data) for c in chunks)
+    assert env.events(vm, "transfer_uploaded") == []
+    staged = env.logs / "uploads" / vm
+    assert not staged.exists() or not list(staged.iterdir())
+    assert _vm_status(env, vm)["transfers"]["files"] == 1
+    assert "http: PUT " not in _vm_log(env, vm)
+
+
+def test_https_upload_with_the_ca_and_channel_fallback_without_it(
+    unix_env_factory: Any, tmp_path: Path
+) -> None:
+    """HTTPS uploads: an agent given the CA (config key ``http_ca_file``) uploads a file of
+    more than 64 KiB byte-identical, with no ``transfer_chunk``; one without it fails
+    certificate verification at once (no retries), says so and sends the file over the channel."""
+    from vmr_handler.host.mqttconfig import make_pki
+
+    pki = make_pki("t", ["127.0.0.1"], 1)
+    for name, pem in (
+        ("ca.crt", pki.ca_cert),
+        ("server.crt", pki.server_cert),
+        ("server.key", pki.server_key),
+    ):
+        (tmp_path / name).write_bytes(pem)
+    (tmp_path / "agent.yaml").write_text(f"http_ca_file: {tmp_path / 'ca.crt'}\n")
+    env = unix_env_factory({}, start_buffer=0.5)
+    files = {}
+    for vm in ("a", "b"):
+        big = env.root / "vm" / vm / "out" / "big.bin"
+        big.parent.mkdir(parents=True)
+        files[vm] = (big, os.urandom(2 * TRANSFER_CHUNK + 1000))  # > 64 KiB, 3 chunks
+        big.write_bytes(files[vm][1])
+        (env.schedules / f"{vm}.yaml").write_text(
+            f"- start_time: -5\n  data:\n  - location: {big}\n    interval: null\n"
+        )
+    _start_http_host(
+        env, "--http-cert", str(tmp_path / "server.crt"), "--http-key", str(tmp_path / "server.key")
+    )
+    env.start_agent("a", "--config", str(tmp_path / "agent.yaml"))
+    env.start_agent("b")  # system CAs only
+    big, data = files["a"]
+    rec = env.wait_event("a", "transfer_uploaded")["event"]["data"]
+    assert rec["status"] == "success" and rec["sha256"] == _sha(data)
+    assert _copy(env, "a", big).read_bytes() == data
+    assert env.events("a", "transfer_chunk") == []
+    assert f"http: PUT {str(big)!r} bytes 0-{len(data) - 1}/{len(data)} received" in _vm_log(env, "a")
+    upload = json.loads((env.state("a") / "http.json").read_text())["upload"]
+    assert upload.startswith("https://127.0.0.1:"), upload
+
+    big, data = files["b"]
+    warning = env.wait_event("b", "schedule_warning")["event"]["data"]["details"]
+    assert f"transfer {str(big)!r} over HTTP failed" in warning, warning
+    assert "certificate verify failed" in warning.lower() and "gave up" not in warning, warning
+    assert "sending it over the channel" in warning
+    _chunked_once(env, "b", big, data)
+    assert "attempt 2" not in env.agent_log("b") and "retrying" not in env.agent_log("b")
+
+
+def test_upload_refused_for_good_falls_back_to_the_channel(unix_env_factory: Any) -> None:
+    """A final 4xx (here 401: the host no longer accepts the token the agent was given) ends
+    the upload at once: a ``schedule_warning`` names the status and the file travels as
+    ``transfer_chunk`` events, arriving once, byte-identical."""
+    env = unix_env_factory({}, start_buffer=0.5)
+    big = env.root / "vm" / "a" / "out" / "big.bin"
+    big.parent.mkdir(parents=True)
+    data = os.urandom(2 * TRANSFER_CHUNK + 1000)
+    big.write_bytes(data)
+    # fires 4 s after the start: after the host was restarted with a new token
+    (env.schedules / "a.yaml").write_text(
+        f"- start_time: 4\n  data:\n  - location: {big}\n    interval: null\n"
+    )
+    port = free_port()
+    env.start_host("--http", f"127.0.0.1:{port}")
+    old = _tokens(env)["a"]
+    env.start_agent("a")
+    env.wait_event("a", "configured")
+    env.kill_host()  # (at once: the start is at least 4.5 s after "configured")
+    assert json.loads((env.state("a") / "http.json").read_text())["token"] == old
+    tokens_file = env.logs / "http-tokens.json"
+    tokens_file.write_text(json.dumps({"version": 1, "tokens": {"a": "revoked-" + old}}))
+    env.start_host("--http", f"127.0.0.1:{port}")
+    assert _tokens(env)["a"] != old
+    warning = env.wait_event("a", "schedule_warning")["event"]["data"]["details"]
+    # (the refusal came to the HEAD, which has no body: the reason phrase says why)
+    assert f"transfer {str(big)!r} over HTTP failed (HTTP 401: Unauthorized)" in warning, warning
+    assert "sending it over the channel" in warning
+    _chunked_once(env, "a", big, data)
+    assert len(env.events("a", "schedule_warning")) == 1
+    assert "retrying" not in env.agent_log("a")  # a 401 is final: not retried

@@ -271,10 +271,11 @@ def _answer(resp: Any) -> int:
         FetchRefused: other 4xx (401, 403, 413 over a limit, 422 sha256 mismatch, ...).
     """
     code = int(resp.status_code)
+    why = resp.text.strip()[:200] or resp.reason  # (an answer to HEAD has no body)
     if code >= 500 or code == 409:
-        raise _Again(f"HTTP {code}: {resp.text.strip()[:200]}")
+        raise _Again(f"HTTP {code}: {why}")
     if code >= 400:
-        raise FetchRefused(f"HTTP {code}: {resp.text.strip()[:200]}")
+        raise FetchRefused(f"HTTP {code}: {why}")
     return code
 
 
