@@ -229,3 +229,40 @@ def test_upload_a_whole_unverified_part_asks_for_its_last_byte_again(tmp_path):
     assert t.upload_have("f", _sha(data), 10) == 9
     assert t.upload("f", _sha(data), 10, 9, 1, _reader(b"9")) == 10
     assert t.commit_upload("f", _sha(data), 10).complete
+
+
+def test_a_re_reported_upload_cannot_break_the_per_vm_total(tmp_path) -> None:
+    """A second ``transfer_uploaded`` for a location already in place (a resend, or a hostile
+    guest), then chunks to that location: the total must stay what is on disk, so the limit
+    holds (found by review: the same-file rename left a link that later chunks wrote into,
+    and each round lowered the total by the file's size)."""
+    import hashlib
+    import io
+    import os
+
+    from vmr_handler.host.store import TransferStore, TransferTooLarge
+
+    s = TransferStore(str(tmp_path), "vm1", max_file=10_000_000, max_total=1_000_000)
+    s.open()
+    data = os.urandom(200_000)
+    sha = hashlib.sha256(data).hexdigest()
+    s.upload("A", sha, len(data), 0, len(data), io.BytesIO(data).read)
+    s.commit_upload("A", sha, len(data))
+    s.commit_upload("A", sha, len(data))  # again
+    for _ in range(5):
+        d = os.urandom(300_000)
+        s.write_chunk("A", 0, d, len(d), hashlib.sha256(d).hexdigest(), True)
+
+    def on_disk() -> int:
+        return sum(
+            os.lstat(os.path.join(dp, f)).st_size
+            for dp, _, fs in os.walk(os.path.join(str(tmp_path), "transfers"))
+            for f in fs
+        )
+
+    assert s.total == on_disk() == 300_000
+    with pytest.raises(TransferTooLarge):
+        for i in range(10):
+            d = os.urandom(300_000)
+            s.write_chunk(f"B{i}", 0, d, len(d), hashlib.sha256(d).hexdigest(), True)
+    assert s.total == on_disk() <= 1_000_000

@@ -220,7 +220,7 @@ def parse_range(header: Optional[str], size: int) -> Optional[Tuple[int, int]]:
     if not header or not header.startswith("bytes=") or "," in header:
         return None
     first, dash, last = header[6:].strip().partition("-")
-    if not dash or not first.isdigit() or (last and not last.isdigit()):
+    if not dash or not _is_count(first) or (last and not _is_count(last)):
         return None
     start = int(first)
     end = min(int(last), size - 1) if last else size - 1
@@ -628,15 +628,18 @@ class ResourceHttp:
         gone: list[OSError] = []
         began = time.monotonic()
         rate = self.options.debug_rate
+        consumed = [0]
 
         def read(n: int) -> bytes:
             if self._stopping.is_set():
                 return b""
             try:
-                return h.rfile.read(n)
+                piece: bytes = h.rfile.read(n)
             except OSError as exc:  # the client went away or stalled past SOCKET_TIMEOUT
                 gone.append(exc)
                 return b""
+            consumed[0] += len(piece)
+            return piece
 
         def pace(received: int) -> None:
             if rate:
@@ -647,6 +650,8 @@ class ResourceHttp:
         got = max(0, have - offset)
         speed = f"in {took:.2f} s ({got / max(took, 1e-6) / 1e6:.1f} MB/s)"
         where = f"bytes {offset}-{offset + length - 1}/{size}"
+        if consumed[0] < length:  # e.g. the host held this content already: body left unread
+            h.close_connection = True
         if have == size:
             text, outcome = (
                 f"http: PUT {location!r} {where} received {speed}; complete, sha256 verified",
@@ -681,9 +686,15 @@ def _header_int(h: _Handler, name: str, missing: int = 400) -> int:
     text = h.headers.get(name)
     if text is None:
         raise _Refusal(missing, f"{name} is needed")
-    if not text.strip().isdigit():
+    if not _is_count(text.strip()):
         raise _Refusal(400, f"{name} must be an integer >= 0")
     return int(text)
+
+
+def _is_count(text: str) -> bool:
+    """ASCII digits only, at most 19 of them (``str.isdigit`` also takes ``'²'``, on which
+    ``int`` fails, and a guest's 5000-digit number would only cost time)."""
+    return 0 < len(text) < 20 and text.isascii() and text.isdigit()
 
 
 def parse_content_range(header: Optional[str], length: int) -> Tuple[int, int]:
@@ -698,7 +709,7 @@ def parse_content_range(header: Optional[str], length: int) -> Tuple[int, int]:
     unit, _sp, spec = header.strip().partition(" ")
     span, slash, total = spec.partition("/")
     first, dash, last = span.partition("-")
-    if unit != "bytes" or not slash or not dash or not all(x.isdigit() for x in (first, last, total)):
+    if unit != "bytes" or not slash or not dash or not all(_is_count(x) for x in (first, last, total)):
         raise _Refusal(400, f"Content-Range {header[:100]!r}: expected bytes N-M/SIZE")
     start, end, size = int(first), int(last), int(total)
     if end - start + 1 != length or end >= size:

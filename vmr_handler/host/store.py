@@ -510,6 +510,10 @@ class TransferStore:
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
         try:
             fd = os.open(part, flags, 0o600, dir_fd=dir_fd)
+            if os.fstat(fd).st_nlink > 1:  # a link of a placed file must never be written into
+                os.close(fd)
+                os.unlink(part, dir_fd=dir_fd)
+                fd = os.open(part, flags, 0o600, dir_fd=dir_fd)
         except OSError as exc:
             raise TransferRefused(f"cannot open {printable(rel, 200)!r}: {exc.strerror}") from exc
         try:
@@ -550,16 +554,32 @@ class TransferStore:
         self, dir_fd: int, rel: str, name: str, src: str, src_dir_fd: Optional[int], added: int
     ) -> None:
         """Rename ``src`` to ``name`` (replacing an older version) and count it; ``added``:
-        bytes not counted yet (a hard link of a file already counted)."""
+        bytes not counted yet (a hard link of a file already counted).
+
+        The charge is taken before the rename (over the limit: nothing moves) and undone if the
+        rename fails. ``src`` that is already the file at ``name`` (a re-reported upload) is
+        removed and nothing is counted: a rename between two links of one file is a no-op
+        that would leave the link behind (and the next chunk writing into the placed file).
+
+        Raises:
+            TransferTooLarge: over the per-VM total.
+            TransferRefused: the rename failed.
+        """
+        src_st = os.stat(src, dir_fd=src_dir_fd, follow_symlinks=False)
         try:
-            old_size = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_size
+            dst_st: Optional[os.stat_result] = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         except FileNotFoundError:
-            old_size = 0
+            dst_st = None
+        if dst_st is not None and (dst_st.st_dev, dst_st.st_ino) == (src_st.st_dev, src_st.st_ino):
+            os.unlink(src, dir_fd=src_dir_fd)
+            return
+        old_size = dst_st.st_size if dst_st is not None else 0
+        self._charge(added - old_size)
         try:
             os.rename(src, name, src_dir_fd=src_dir_fd, dst_dir_fd=dir_fd)
         except OSError as exc:
+            self._charge(old_size - added)
             raise TransferRefused(f"cannot put {printable(rel, 200)!r} in place: {exc.strerror}") from exc
-        self._charge(added - old_size)
         self.files += 1
 
     # ---------------------------------------------------------------- uploads over HTTP(S)
@@ -682,10 +702,17 @@ class TransferStore:
                 self._active.discard(sha256)
 
     def _make_room(self) -> None:
-        """Delete the oldest staged uploads (not under way) beyond :data:`MAX_STAGED` - 1."""
+        """Delete the oldest unfinished staged uploads (``.part``, not under way) beyond
+        :data:`MAX_STAGED` - 1. A complete one waits for its ``transfer_uploaded`` report
+        (which may come much later, behind other reports) and is never deleted here; it
+        counts towards the VM's total like everything else."""
         entries = []
         for entry in os.scandir(self.staging):
-            if entry.name.split(".")[0] not in self._active and entry.is_file(follow_symlinks=False):
+            if (
+                entry.name.endswith(".part")
+                and entry.name.split(".")[0] not in self._active
+                and entry.is_file(follow_symlinks=False)
+            ):
                 st = entry.stat(follow_symlinks=False)
                 entries.append((st.st_mtime, entry.path, st.st_size))
         for _when, path, size in sorted(entries)[: max(0, len(entries) - MAX_STAGED + 1)]:
@@ -719,9 +746,15 @@ class TransferStore:
                     os.unlink(src, dir_fd=dir_fd)
                 raise TransferRefused(f"the upload of {sha256[:16]}... holds {st.st_size} bytes, not {size}")
             m = _mtime(mtime)
-            if m is not None:
-                os.utime(src, (m, m), dir_fd=None if src == staged else dir_fd, follow_symlinks=False)
-            self._put_in_place(dir_fd, rel, name, src, None if src == staged else dir_fd, added)
+            try:
+                if m is not None:
+                    os.utime(src, (m, m), dir_fd=None if src == staged else dir_fd, follow_symlinks=False)
+                self._put_in_place(dir_fd, rel, name, src, None if src == staged else dir_fd, added)
+            except BaseException:
+                if src != staged:  # the link made for this location: never left behind
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(src, dir_fd=dir_fd)
+                raise
             self._placed[sha256] = (rel, st.st_dev, st.st_ino)
             return TransferOutcome(rel, complete=True, sha256_ok=True)
         finally:
