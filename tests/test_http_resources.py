@@ -258,6 +258,10 @@ def test_https_with_the_experiment_ca(unix_env_factory, tmp_path: Path):
     warning = env.wait_event("b", "schedule_warning")["event"]["data"]["details"]
     assert "certificate verify failed" in warning.lower(), warning
     assert "gave up" not in warning
+    # HTTP failed for b: the file still comes, over the channel, checked against the schedule
+    assert "fetching it over the channel" in warning, warning
+    placed_b = env.wait_event("b", "data_placed", index=0)["event"]["data"]
+    assert placed_b["sha256"] == hashlib.sha256(data).hexdigest()
 
 
 def test_channel_download_is_checked_against_the_schedule_sha256(env_factory):

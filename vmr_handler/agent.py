@@ -724,7 +724,7 @@ class ConnectedAgent:
                     else None
                 )
                 if digest is None:
-                    digest = self._send_chunks(name, full, seen.get(rel))
+                    digest = await self._send_chunks(name, full, seen.get(rel))
                 if digest is not None and seen.get(rel) != digest:
                     seen[rel] = digest
                     self._save_transfers()
@@ -734,33 +734,38 @@ class ConnectedAgent:
                 return
             await asyncio.sleep(float(interval))
 
-    def _send_chunks(self, name: str, full: str, sent: Optional[str]) -> Optional[str]:
+    async def _send_chunks(self, name: str, full: str, sent: Optional[str]) -> Optional[str]:
         """Queue ``full`` as ``transfer_chunk`` events (unless its sha256 is ``sent``); its
-        sha256, or None when it cannot be read."""
+        sha256, or None when it cannot be read. The file is hashed in a worker thread and
+        read one chunk at a time (never whole into memory), yielding between chunks."""
         try:
-            with open(full, "rb") as fh:
-                content = fh.read()
-            mtime = os.stat(full).st_mtime
+            st = os.stat(full)
+            digest = await asyncio.to_thread(_sha256_file, full)
         except OSError:
             return None
-        digest = hashlib.sha256(content).hexdigest()
         if sent == digest:
             return digest
-        for offset in range(0, max(1, len(content)), TRANSFER_CHUNK):
-            piece = content[offset : offset + TRANSFER_CHUNK]
-            self.outbox.add(
-                self.link.events.make_raw(
-                    P.TRANSFER_CHUNK,
-                    location=name,
-                    offset=offset,
-                    size=len(content),
-                    sha256=digest,
-                    mtime=mtime,
-                    last=offset + TRANSFER_CHUNK >= len(content),
-                    data_b64=base64.b64encode(piece).decode("ascii"),
-                )
-            )
-        self.link.notify()
+        size = st.st_size
+        try:
+            with open(full, "rb") as fh:
+                for offset in range(0, max(1, size), TRANSFER_CHUNK):
+                    piece = fh.read(TRANSFER_CHUNK)
+                    self.outbox.add(
+                        self.link.events.make_raw(
+                            P.TRANSFER_CHUNK,
+                            location=name,
+                            offset=offset,
+                            size=size,
+                            sha256=digest,
+                            mtime=st.st_mtime,
+                            last=offset + TRANSFER_CHUNK >= size,
+                            data_b64=base64.b64encode(piece).decode("ascii"),
+                        )
+                    )
+                    self.link.notify()
+                    await asyncio.sleep(0)
+        except OSError:
+            return None
         return digest
 
     async def _upload(self, name: str, full: str, sent: Optional[str]) -> Optional[str]:
@@ -799,6 +804,13 @@ class ConnectedAgent:
                 return digest
             if self._stopped.is_set():
                 raise asyncio.CancelledError()
+            if error.startswith("HTTP 413"):  # over the host's limits: the channel has the same ones
+                self._report(
+                    EventType.SCHEDULE_WARNING,
+                    status="error",
+                    details=f"transfer {name!r} refused by the host ({error}); not sent",
+                )
+                return digest
             with contextlib.suppress(OSError):
                 if await asyncio.to_thread(_sha256_file, full) == digest:
                     break  # not a change under way: HTTP refused it
@@ -829,9 +841,16 @@ class ConnectedAgent:
             if want and os.path.exists(target) and _sha256_file(target) == want:
                 _link_name(root, name, target)
                 continue
-            if "url" in info:
-                error = await self._fetch_http(name, target, info)
-            else:
+            error = await self._fetch_http(name, target, info) if "url" in info else "no url"
+            if error and "url" in info and not self._stopped.is_set():
+                # the HTTP server may be unreachable or busy (e.g. held by another guest): the
+                # channel still works, and the schedule's sha256 decides in both cases
+                self._report(
+                    EventType.SCHEDULE_WARNING,
+                    status="error",
+                    details=f"resource {name!r} over HTTP failed ({error}); fetching it over the channel",
+                )
+            if error and not self._stopped.is_set():
                 error = await self._fetch_one(name, target)
                 if error is None and want and _sha256_file(target) != want:
                     # the chunks' own sha256 is unsigned: the schedule's (signed) one decides
