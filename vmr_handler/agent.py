@@ -190,7 +190,7 @@ class HostLink:
 
         def note(state: Any) -> None:
             exc = state.outcome.exception() if state.outcome else None
-            if isinstance(exc, OSError):
+            if isinstance(exc, (OSError, ChannelClosed)):
                 log.debug("channel %s not ready: %s", self.where, exc)
             elif exc is not None and str(exc) not in refused[-1:]:
                 log.error("%s", exc)
@@ -198,11 +198,13 @@ class HostLink:
 
         def wait(state: Any) -> float:
             exc = state.outcome.exception() if state.outcome else None
-            return float((fast if isinstance(exc, OSError) else slow)(state))
+            return float((fast if isinstance(exc, (OSError, ChannelClosed)) else slow)(state))
 
         channel: Optional[ByteChannel] = None
         async for attempt in AsyncRetrying(
-            wait=wait, retry=retry_if_exception_type((OSError, VmrError)), before_sleep=note
+            wait=wait,
+            retry=retry_if_exception_type((OSError, VmrError, ChannelClosed)),
+            before_sleep=note,
         ):
             with attempt:
                 channel = await self._open()

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
+from vmr_handler.host.session import TokenBucket
 from vmr_handler.protocol import encode_message
 from vmr_handler.transports.mqtt import MqttOptions, PahoBridge, Topics, check_name, vm_of
 
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vmr_handler.host")
 
+#: Bytes per second streamed to one VM (resource chunks) and the burst before pacing starts.
+DOWN_RATE = 16 * 1024 * 1024
+DOWN_BURST = 8 * 1024 * 1024
 #: Largest presence payload read (a guest controls it).
 MAX_PRESENCE = 4096
 #: Largest host announcement or start message read, bytes.
@@ -48,15 +52,24 @@ MAX_HOST_MESSAGE = 16 * 1024 * 1024
 #: Seconds between re-signed publications of the retained start time (agents refuse
 #: signatures older than 300 s by default).
 START_REFRESH = 60.0
+#: Seconds a signed retained start lives in the broker (the agents' default signature age).
+SIGNED_START_EXPIRY = 300
 
 
 class MqttLink:
-    """A VM's connection as the session layer sees it (:class:`~vmr_handler.host.session.Link`)."""
+    """A VM's connection as the session layer sees it (:class:`~vmr_handler.host.session.Link`).
+
+    The broker accepts whatever is published and queues it for the VM, so :meth:`drain`
+    paces what goes to one VM (:data:`DOWN_RATE`): a VM that asks for large resources and
+    never reads them cannot make the host stream them into the broker's memory at once.
+    """
 
     def __init__(self, bridge: PahoBridge, topics: Topics) -> None:
         self._bridge = bridge
         self.topics = topics
         self._closed = False
+        self._budget = TokenBucket(DOWN_RATE, DOWN_BURST)
+        self._unpaced = 0
 
     @property
     def closed(self) -> bool:
@@ -65,9 +78,12 @@ class MqttLink:
     def send_bytes(self, data: bytes) -> None:
         if not self.closed and not self._bridge.publish_nowait(self.topics.down, data):
             self._closed = True
+        self._unpaced += len(data)
 
     async def drain(self) -> None:
-        await asyncio.sleep(0)
+        wait = self._budget.spend(time.monotonic(), self._unpaced)
+        self._unpaced = 0
+        await asyncio.sleep(min(wait, 5.0))
 
     def close(self) -> None:
         self._closed = True
@@ -238,6 +254,8 @@ class MqttService:
             return
         if leaf != "up":
             return
+        if session.over_byte_rate(len(payload)):  # a flooding VM must not hold up the others
+            return
         link = self.links.get(vm)
         if link is None or link.closed:
             self._attach(bridge, vm, now, fresh=False)
@@ -268,9 +286,12 @@ class MqttService:
         start = self.server.start_event()
         if bridge is None or start is None:
             return
+        expiry = SIGNED_START_EXPIRY if self.server.signs else None
         for vm in self.server.sessions:
             frame = encode_message([self.server.sign_for(vm, start)], time.time())
-            bridge.publish_nowait(self.topics(vm).start, frame, retain=True)
+            # signed: expires with its signature (300 s), re-published every START_REFRESH s,
+            # so no stale copy waits in the queue of a VM that is away
+            bridge.publish_nowait(self.topics(vm).start, frame, retain=True, expiry=expiry)
         announcement = self.server.start_announcement()
         if self.role == "coordinator" and announcement is not None:
             doc = json.dumps(announcement, separators=(",", ":")).encode()

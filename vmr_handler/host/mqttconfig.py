@@ -60,6 +60,9 @@ MAX_PACKET_SIZE = 4 * 1024 * 1024
 #: QoS 1 messages queued per offline client (mosquitto's default is 1000): a host that is
 #: down for a while keeps its backlog; the agent resends anything lost beyond it anyway.
 MAX_QUEUED_MESSAGES = 100_000
+#: Bytes queued per client (in flight + waiting): a VM that asks for data and never reads it
+#: cannot fill the broker's memory (messages beyond are dropped; the protocol asks again).
+MAX_QUEUED_BYTES = 128 * 1024 * 1024
 #: PBKDF2 iterations and salt length of ``mosquitto_passwd`` 2.0 (its ``$7$`` format).
 PBKDF2_ITERATIONS = 101
 PBKDF2_SALT_BYTES = 12
@@ -372,6 +375,7 @@ def render_conf(layout: MqttLayout, paths: BrokerPaths) -> str:
         "log_timestamp true",
         f"max_packet_size {MAX_PACKET_SIZE}",
         f"max_queued_messages {MAX_QUEUED_MESSAGES}",
+        f"max_queued_bytes {MAX_QUEUED_BYTES}",
     ]
     if not per_listener:
         lines += ["", *auth]

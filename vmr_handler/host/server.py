@@ -403,9 +403,17 @@ class HostServer:
             return
         start, configured = doc.get("start_time"), doc.get("configured")
         released = doc.get("released") or []
-        if not isinstance(start, (int, float)) or not isinstance(configured, dict):
+        if (
+            not isinstance(start, (int, float))
+            or isinstance(start, bool)
+            or not math.isfinite(start)
+            or not isinstance(configured, dict)
+            or not isinstance(released, list)
+        ):
             log.warning("malformed start from the coordinator ignored")
             return
+        if PEER_PREFIX + str(self.config.host_id) in released:
+            released = list(self.config.expected)  # released before this host announced its VMs
         for vm in self.config.expected:
             if vm in released:
                 continue

@@ -435,6 +435,18 @@ class VmSession:
                 continue
             self._on_message(msg, recv_time)
 
+    def over_byte_rate(self, nbytes: int) -> bool:
+        """Charge ``nbytes`` received to this VM's byte rate; True (dropped, counted, logged)
+        when it is over it. For transports that cannot pause reading one VM (MQTT: one broker
+        connection carries every VM): the excess is dropped before it is decoded, and the
+        agent sends its unacknowledged reports again later."""
+        if self.read_bucket.spend(time.monotonic(), nbytes) <= 0:
+            return False
+        self.read_bucket.spend(time.monotonic(), -nbytes)  # dropped: not charged
+        self.counters.rate_limited += 1
+        self._warn("bytes", f"message dropped: over {self.limits.read_rate / 2**20:g} MiB/s", time.time())
+        return True
+
     def read_pause(self, nbytes: int) -> float:
         """Seconds the server should wait before reading more from this VM, after ``nbytes``
         were read: reading pauses while the VM is over its byte rate or its message rate (so a

@@ -541,7 +541,13 @@ class MqttChannel(ByteChannel):
         )
         await bridge.connect()
         channel = cls(bridge, topics)
-        await bridge.publish(topics.presence, presence_payload("online", vm=vm, boot_id=boot_id), retain=True)
+        try:
+            await bridge.publish(
+                topics.presence, presence_payload("online", vm=vm, boot_id=boot_id), retain=True
+            )
+        except ChannelClosed as exc:  # lost right after CONNACK: a retry like any failed connect
+            bridge.close()
+            raise OSError(str(exc)) from exc
         return channel
 
     async def read(self) -> bytes:
