@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -531,6 +532,7 @@ class ConnectedAgent:
         self._transfer_state: Dict[str, Dict[str, Any]] = {}
         self._http: Dict[str, Any] = {}  # the schedule event's "http": base, token, upload
         self._stopped = asyncio.Event()
+        self._transfer_pool: Any = None  # worker threads of HTTP downloads and uploads
 
     # -------------------------------------------------------------- control from the host
     async def _on_control(self, event: Event) -> Optional[Dict[str, Any]]:
@@ -713,6 +715,7 @@ class ConnectedAgent:
         path = str(data.get("path") or data.get("location"))
         location = str(data.get("location"))
         interval = data.get("interval")
+        changed = False
         while True:
             for rel, full in _walk(path):
                 name = location if not rel else location.rstrip("/") + "/" + rel
@@ -729,7 +732,10 @@ class ConnectedAgent:
                     digest = await self._send_chunks(name, full, seen.get(rel))
                 if digest is not None and seen.get(rel) != digest:
                     seen[rel] = digest
-                    self._save_transfers()
+                    changed = True
+            if changed:  # once per pass, not per file (a large directory was quadratic)
+                self._save_transfers()
+                changed = False
             if not isinstance(interval, (int, float)) or interval <= 0:
                 self._transfer_state.pop(key, None)
                 self._save_transfers()
@@ -923,8 +929,17 @@ class ConnectedAgent:
         import threading
 
         cancel = threading.Event()
-        work = asyncio.ensure_future(asyncio.to_thread(job, *args, cancel))
-        stopped = asyncio.ensure_future(self._stopped.wait())
+        if self._transfer_pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            # its own threads: a download held by a slow server (retries sleep in the worker)
+            # must not take the default pool's threads the MQTT connect needs
+            self._transfer_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="vmr-http")
+        loop = asyncio.get_running_loop()
+        work: asyncio.Future[Optional[str]] = asyncio.ensure_future(
+            loop.run_in_executor(self._transfer_pool, functools.partial(job, *args, cancel))
+        )
+        stopped: asyncio.Future[Any] = asyncio.ensure_future(self._stopped.wait())
         try:
             await asyncio.wait([work, stopped], return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -1015,6 +1030,8 @@ class ConnectedAgent:
             link_task.cancel()
             await asyncio.gather(link_task, *self._transfers.values(), return_exceptions=True)
             self.outbox.close()
+            if self._transfer_pool is not None:  # its jobs were told to stop (cancel events)
+                self._transfer_pool.shutdown(wait=False)
 
     async def _when_synced(self, engine: Any) -> None:
         await self.link.synced.wait()

@@ -245,7 +245,7 @@ class MqttService:
         if leaf == "presence":
             state = _presence_state(payload)
             if state == "online":
-                self._attach(bridge, vm, now, fresh=True)
+                self._attach(bridge, vm, now)
             elif state == "offline":
                 link = self.links.pop(vm, None)
                 if link is not None:
@@ -258,14 +258,17 @@ class MqttService:
             return
         link = self.links.get(vm)
         if link is None or link.closed:
-            self._attach(bridge, vm, now, fresh=False)
+            self._attach(bridge, vm, now)
         session.feed(payload, now)
 
-    def _attach(self, bridge: PahoBridge, vm: str, now: float, fresh: bool) -> None:
-        """(Re)attach ``vm``; ``fresh`` = its presence just said online (a new connection)."""
+    def _attach(self, bridge: PahoBridge, vm: str, now: float) -> None:
+        """Attach ``vm`` (its presence said online, or it talks) unless it is attached."""
         session = self.server.sessions[vm]
         old = self.links.get(vm)
-        if old is not None and not old.closed and not fresh:
+        if old is not None and not old.closed:
+            # already attached: a new connection of the agent says hello itself (and frames
+            # are whole per message, so no decoder state to reset); re-attaching on every
+            # "online" let a VM flooding its presence churn handshakes and grow its log
             return
         if old is not None:
             old.close()
