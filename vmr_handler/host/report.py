@@ -37,13 +37,13 @@ import os
 import re
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from vmr_handler.events import EventType as T
 from vmr_handler.host.store import EXPERIMENT_FILE, JSONL_SUFFIX, ExperimentStore, printable, utc_text
+from vmr_handler.journal import atomic_write
 
 #: Longest label or tooltip field taken from a guest, characters.
 MAX_LABEL = 80
@@ -1087,19 +1087,7 @@ def write_report(logs: str, out: str, now: Optional[float] = None) -> str:
         time.time() if now is None else now,
         title=f"vmr-handler experiment: {os.path.basename(os.path.abspath(logs))}",
     )
-    directory = os.path.dirname(os.path.abspath(out))
-    fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".html", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_write(out, text.encode("utf-8"), 0o644)
     return out
 
 

@@ -24,12 +24,12 @@ import logging
 import math
 import os
 import re
-import tempfile
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from vmr_handler.events import Event, describe, json_safe
+from vmr_handler.journal import atomic_write
 
 log = logging.getLogger("vmr_handler.host")
 
@@ -72,31 +72,14 @@ def _utc(ts: float) -> str:
 
 
 def atomic_write_json(path: str, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` atomically (temp file, fsync, rename, fsync dir).
+    """Write ``data`` as JSON to ``path`` atomically (:func:`vmr_handler.journal.atomic_write`:
+    temp file, fsync, rename, fsync dir).
 
     Raises:
         OSError: the file cannot be written.
     """
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(json_safe(data), fh, indent=1, sort_keys=True, allow_nan=False)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    text = json.dumps(json_safe(data), indent=1, sort_keys=True, allow_nan=False) + "\n"
+    atomic_write(path, text.encode("utf-8"), 0o600)
 
 
 class ExperimentStore:
