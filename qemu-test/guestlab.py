@@ -95,42 +95,15 @@ class Qemu:
         *,
         no_reboot: bool = True,
         disk: Optional[Path] = None,
+        append: str = "",
     ) -> None:
         """``no_reboot=False``: a guest reboot restarts the guest (QEMU keeps running);
-        ``disk``: a raw image attached as a virtio disk (the guest's state disk, ``/dev/vda``)."""
+        ``disk``: a raw image attached as a virtio disk (the guest's state disk, ``/dev/vda``);
+        ``append``: extra kernel command-line words (:func:`qemu_argv`)."""
         self.vm = vm
         self.console = env.root / f"{vm}.console"
         self.out = env.root / f"{vm}.qemu"
-        cmd = [
-            "qemu-system-x86_64",
-            "-accel",
-            "tcg",
-            "-m",
-            "512",
-            "-smp",
-            "1",
-            "-nographic",
-            *(["-no-reboot"] if no_reboot else []),
-            "-nic",
-            "none",
-            "-monitor",
-            "none",
-            "-serial",
-            f"file:{self.console}",
-            "-kernel",
-            kernel,
-            "-initrd",
-            initrd,
-            "-append",
-            f"console=ttyS0 panic=-1 quiet vmr.name={vm}",
-            "-chardev",
-            f"socket,id=c0,path={env.sock(vm)},reconnect=1",
-            "-device",
-            "virtio-serial-pci,id=vser0",
-            "-device",
-            f"virtserialport,bus=vser0.0,chardev=c0,name={PORT_NAME}",
-            *(["-drive", f"file={disk},format=raw,if=virtio"] if disk is not None else []),
-        ]
+        cmd = qemu_argv(env, vm, kernel, initrd, self.console, append=append, no_reboot=no_reboot, disk=disk)
         self.started = time.time()
         with open(self.out, "wb") as log, open(os.devnull, "rb") as null:
             self.proc = subprocess.Popen(cmd, stdin=null, stdout=log, stderr=log)
@@ -237,13 +210,7 @@ class QemuAppend(Qemu):
 
     def __init__(self, env: HostEnv, vm: str, kernel: str, initrd: str, append: str) -> None:
         """Start QEMU at once (``-no-reboot``, no disk); ``started`` is the wall time of the start."""
-        self.vm = vm
-        self.console = env.root / f"{vm}.console"
-        self.out = env.root / f"{vm}.qemu"
-        cmd = qemu_argv(env, vm, kernel, initrd, self.console, append=append)
-        self.started = time.time()
-        with open(self.out, "wb") as log, open(os.devnull, "rb") as null:
-            self.proc = subprocess.Popen(cmd, stdin=null, stdout=log, stderr=log)
+        super().__init__(env, vm, kernel, initrd, append=append)
 
 
 # ---------------------------------------------------------------------- MQTT guests (fw_cfg)
