@@ -34,13 +34,18 @@ from vmr_handler.clock import SystemClock
 from vmr_handler.errors import EntryError, JournalError
 from vmr_handler.events import Event, EventFactory, EventType, encode_output
 from vmr_handler.executor import (
+    NOT_FOUND_EXIT_CODE,
     REBOOT_EXIT_CODE,
     REBOOT_FILE,
+    PlacedFile,
     ProcessResult,
     ProcessRunner,
+    command_line,
+    find_shell,
+    first_word,
     kill_tree,
     place_data,
-    resolve_exec,
+    program_missing,
     shell_command,
     target_path,
     working_dirs,
@@ -72,6 +77,8 @@ class EngineConfig:
         local_start: see below.
         reboot_command: shell command run when a negative stage requests a reboot.
         env: environment for entries (None = the agent's own).
+        shell: the shell that runs command lines (None = bash when the machine has it, else
+            ``/bin/sh``; SPEC section 5).
     """
 
     launch_dir: str = "/var/launch"
@@ -80,18 +87,10 @@ class EngineConfig:
     start_buffer: float = 60.0
     reboot_command: str = DEFAULT_REBOOT_COMMAND
     env: Optional[Dict[str, str]] = None
+    shell: Optional[str] = None
     #: True: start = configured + start_buffer (local mode). False: wait for the host's
     #: experiment start time (:meth:`Engine.set_start_time`).
     local_start: bool = True
-
-
-def _make_dirs(paths: List[str], stop: threading.Event) -> None:
-    """Create working dirs ahead of time (until ``stop``); failures are reported when the entry fires."""
-    for path in paths:
-        if stop.is_set():
-            return
-        with contextlib.suppress(OSError):
-            os.makedirs(path, exist_ok=True)
 
 
 class _Stopped(Exception):
@@ -104,6 +103,7 @@ class _Running:
     runner: ProcessRunner
     started_mono: float
     killed: bool = False  # terminated by the agent's own stop/failure
+    stderr_tail: Dict[str, bytes] = field(default_factory=dict)  # {"last": last stderr line}
 
 
 @dataclass
@@ -111,6 +111,7 @@ class _Prepared:
     entry: ScheduleEntry
     workdir: str
     argv: Optional[List[str]]  # None: data-only entry, nothing to run
+    line: str = ""  # the command line, as the reference writes it
 
 
 @dataclass
@@ -152,6 +153,8 @@ class Engine:
         self.events = EventFactory(self.clock.time)
         self.journal = Journal(config.state_dir, schedule.digest)
         self.workdirs = working_dirs(list(schedule.entries), config.launch_dir)
+        self.shell = config.shell or find_shell()
+        self._placed: Set[int] = set()  # entries whose data is in place (preloaded or placed)
         self.stages = schedule.stage_times()
         self.phase = "starting"
         self.current_stage: Optional[int] = None
@@ -162,8 +165,7 @@ class Engine:
         self._failure: Optional[str] = None
         self._stop_reason = ""
         self._sync_handle: Optional[asyncio.TimerHandle] = None
-        self._prep: Optional[asyncio.Future[None]] = None  # working dirs made ahead of time
-        self._prep_stop = threading.Event()
+        self._prep_stop = threading.Event()  # ends a preload under way
         #: Set once the reference clock can be trusted (at once in local mode; after the first
         #: clock sync with the host otherwise): positive time waits for it.
         self.clock_ready = asyncio.Event()
@@ -198,7 +200,9 @@ class Engine:
             log.error("%s", exc)
 
     # ------------------------------------------------------------------ inputs
-    def resume(self, at: Optional[float] = None, resume_id: Optional[str] = None) -> Dict[str, Any]:
+    def resume(
+        self, at: Optional[float] = None, resume_id: Optional[str] = None, entry: Optional[int] = None
+    ) -> Dict[str, Any]:
         """Handle a RESUME (SPEC section 4). Returns ``{"at", "ended_break", "ignored"}``.
 
         Args:
@@ -206,6 +210,7 @@ class Engine:
                 default now on the engine's clock, or ``-inf`` before the start time is known.
             resume_id: the host's id of this RESUME: one already applied is not applied again
                 (its first outcome is returned, with ``"repeated": True``).
+            entry: index of the stored RESUME entry this RESUME comes from, if any.
         """
         applied: Dict[str, Any] = self.journal.data.setdefault("resume_ids", {})
         if resume_id is not None and resume_id in applied:
@@ -220,8 +225,10 @@ class Engine:
         if resume_id is not None:
             applied[resume_id] = {"at": at, "ended_break": ended, "ignored": ended is None}
         self._save()  # the RESUME and its id in one atomic write
+        origin = {} if entry is None else {"index": entry, "origin": "schedule entry"}
         self.emit(
             EventType.RESUME_RECEIVED,
+            **origin,
             at=at,
             ended_break=ended,
             ignored=ended is None,
@@ -348,6 +355,8 @@ class Engine:
         self._recover()
         self._save()
         try:
+            await self._preload()
+            self._stored_resumes()
             await self._initial_holds()
             outcome = await self._run_stages()
             if outcome != "ok":
@@ -414,6 +423,84 @@ class Engine:
         self._wake.clear()
         await self._wake.wait()
         self._check_stop()
+
+    # ------------------------------------------------------------------ phase 0: data, stored RESUMEs
+    async def _preload(self) -> None:
+        """Place every entry's data before anything runs, as the reference preloads it
+        (``vm_resource_handler.py`` ``preload_files``; timing and overwrites: ``docs/firewheel.md``).
+
+        Runs in a worker thread; an entry whose data cannot be placed now is reported as a
+        warning and tried again at the entry's time, where the failure counts (SPEC section 5).
+        """
+        done: List[int] = self.journal.data.setdefault("preloaded", [])
+        self._placed.update(done)
+        todo = [
+            e
+            for e in self.schedule.entries
+            if e.kind in (EntryKind.NEGATIVE, EntryKind.POSITIVE)
+            and e.index not in self._placed
+            and self.journal.entry_state(e.index) is None
+        ]
+        if not todo:
+            return
+        self.phase = "placing data"
+        results = await asyncio.get_running_loop().run_in_executor(None, self._place_all, todo)
+        for entry, outcome in results:
+            if isinstance(outcome, EntryError):
+                then = "is reported (ignore_failure)" if entry.ignore_failure else "fails the VM"
+                self.emit(
+                    EventType.SCHEDULE_WARNING,
+                    index=entry.index,
+                    details=f"data not placed ahead of time: {outcome}; tried again at the entry's "
+                    f"time, where a failure {then}",
+                )
+                continue
+            self._emit_placed(entry, outcome, preloaded=True)
+            self._placed.add(entry.index)
+            done.append(entry.index)
+        self._save()
+
+    def _place_all(self, entries: List[ScheduleEntry]) -> List[Tuple[ScheduleEntry, Any]]:
+        """Worker thread: :func:`place_data` for each entry until stopped; results or EntryErrors."""
+        results: List[Tuple[ScheduleEntry, Any]] = []
+        for entry in entries:
+            if self._prep_stop.is_set():
+                break
+            try:
+                placed = place_data(entry, self.workdirs[entry.index], self.config.resources_dir)
+                results.append((entry, placed))
+            except EntryError as exc:
+                results.append((entry, exc))
+        return results
+
+    def _emit_placed(self, entry: ScheduleEntry, placed: List[PlacedFile], preloaded: bool) -> None:
+        for p in placed:
+            extra: Dict[str, Any] = {}
+            if p.outcome == "kept":
+                extra["details"] = (
+                    f"{p.path} already exists: kept, not overwritten (as the reference); "
+                    "to replace a file, drop it in the working dir and move it (the helpers' preload)"
+                )
+            elif p.outcome == "present":
+                extra["details"] = "already in place with the same content"
+            self.emit(
+                EventType.DATA_PLACED,
+                index=entry.index,
+                location=p.location,
+                path=p.path,
+                size=p.size,
+                sha256=p.sha256,
+                mode=oct(p.mode),
+                outcome=p.outcome,
+                preloaded=preloaded,
+                **extra,
+            )
+
+    def _stored_resumes(self) -> None:
+        """Apply the schedule's stored RESUME entries (``firewheel vm resume``; SPEC section 3), once."""
+        for entry in self.schedule.entries:
+            if entry.kind is EntryKind.RESUME:
+                self.resume(resume_id=f"schedule-entry-{entry.index}", entry=entry.index)
 
     # ------------------------------------------------------------------ phase 1: -inf holds
     async def _initial_holds(self) -> None:
@@ -539,9 +626,10 @@ class Engine:
             log.error("reboot command failed: %s", exc)
 
     # ------------------------------------------------------------------ entries
-    def _entry_failed(self, entry: ScheduleEntry, exc: Exception) -> None:
-        """Report a placement/start failure; fail the VM unless ignore_failure."""
-        fatal = not entry.ignore_failure
+    def _entry_failed(self, entry: ScheduleEntry, exc: Exception, can_fail_vm: bool = True) -> None:
+        """Report a placement/start failure; a placement failure fails the VM unless ignore_failure
+        (SPEC section 5: only data that cannot be placed fails the VM)."""
+        fatal = can_fail_vm and not entry.ignore_failure
         self.emit(
             EventType.ENTRY_FAILED,
             index=entry.index,
@@ -558,26 +646,19 @@ class Engine:
             self.journal.mark_done(entry.index, FAILED)
 
     def _prepare(self, entry: ScheduleEntry) -> Optional[_Prepared]:
-        """Drop the entry's data and resolve its command; None if it failed (already reported)."""
+        """Place the entry's data unless already in place, and build its command; None if the
+        data could not be placed (already reported)."""
         workdir = self.workdirs[entry.index]
         try:
-            placed = place_data(entry, workdir, self.config.resources_dir)
-            argv = None
-            if entry.executable:
-                argv = shell_command(workdir, resolve_exec(entry, workdir), entry.arguments)
+            if entry.index not in self._placed:
+                placed = place_data(entry, workdir, self.config.resources_dir)
+                self._placed.add(entry.index)
+                self._emit_placed(entry, placed, preloaded=False)
+            line = command_line(entry, workdir) if entry.executable else ""
         except EntryError as exc:
             self._entry_failed(entry, exc)
             return None
-        for p in placed:
-            self.emit(
-                EventType.DATA_PLACED,
-                index=entry.index,
-                location=p.location,
-                path=p.path,
-                size=p.size,
-                sha256=p.sha256,
-                mode=oct(p.mode),
-            )
+        argv = shell_command(self.shell, workdir, line) if entry.executable else None
         for item in entry.data:
             if isinstance(item, TransferOut):
                 self.emit(
@@ -591,7 +672,7 @@ class Engine:
                     if self.config.local_start
                     else "sent to the host once, or every interval seconds when it changed",
                 )
-        return _Prepared(entry, workdir, argv)
+        return _Prepared(entry, workdir, argv, line)
 
     async def _launch_all(
         self, prepared: List[_Prepared], scheduled: Optional[float]
@@ -613,9 +694,12 @@ class Engine:
         if item.argv is None:
             return None
         seq = {"stdout": 0, "stderr": 0}
+        tail: Dict[str, bytes] = {}
 
         def on_output(stream: str, piece: bytes, continued: bool, eol: bool) -> None:
             seq[stream] += 1
+            if stream == "stderr" and piece.strip():
+                tail["last"] = piece[-400:]
             self.emit(
                 EventType.OUTPUT,
                 index=entry.index,
@@ -633,9 +717,9 @@ class Engine:
         try:
             pid = await runner.start(item.argv, item.workdir, self.config.env)
         except EntryError as exc:
-            self._entry_failed(entry, EntryError(f"{entry.label}: {exc}"))
+            self._entry_failed(entry, exc, can_fail_vm=False)
             return None
-        running = _Running(entry, runner, self.clock.monotonic())
+        running = _Running(entry, runner, self.clock.monotonic(), stderr_tail=tail)
         self._running[entry.index] = running
         self.journal.mark_running(entry.index, pid, runner.create_time)  # pid: cleanup after a crash
         self._journal_changed()
@@ -649,7 +733,8 @@ class Engine:
             pid=pid,
             start_time=entry.start_time,
             working_dir=item.workdir,
-            command=item.argv[-1],
+            command=item.line,
+            shell=self.shell,
             **extra,
         )
         return running
@@ -690,6 +775,8 @@ class Engine:
             if result.exit_code is not None
             else f"killed by signal {result.signal}"
         )
+        if result.exit_code == NOT_FOUND_EXIT_CODE:
+            details += self._not_found(item, running)
         if reboot:
             details += "; reboot requested" + (
                 " (reported only in positive time)" if entry.start_time > 0 else ""
@@ -709,6 +796,15 @@ class Engine:
         )
         self._wake.set()
         return result
+
+    def _not_found(self, item: _Prepared, running: _Running) -> str:
+        """Why an entry exited 127 (the shell's "command not found"), naming the program."""
+        word = first_word(item.line)
+        env_path = (self.config.env or os.environ).get("PATH")
+        if program_missing(word, item.workdir, env_path):
+            return f": {word!r} was not found (no such file, not on the PATH); the schedule goes on"
+        last = running.stderr_tail.get("last", b"").decode("utf-8", "replace").strip()
+        return " (the shell's code for 'command not found')" + (f": {last}" if last else "")
 
     # ------------------------------------------------------------------ phase 3: barrier
     async def _configured(self) -> None:
@@ -779,13 +875,6 @@ class Engine:
         assert start is not None
         self.phase = "waiting for start"
         self._arm_positive(build_plan(self.schedule.entries, self.journal.resumes))
-        # prepare early, fire cheap: working dirs now (in a worker thread), data at fire time
-        dirs = [
-            self.workdirs[e.index]
-            for e in self.schedule.entries
-            if e.kind is EntryKind.POSITIVE and self.journal.entry_state(e.index) is None
-        ]
-        self._prep = asyncio.get_running_loop().run_in_executor(None, _make_dirs, dirs, self._prep_stop)
         loop = asyncio.get_running_loop()
         started_reported = False
         while True:

@@ -4,9 +4,9 @@ Nothing here knows about stages or time; the engine decides *when*, this module 
 
 * :func:`working_dirs` -- ``<launch>/<start_time>/<name>`` with ``_1``, ``_2`` suffixes,
   decided from the schedule alone so an entry gets the same directory after a reboot.
-* :func:`place_data` -- atomic content/file drops with modes and sha256.
-* :func:`resolve_exec` / :func:`shell_command` -- the reference's ``cd <dir>`` then
-  ``<exec path> <arguments>`` through a POSIX shell.
+* :func:`place_data` -- atomic content/file drops with modes and sha256, never overwriting.
+* :func:`command_line` / :func:`shell_command` -- the reference's ``cd <dir>`` then
+  ``<exec path> <arguments>`` unquoted, through bash (else the POSIX shell).
 * :class:`ProcessRunner` -- start a command in its own session, stream stdout/stderr line by
   line while it runs, report exit code and duration, kill the whole tree (psutil).
 """
@@ -14,6 +14,8 @@ Nothing here knows about stages or time; the engine decides *when*, this module 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import hashlib
 import math
 import os
@@ -23,7 +25,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Dict, List, Optional
+from typing import Awaitable, Callable, Dict, List, Optional, Tuple, Union
 
 import psutil
 
@@ -38,6 +40,9 @@ REBOOT_FILE = "reboot"
 #: Exit code with which an entry requests a reboot (reference).
 REBOOT_EXIT_CODE = 10
 SHELL = "/bin/sh"
+BASH = "/bin/bash"
+#: Exit code of a shell that cannot find the program (POSIX "command not found").
+NOT_FOUND_EXIT_CODE = 127
 
 
 def format_start_time(start_time: float) -> str:
@@ -78,13 +83,18 @@ def working_dirs(entries: List[ScheduleEntry], launch_dir: str) -> Dict[int, str
 
 @dataclass(frozen=True)
 class PlacedFile:
-    """A file dropped by :func:`place_data`: where, how big, its sha256 and mode."""
+    """A file dropped by :func:`place_data`: where, how big, its sha256 and mode.
+
+    ``outcome``: ``placed`` (written now), ``present`` (the same content was already there) or
+    ``kept`` (something else was there and was left untouched; ``size``/``sha256`` are of it).
+    """
 
     location: str
     path: str
     size: int
     sha256: str
     mode: int
+    outcome: str = "placed"
 
 
 def target_path(location: str, workdir: str) -> str:
@@ -92,7 +102,44 @@ def target_path(location: str, workdir: str) -> str:
     return location if os.path.isabs(location) else os.path.normpath(os.path.join(workdir, location))
 
 
-def _write_atomic(path: str, data: bytes, mode: int) -> None:
+def _sha256_of(path: str) -> Tuple[int, str]:
+    """``(size, sha256 hex)`` of the regular file at ``path``."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+            size += len(block)
+    return size, digest.hexdigest()
+
+
+def _existing(path: str, payload: bytes) -> Tuple[str, int, str]:
+    """What is at ``path`` already: ``("present", ...)`` when it is a regular file with exactly
+    ``payload``, else ``("kept", size, sha256)`` (sha256 empty when it is not a regular file)."""
+    try:
+        if os.path.isfile(path) and not os.path.islink(path):
+            size, sha = _sha256_of(path)
+            same = size == len(payload) and sha == hashlib.sha256(payload).hexdigest()
+            return ("present" if same else "kept"), size, sha
+    except OSError:
+        pass
+    return "kept", 0, ""
+
+
+def _write_no_clobber(path: str, data: bytes, mode: int) -> bool:
+    """Write ``data`` to ``path`` atomically unless something already exists there.
+
+    The data goes to a temp file in the target directory (fsynced, mode set) that is then
+    hard-linked to ``path``: the link fails when the name exists, so nothing is ever overwritten,
+    not even a file created between the check and the write. Filesystems without hard links
+    fall back to an existence check and a rename.
+
+    Returns:
+        True when written, False when ``path`` already existed (left untouched).
+
+    Raises:
+        OSError: the directory or file cannot be written (disk full, read-only, ...).
+    """
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".vmr-", dir=directory)
@@ -102,13 +149,24 @@ def _write_atomic(path: str, data: bytes, mode: int) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
         try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            if exc.errno not in _NO_HARD_LINKS:
+                raise
+            if os.path.lexists(path):
+                return False
+            os.replace(tmp, path)
+            return True
+        return True
+    finally:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+
+
+_NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EMLINK}
 
 
 def resource_path(resources_dir: str, filename: str) -> str:
@@ -124,97 +182,233 @@ def resource_path(resources_dir: str, filename: str) -> str:
     return candidate
 
 
-def place_data(entry: ScheduleEntry, workdir: str, resources_dir: str) -> List[PlacedFile]:
-    """Create ``workdir`` and drop the entry's content/file data there, atomically.
+def _payload(item: Union[ContentDrop, FileDrop], resources_dir: str) -> bytes:
+    """The bytes a drop puts in place. Raises EntryError naming the resource and the cause."""
+    if isinstance(item, ContentDrop):
+        return item.content
+    try:
+        with open(resource_path(resources_dir, item.filename), "rb") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise EntryError(
+            f"cannot read VM resource {item.filename!r} from {resources_dir}: {exc.strerror or exc}"
+        ) from exc
 
-    Relative locations are relative to ``workdir``. Files are written to a temp file in the
-    target directory, fsynced, given mode 0755 (``executable``) or 0644, then renamed.
+
+def place_data(entry: ScheduleEntry, workdir: str, resources_dir: str) -> List[PlacedFile]:
+    """Create ``workdir`` and drop the entry's content/file data, never overwriting anything.
+
+    Relative locations are relative to ``workdir``. Each file is written to a temp file in the
+    target directory, fsynced, given mode 0755 (``executable``) or 0644, then linked into place
+    (:func:`_write_no_clobber`). As in the reference (``vm_resource_handler.py``
+    ``load_files_in_target``: written only if the target does not exist), an existing target is
+    never overwritten: the same content already there is ``present`` (an earlier run of this
+    agent put it there), anything else is ``kept`` and reported (``docs/firewheel.md``).
 
     Returns:
         One :class:`PlacedFile` per content/file drop, in data order.
 
     Raises:
-        EntryError: naming the entry, the location and the cause (missing resource, disk full...).
+        EntryError: the location, the resource and the cause (missing resource, disk full...);
+            the message does not repeat the entry's label (the caller's report names the entry).
     """
     placed: List[PlacedFile] = []
     try:
         os.makedirs(workdir, exist_ok=True)
     except OSError as exc:
-        raise EntryError(
-            f"{entry.label}: cannot create working dir {workdir}: {exc.strerror or exc}"
-        ) from exc
+        raise EntryError(f"cannot create working dir {workdir}: {exc.strerror or exc}") from exc
     for item in entry.data:
         if not isinstance(item, (ContentDrop, FileDrop)):
             continue
         path = target_path(item.location, workdir)
-        if isinstance(item, ContentDrop):
-            payload = item.content
-        else:
-            try:
-                with open(resource_path(resources_dir, item.filename), "rb") as fh:
-                    payload = fh.read()
-            except EntryError as exc:
-                raise EntryError(f"{entry.label}: {exc}") from exc
-            except OSError as exc:
-                raise EntryError(
-                    f"{entry.label}: cannot read VM resource {item.filename!r} from {resources_dir}: "
-                    f"{exc.strerror or exc}"
-                ) from exc
+        payload = _payload(item, resources_dir)
         mode = 0o755 if item.executable else 0o644
         try:
-            _write_atomic(path, payload, mode)
+            written = _write_no_clobber(path, payload, mode)
         except OSError as exc:
-            raise EntryError(f"{entry.label}: cannot place data at {path}: {exc.strerror or exc}") from exc
-        placed.append(
-            PlacedFile(item.location, path, len(payload), hashlib.sha256(payload).hexdigest(), mode)
-        )
+            raise EntryError(f"cannot place data at {path}: {exc.strerror or exc}") from exc
+        if written:
+            placed.append(
+                PlacedFile(item.location, path, len(payload), hashlib.sha256(payload).hexdigest(), mode)
+            )
+            continue
+        outcome, size, sha = _existing(path, payload)
+        if outcome == "present":
+            with contextlib.suppress(OSError):
+                os.chmod(path, mode)
+        placed.append(PlacedFile(item.location, path, size, sha, mode, outcome))
     return placed
 
 
-def resolve_exec(entry: ScheduleEntry, workdir: str) -> str:
-    """The program path for ``entry`` (SPEC section 5).
+def _dropped_path(entry: ScheduleEntry, workdir: str) -> Optional[str]:
+    """Absolute path of the file this entry drops that its executable names, else None.
 
-    A relative executable that this entry drops -> the dropped file; an absolute path -> as
-    is; otherwise a PATH lookup.
-
-    Raises:
-        EntryError: not found on PATH / absolute path missing.
+    The executable names a drop when it equals the drop's location or that location's base
+    name, or (file drops) the VM-resource file name, as the reference's ``create_paths`` does
+    (``abstract_driver.py``: ``exec_path = working_dir / executable`` when a ``filename`` drop
+    equals the executable).
     """
     exe = entry.executable
-    if not exe:
-        raise EntryError(f"{entry.label}: has no executable")
-    if not os.path.isabs(exe):
-        for item in entry.data:
-            if (
-                isinstance(item, (ContentDrop, FileDrop))
-                and not os.path.isabs(item.location)
-                and (
-                    os.path.normpath(item.location) == os.path.normpath(exe)
-                    or os.path.basename(item.location) == exe
-                )
-            ):
-                return target_path(item.location, workdir)
-        found = shutil.which(exe)
-        if found is None:
-            raise EntryError(
-                f"{entry.label}: executable {exe!r} is not dropped by this entry and not on PATH"
-            )
-        return found
-    if not os.path.exists(exe):
-        raise EntryError(f"{entry.label}: executable {exe!r} does not exist")
-    return exe
+    if not exe or os.path.isabs(exe):
+        return None
+    for item in entry.data:
+        if not isinstance(item, (ContentDrop, FileDrop)) or os.path.isabs(item.location):
+            continue
+        names = {os.path.normpath(item.location), os.path.basename(item.location)}
+        if isinstance(item, FileDrop):
+            names.add(item.filename)
+        if exe in names or os.path.normpath(exe) in names:
+            return target_path(item.location, workdir)
+    return None
 
 
-def shell_command(workdir: str, exec_path: str, arguments: str) -> List[str]:
-    """argv running ``cd <workdir>`` then ``<exec_path> <arguments>`` in a POSIX shell.
+def exec_path(entry: ScheduleEntry, workdir: str) -> str:
+    """The exec path of ``entry`` as the reference computes it (SPEC section 5).
 
-    ``arguments`` is inserted verbatim so quoting, redirection and variables behave as in
-    the reference.
+    The absolute path of the file this entry drops when the executable names such a file
+    (shell-quoted only when it needs quoting); otherwise the executable text exactly as
+    written, for the shell to find: it may carry its own arguments (``/bin/vbash /opt/cfg.sh``)
+    or be a builtin (``cd``).
+
+    Raises:
+        EntryError: the entry has no executable.
     """
-    script = f"cd {shlex.quote(workdir)} && {shlex.quote(exec_path)}"
-    if arguments.strip():
-        script += f" {arguments}"
-    return [SHELL, "-c", script]
+    if not entry.executable:
+        raise EntryError("has no executable")
+    dropped = _dropped_path(entry, workdir)
+    return shlex.quote(dropped) if dropped is not None else entry.executable
+
+
+def command_line(entry: ScheduleEntry, workdir: str) -> str:
+    """``<exec path> <arguments>``, unquoted, exactly as the reference writes it into its
+    ``call_arguments.sh`` (``abstract_driver.py`` ``create_paths``)."""
+    line = exec_path(entry, workdir)
+    return f"{line} {entry.arguments}" if entry.arguments else line
+
+
+def find_shell() -> str:
+    """The shell that runs command lines: bash when the machine has it (as the reference's
+    ``#!/bin/bash``), else the POSIX shell ``/bin/sh``."""
+    return shutil.which("bash") or (BASH if os.access(BASH, os.X_OK) else SHELL)
+
+
+def shell_command(shell: str, workdir: str, line: str) -> List[str]:
+    """argv that runs ``line`` in ``workdir`` as the reference's ``call_arguments.sh`` does.
+
+    The script is ``CURRENT_DIR=<dir>``, ``cd <dir>``, then ``line`` verbatim (quoting,
+    redirection, variables and builtins behave as there). The directory is quoted here
+    (the reference leaves it unquoted, which breaks on spaces); when ``cd`` fails nothing runs.
+    """
+    quoted = shlex.quote(workdir)
+    return [shell, "-c", f"CURRENT_DIR={quoted}\ncd {quoted} || exit 1\n{line}\n"]
+
+
+#: Words the shell runs itself: never "not found" on PATH (bash builtins and keywords).
+SHELL_BUILTINS = frozenset(
+    [
+        ".",
+        ":",
+        "[",
+        "alias",
+        "bg",
+        "bind",
+        "break",
+        "builtin",
+        "caller",
+        "case",
+        "cd",
+        "command",
+        "compgen",
+        "complete",
+        "compopt",
+        "continue",
+        "declare",
+        "dirs",
+        "disown",
+        "do",
+        "done",
+        "echo",
+        "elif",
+        "else",
+        "enable",
+        "esac",
+        "eval",
+        "exec",
+        "exit",
+        "export",
+        "false",
+        "fc",
+        "fg",
+        "fi",
+        "for",
+        "function",
+        "getopts",
+        "hash",
+        "help",
+        "history",
+        "if",
+        "in",
+        "jobs",
+        "kill",
+        "let",
+        "local",
+        "logout",
+        "mapfile",
+        "popd",
+        "printf",
+        "pushd",
+        "pwd",
+        "read",
+        "readarray",
+        "readonly",
+        "return",
+        "select",
+        "set",
+        "shift",
+        "shopt",
+        "source",
+        "suspend",
+        "test",
+        "then",
+        "time",
+        "times",
+        "trap",
+        "true",
+        "type",
+        "typeset",
+        "ulimit",
+        "umask",
+        "unalias",
+        "unset",
+        "until",
+        "wait",
+        "while",
+        "{",
+        "}",
+        "[[",
+        "]]",
+        "!",
+    ]
+)
+
+
+def first_word(line: str) -> str:
+    """The program a command line starts with (shell words; on a quoting error, blank-split)."""
+    try:
+        words = shlex.split(line, comments=False)
+    except ValueError:
+        words = line.split()
+    return words[0] if words else ""
+
+
+def program_missing(word: str, cwd: str, path: Optional[str] = None) -> bool:
+    """True when the shell could not find ``word``: not a builtin, no such file (a word with a
+    ``/``, relative to ``cwd``), or not on ``path`` (default the ``PATH`` of this process)."""
+    if not word or word in SHELL_BUILTINS or "=" in word.split("/", 1)[0]:
+        return False
+    if "/" in word:
+        return not os.path.exists(os.path.join(cwd, word))
+    return shutil.which(word, path=path if path is not None else os.environ.get("PATH", os.defpath)) is None
 
 
 OutputCallback = Callable[[str, bytes, bool, bool], None]

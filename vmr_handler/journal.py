@@ -147,6 +147,7 @@ class Journal:
             "resumes": [],
             "reboot": None,  # {"stage": k, "requesters": [...]}
             "holds": {},  # {"hold": [index...], "hold_end": [index...]}: positive-time pauses passed
+            "preloaded": [],  # indices of entries whose data was placed ahead of time
             "failed": None,
         }
 

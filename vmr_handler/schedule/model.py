@@ -51,7 +51,16 @@ class PauseSpec:
         return math.isinf(self.duration)
 
 
-DataItem = Union[ContentDrop, FileDrop, TransferOut, PauseSpec]
+@dataclass(frozen=True)
+class ResumeMark:
+    """``{"resume": True}``: the entry is a RESUME, as ``firewheel vm resume`` appends it to a stored
+    schedule (reference ``lib/experiment_utils.py`` ``create_resume_schedule_entry``, always at ``-inf``).
+
+    The agent applies it when it loads the schedule: it ends one active break, else it is
+    ignored and reported, like any RESUME (SPEC section 3)."""
+
+
+DataItem = Union[ContentDrop, FileDrop, TransferOut, PauseSpec, ResumeMark]
 
 
 class EntryKind(str, Enum):
@@ -62,6 +71,7 @@ class EntryKind(str, Enum):
     PAUSE = "pause"
     BREAK = "break"
     HOST = "host"
+    RESUME = "resume"
 
 
 @dataclass(frozen=True)
@@ -75,7 +85,8 @@ class ScheduleEntry:
         executable: program to run, or None for data-only and pause entries.
         arguments: argument string inserted into the shell command as the reference does.
         ignore_failure: when False a failure to place data or start the entry fails the VM.
-        data: content/file drops, transfers out, and (for pause entries) one :class:`PauseSpec`.
+        data: content/file drops, transfers out, (for pause entries) one :class:`PauseSpec`,
+            (for stored RESUME entries) one :class:`ResumeMark`.
         pause: True for pause/break entries.
         on_host: entry for the host controller; the agent reports it and never runs it.
     """
@@ -98,8 +109,15 @@ class ScheduleEntry:
         return None
 
     @property
+    def is_resume(self) -> bool:
+        """True for a stored RESUME entry (data ``[{"resume": True}]``)."""
+        return any(isinstance(item, ResumeMark) for item in self.data)
+
+    @property
     def kind(self) -> EntryKind:
         """The entry's :class:`EntryKind`."""
+        if self.is_resume:
+            return EntryKind.RESUME
         if self.pause:
             duration = self.pause_duration
             return EntryKind.BREAK if duration is not None and math.isinf(duration) else EntryKind.PAUSE

@@ -18,6 +18,7 @@ from vmr_handler.schedule.model import (
     DataItem,
     FileDrop,
     PauseSpec,
+    ResumeMark,
     ScheduleEntry,
     TransferOut,
 )
@@ -35,6 +36,8 @@ _SHAPES: Dict[str, Tuple[frozenset[str], frozenset[str]]] = {
     "filename": (frozenset({"location", "filename"}), frozenset({"executable"})),
     "interval": (frozenset({"location"}), frozenset({"interval", "destination"})),
     "pause_duration": (frozenset({"pause_duration"}), frozenset()),
+    # appended to a stored schedule by ``firewheel vm resume`` (reference lib/experiment_utils.py)
+    "resume": (frozenset({"resume"}), frozenset()),
 }
 
 # The reference adds sys.float_info.min (once or twice) to a pause's start_time; anything
@@ -108,7 +111,7 @@ def _data_item(raw: Any, where: str, pos: int, problems: _Problems) -> Optional[
         problems.add(where, field, f"must be a mapping, got {type(raw).__name__}")
         return None
     keys = set(raw)
-    discriminators = [k for k in ("content", "filename", "pause_duration") if k in keys]
+    discriminators = [k for k in ("content", "filename", "pause_duration", "resume") if k in keys]
     if not discriminators and keys & {"interval", "destination"}:
         discriminators = ["interval"]
     if len(discriminators) != 1:
@@ -117,7 +120,7 @@ def _data_item(raw: Any, where: str, pos: int, problems: _Problems) -> Optional[
             field,
             f"keys {_names(keys)} match none or several of the data shapes "
             "{location, content, executable}, {location, filename, executable}, "
-            "{location, interval, destination}, {pause_duration}",
+            "{location, interval, destination}, {pause_duration}, {resume: true}",
         )
         return None
     shape = discriminators[0]
@@ -142,6 +145,11 @@ def _data_item(raw: Any, where: str, pos: int, problems: _Problems) -> Optional[
             )
             return None
         return PauseSpec(duration)
+    if shape == "resume":
+        if raw["resume"] is not True:
+            problems.add(where, f"{field}.resume", f"must be true (a RESUME), got {show(raw['resume'])}")
+            return None
+        return ResumeMark()
     location = raw["location"]
     if not isinstance(location, str) or not location or "\x00" in location:
         problems.add(where, f"{field}.location", f"must be a non-empty path string, got {show(location)}")
@@ -168,16 +176,38 @@ def _data_item(raw: Any, where: str, pos: int, problems: _Problems) -> Optional[
         return FileDrop(location, filename, executable)
     interval_raw = raw.get("interval")
     interval = None if interval_raw is None else parse_number(interval_raw)
-    if interval_raw is not None and (interval is None or not math.isfinite(interval) or interval <= 0):
+    if interval_raw is not None and (interval is None or not math.isfinite(interval) or interval < 0):
         problems.add(
-            where, f"{field}.interval", f"must be a number > 0 or null (once), got {show(interval_raw)}"
+            where, f"{field}.interval", f"must be a number > 0, or 0 or null (once), got {show(interval_raw)}"
         )
         return None
+    if interval == 0:
+        interval = None  # the reference loops only on a truthy interval: 0 is once
     destination = raw.get("destination")
     if destination is not None and not isinstance(destination, str):
         problems.add(where, f"{field}.destination", f"must be a string or null, got {show(destination)}")
         return None
     return TransferOut(location, interval, destination)
+
+
+def _check_resume(
+    where: str, start: float, data: List[DataItem], executable: Any, is_pause: bool, problems: _Problems
+) -> None:
+    """A stored RESUME entry is exactly what ``firewheel vm resume`` appends: ``ScheduleEntry(-inf)``
+    with data ``[{"resume": True}]`` and nothing else (reference ``lib/experiment_utils.py``)."""
+    if start != -math.inf:
+        problems.add(
+            where,
+            "start_time",
+            f"a RESUME entry ({{resume: true}}) must be at -inf, as `firewheel vm resume` writes it, got "
+            f"{show(start)}; to end a hold at a set time use a pause with a finite duration",
+        )
+    if len(data) != 1:
+        problems.add(where, "data", f"a RESUME entry carries only {{resume: true}}, found {len(data)} items")
+    if executable or is_pause:
+        problems.add(
+            where, "executable" if executable else "pause", "a RESUME entry cannot run a program or pause"
+        )
 
 
 def validate_record(
@@ -234,6 +264,8 @@ def validate_record(
     if is_pause and pause_items != 1:
         problems.add(where, "data", f"a pause entry needs exactly one pause_duration, found {pause_items}")
 
+    is_resume = any(isinstance(item, ResumeMark) for item in data)
+
     # executable / arguments
     executable = record.get("executable")
     if executable is not None and (not isinstance(executable, str) or not executable or "\x00" in executable):
@@ -270,6 +302,8 @@ def validate_record(
         )
     elif math.isnan(start):
         problems.add(where, "start_time", "must not be NaN")
+    elif is_resume:
+        _check_resume(where, start, data, executable, is_pause, problems)
     elif is_pause:
         if 0 < start <= _FLOAT_TRICK_LIMIT:
             start = 0.0  # the reference's pause "at 0" (0 + sys.float_info.min)
