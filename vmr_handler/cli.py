@@ -138,10 +138,21 @@ def _parser() -> argparse.ArgumentParser:
         help="a RESUME at this experiment time (repeatable; -inf = before the start)",
     )
     plan.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    plan.add_argument(
+        "--launch-dir",
+        default=DEFAULT_LAUNCH_DIR,
+        metavar="DIR",
+        help=f"root of the working dirs shown in command lines (default {DEFAULT_LAUNCH_DIR})",
+    )
     allow(plan)
 
-    check = sub.add_parser("check", help="validate a schedule (exit 0, or 2 with the errors)")
+    check = sub.add_parser(
+        "check",
+        help="validate a schedule (exit 2 with the errors); warn about programs not found here "
+        "and shell syntax errors in command lines",
+    )
     check.add_argument("schedule")
+    check.add_argument("--strict", action="store_true", help="warnings are errors (exit 2)")
     allow(check)
 
     for name, text in (
@@ -163,8 +174,10 @@ def _num(value: Any) -> Any:
     return int(value) if float(value).is_integer() and abs(value) < 2**53 else value
 
 
-def plan_json(plan: Plan) -> Dict[str, Any]:
-    """The ``plan --json`` object (issue 3 section 3)."""
+def plan_json(plan: Plan, commands: Optional[Dict[int, str]] = None) -> Dict[str, Any]:
+    """The ``plan --json`` object (issue 3 section 3); ``command``: the exact command line of
+    each entry that runs one (issue 10), else null."""
+    commands = commands or {}
     return {
         "entries": [
             {
@@ -173,6 +186,7 @@ def plan_json(plan: Plan) -> Dict[str, Any]:
                 "kind": p.kind.value,
                 "stage": p.stage,
                 "fire_at": _num(p.fire_at),
+                "command": commands.get(p.index),
             }
             for p in plan.entries
         ],
@@ -184,8 +198,10 @@ def _fmt(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def plan_table(schedule: Schedule, plan: Plan) -> str:
-    """A readable table of the plan, in firing order (negative stages first)."""
+def plan_table(schedule: Schedule, plan: Plan, commands: Optional[Dict[int, str]] = None) -> str:
+    """A readable table of the plan, in firing order (negative stages first); ``commands``:
+    the exact command line of each entry that runs one."""
+    commands = commands or {}
 
     def order(p: Any) -> Any:
         if p.stage is not None:
@@ -199,12 +215,14 @@ def plan_table(schedule: Schedule, plan: Plan) -> str:
         entry = schedule.entries[p.index]
         if entry.pause:
             what = "break" if p.kind.value == "break" else f"pause {_num(entry.pause_duration)} s"
+        elif entry.is_resume:
+            what = "RESUME (stored by firewheel vm resume): applied when the agent loads the schedule"
         else:
-            what = (entry.executable or "(data only)") + (f" {entry.arguments}" if entry.arguments else "")
+            what = commands.get(p.index) or "(data only)"
         fire = _fmt(_num(p.fire_at))
         if p.fire_at is None and p.kind.value in ("positive", "pause", "break", "host") and p.start_time >= 0:
             fire = "held (break)"
-        rows.append((str(p.index), _fmt(_num(p.start_time)), p.kind.value, _fmt(p.stage), fire, what[:60]))
+        rows.append((str(p.index), _fmt(_num(p.start_time)), p.kind.value, _fmt(p.stage), fire, what))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5] for r in rows]
     if plan.initial_delay:
@@ -226,26 +244,49 @@ def _load(path: str, allow: Sequence[str]) -> Schedule:
     return load_schedule(path, allow)
 
 
+def _commands(schedule: Schedule, launch_dir: str) -> Dict[int, str]:
+    """The exact command line of every entry that runs one (working dirs under ``launch_dir``)."""
+    from vmr_handler.schedule.commands import command_line, working_dirs
+
+    dirs = working_dirs(list(schedule.entries), launch_dir)
+    return {e.index: command_line(e, dirs[e.index]) for e in schedule.entries if e.executable}
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
+    """``plan``: stored RESUME entries count as RESUMEs before the start (the agent applies them
+    when it loads the schedule), before the ``--resume`` ones."""
     schedule = _load(args.schedule, args.allow_class)
+    from vmr_handler.schedule.model import EntryKind
     from vmr_handler.timeline import build_plan
 
-    plan = build_plan(schedule.entries, args.resume)
+    stored = [-math.inf for e in schedule.entries if e.kind is EntryKind.RESUME]
+    plan = build_plan(schedule.entries, [*stored, *args.resume])
+    commands = _commands(schedule, args.launch_dir)
     if args.json:
-        print(json.dumps(plan_json(plan)))
+        print(json.dumps(plan_json(plan, commands)))
     else:
-        print(plan_table(schedule, plan))
+        print(plan_table(schedule, plan, commands))
     return 0
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    """``check``: validation errors exit 2; warnings (extra pickle attributes, programs not found
+    on this machine, shell syntax errors) exit 0, or 2 with ``--strict``."""
     schedule = _load(args.schedule, args.allow_class)
-    for warning in schedule.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    print(
-        f"{args.schedule}: OK ({schedule.source_format}, {len(schedule.entries)} entries, "
-        f"{len(schedule.stage_times())} stages)"
+    from vmr_handler.schedule.lint import lint_schedule
+
+    warnings = [*schedule.warnings, *lint_schedule(schedule)]
+    label = "error" if args.strict else "warning"
+    for warning in warnings:
+        print(f"{label}: {warning}", file=sys.stderr)
+    summary = (
+        f"{schedule.source_format}, {len(schedule.entries)} entries, {len(schedule.stage_times())} stages"
     )
+    if args.strict and warnings:
+        print(f"{args.schedule}: {len(warnings)} problem(s) with --strict ({summary})", file=sys.stderr)
+        return 2
+    more = f", {len(warnings)} warning(s)" if warnings else ""
+    print(f"{args.schedule}: OK ({summary}{more})")
     return 0
 
 

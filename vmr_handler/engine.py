@@ -40,17 +40,19 @@ from vmr_handler.executor import (
     PlacedFile,
     ProcessResult,
     ProcessRunner,
-    command_line,
     find_shell,
-    first_word,
     kill_tree,
     place_data,
-    program_missing,
     shell_command,
+)
+from vmr_handler.journal import DONE, FAILED, Journal
+from vmr_handler.schedule.commands import (
+    command_line,
+    first_word,
+    program_missing,
     target_path,
     working_dirs,
 )
-from vmr_handler.journal import DONE, FAILED, Journal
 from vmr_handler.schedule.model import EntryKind, Schedule, ScheduleEntry, TransferOut
 from vmr_handler.timeline import Plan, PlannedEntry, build_plan
 

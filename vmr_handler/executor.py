@@ -2,10 +2,10 @@
 
 Nothing here knows about stages or time; the engine decides *when*, this module does *what*.
 
-* :func:`working_dirs` -- ``<launch>/<start_time>/<name>`` with ``_1``, ``_2`` suffixes,
-  decided from the schedule alone so an entry gets the same directory after a reboot.
+Working dirs and command lines are pure rules of the schedule (:mod:`vmr_handler.schedule.commands`).
+
 * :func:`place_data` -- atomic content/file drops with modes and sha256, never overwriting.
-* :func:`command_line` / :func:`shell_command` -- the reference's ``cd <dir>`` then
+* :func:`find_shell` / :func:`shell_command` -- the reference's ``cd <dir>`` then
   ``<exec path> <arguments>`` unquoted, through bash (else the POSIX shell).
 * :class:`ProcessRunner` -- start a command in its own session, stream stdout/stderr line by
   line while it runs, report exit code and duration, kill the whole tree (psutil).
@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import errno
 import hashlib
-import math
 import os
 import shlex
 import shutil
@@ -30,6 +29,7 @@ from typing import Awaitable, Callable, Dict, List, Optional, Tuple, Union
 import psutil
 
 from vmr_handler.errors import EntryError
+from vmr_handler.schedule.commands import target_path
 from vmr_handler.schedule.model import ContentDrop, FileDrop, ScheduleEntry
 
 #: Longest piece of one output line carried in one event, bytes; longer lines are split
@@ -43,42 +43,6 @@ SHELL = "/bin/sh"
 BASH = "/bin/bash"
 #: Exit code of a shell that cannot find the program (POSIX "command not found").
 NOT_FOUND_EXIT_CODE = 127
-
-
-def format_start_time(start_time: float) -> str:
-    """Directory name for a start time: ``-100``, ``10``, ``2.5``, ``-inf``."""
-    if math.isinf(start_time):
-        return "-inf" if start_time < 0 else "inf"
-    if float(start_time).is_integer():
-        return str(int(start_time))
-    return repr(float(start_time))
-
-
-def _dir_name(entry: ScheduleEntry) -> str:
-    base = os.path.basename(entry.executable.rstrip("/")) or "entry" if entry.executable else "data"
-    return base.replace(os.sep, "_") if base not in (".", "..") else "entry"
-
-
-def working_dirs(entries: List[ScheduleEntry], launch_dir: str) -> Dict[int, str]:
-    """Working directory of every entry: ``<launch_dir>/<start_time>/<name>[_N]``.
-
-    ``name`` is the executable's base name (``data`` for data-only entries); the second
-    entry with the same directory gets ``_1``, the third ``_2`` (reference layout). Pure:
-    depends only on the schedule, so it is stable across restarts.
-
-    Returns:
-        ``{entry index: absolute path}``.
-    """
-    seen: Dict[str, int] = {}
-    result: Dict[int, str] = {}
-    for entry in entries:
-        base = os.path.join(
-            os.path.abspath(launch_dir), format_start_time(entry.start_time), _dir_name(entry)
-        )
-        count = seen.get(base, 0)
-        seen[base] = count + 1
-        result[entry.index] = base if count == 0 else f"{base}_{count}"
-    return result
 
 
 @dataclass(frozen=True)
@@ -95,11 +59,6 @@ class PlacedFile:
     sha256: str
     mode: int
     outcome: str = "placed"
-
-
-def target_path(location: str, workdir: str) -> str:
-    """Absolute path of a data ``location`` (relative = relative to the working dir ``workdir``)."""
-    return location if os.path.isabs(location) else os.path.normpath(os.path.join(workdir, location))
 
 
 def _sha256_of(path: str) -> Tuple[int, str]:
@@ -240,52 +199,6 @@ def place_data(entry: ScheduleEntry, workdir: str, resources_dir: str) -> List[P
     return placed
 
 
-def _dropped_path(entry: ScheduleEntry, workdir: str) -> Optional[str]:
-    """Absolute path of the file this entry drops that its executable names, else None.
-
-    The executable names a drop when it equals the drop's location or that location's base
-    name, or (file drops) the VM-resource file name, as the reference's ``create_paths`` does
-    (``abstract_driver.py``: ``exec_path = working_dir / executable`` when a ``filename`` drop
-    equals the executable).
-    """
-    exe = entry.executable
-    if not exe or os.path.isabs(exe):
-        return None
-    for item in entry.data:
-        if not isinstance(item, (ContentDrop, FileDrop)) or os.path.isabs(item.location):
-            continue
-        names = {os.path.normpath(item.location), os.path.basename(item.location)}
-        if isinstance(item, FileDrop):
-            names.add(item.filename)
-        if exe in names or os.path.normpath(exe) in names:
-            return target_path(item.location, workdir)
-    return None
-
-
-def exec_path(entry: ScheduleEntry, workdir: str) -> str:
-    """The exec path of ``entry`` as the reference computes it (SPEC section 5).
-
-    The absolute path of the file this entry drops when the executable names such a file
-    (shell-quoted only when it needs quoting); otherwise the executable text exactly as
-    written, for the shell to find: it may carry its own arguments (``/bin/vbash /opt/cfg.sh``)
-    or be a builtin (``cd``).
-
-    Raises:
-        EntryError: the entry has no executable.
-    """
-    if not entry.executable:
-        raise EntryError("has no executable")
-    dropped = _dropped_path(entry, workdir)
-    return shlex.quote(dropped) if dropped is not None else entry.executable
-
-
-def command_line(entry: ScheduleEntry, workdir: str) -> str:
-    """``<exec path> <arguments>``, unquoted, exactly as the reference writes it into its
-    ``call_arguments.sh`` (``abstract_driver.py`` ``create_paths``)."""
-    line = exec_path(entry, workdir)
-    return f"{line} {entry.arguments}" if entry.arguments else line
-
-
 def find_shell() -> str:
     """The shell that runs command lines: bash when the machine has it (as the reference's
     ``#!/bin/bash``), else the POSIX shell ``/bin/sh``."""
@@ -301,114 +214,6 @@ def shell_command(shell: str, workdir: str, line: str) -> List[str]:
     """
     quoted = shlex.quote(workdir)
     return [shell, "-c", f"CURRENT_DIR={quoted}\ncd {quoted} || exit 1\n{line}\n"]
-
-
-#: Words the shell runs itself: never "not found" on PATH (bash builtins and keywords).
-SHELL_BUILTINS = frozenset(
-    [
-        ".",
-        ":",
-        "[",
-        "alias",
-        "bg",
-        "bind",
-        "break",
-        "builtin",
-        "caller",
-        "case",
-        "cd",
-        "command",
-        "compgen",
-        "complete",
-        "compopt",
-        "continue",
-        "declare",
-        "dirs",
-        "disown",
-        "do",
-        "done",
-        "echo",
-        "elif",
-        "else",
-        "enable",
-        "esac",
-        "eval",
-        "exec",
-        "exit",
-        "export",
-        "false",
-        "fc",
-        "fg",
-        "fi",
-        "for",
-        "function",
-        "getopts",
-        "hash",
-        "help",
-        "history",
-        "if",
-        "in",
-        "jobs",
-        "kill",
-        "let",
-        "local",
-        "logout",
-        "mapfile",
-        "popd",
-        "printf",
-        "pushd",
-        "pwd",
-        "read",
-        "readarray",
-        "readonly",
-        "return",
-        "select",
-        "set",
-        "shift",
-        "shopt",
-        "source",
-        "suspend",
-        "test",
-        "then",
-        "time",
-        "times",
-        "trap",
-        "true",
-        "type",
-        "typeset",
-        "ulimit",
-        "umask",
-        "unalias",
-        "unset",
-        "until",
-        "wait",
-        "while",
-        "{",
-        "}",
-        "[[",
-        "]]",
-        "!",
-    ]
-)
-
-
-def first_word(line: str) -> str:
-    """The program a command line starts with (shell words; on a quoting error, blank-split)."""
-    try:
-        words = shlex.split(line, comments=False)
-    except ValueError:
-        words = line.split()
-    return words[0] if words else ""
-
-
-def program_missing(word: str, cwd: str, path: Optional[str] = None) -> bool:
-    """True when the shell could not find ``word``: not a builtin, no such file (a word with a
-    ``/``, relative to ``cwd``), or not on ``path`` (default the ``PATH`` of this process)."""
-    if not word or word in SHELL_BUILTINS or "=" in word.split("/", 1)[0]:
-        return False
-    if "/" in word:
-        return not os.path.exists(os.path.join(cwd, word))
-    return shutil.which(word, path=path if path is not None else os.environ.get("PATH", os.defpath)) is None
 
 
 OutputCallback = Callable[[str, bytes, bool, bool], None]

@@ -1,0 +1,102 @@
+"""Warnings about a schedule's command lines, for ``vmr-handler check`` (issue 10 section 1).
+
+Validation (:mod:`.validate`) decides whether a schedule can run at all. These checks look at
+what the shell will be asked to run, on the machine ``check`` runs on, which is often the
+host rather than the guest, so they are warnings: ``check --strict`` turns them into errors.
+
+* a program that cannot be found here (not a builtin, not dropped by its entry, no such
+  file, not on ``PATH``): in the guest it would be the entry's exit 127;
+* a command line the shell cannot parse (``bash -n``, else ``sh -n``): the reference hands
+  ``<exec path> <arguments>`` unquoted to bash, so a stray quote is a syntax error there too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from typing import Dict, List, Optional
+
+from vmr_handler.executor import find_shell
+from vmr_handler.schedule.commands import (
+    command_line,
+    dropped_path,
+    first_word,
+    program_missing,
+    working_dirs,
+)
+from vmr_handler.schedule.model import Schedule
+
+#: A command line made only of these characters has no shell syntax that could be wrong.
+_PLAIN = re.compile(r"[A-Za-z0-9_./,:@%+=\- ]*")
+#: Longest time one ``bash -n`` may take, seconds (it parses; it never runs anything).
+SYNTAX_TIMEOUT = 10.0
+
+
+def syntax_error(line: str, shell: str) -> Optional[str]:
+    """The shell's complaint about ``line`` (``<shell> -n -c``), or None when it parses.
+
+    Lines made only of words (no quotes, ``$``, redirections, ``;``...) are not handed to the
+    shell: they cannot be wrong, and big schedules stay fast to check.
+    """
+    if _PLAIN.fullmatch(line):
+        return None
+    try:
+        proc = subprocess.run(
+            [shell, "-n", "-c", line],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=SYNTAX_TIMEOUT,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"could not be checked with {shell} -n: {exc}"
+    if proc.returncode == 0:
+        return None
+    text = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+    return text[0] if text else f"{shell} -n exited {proc.returncode}"
+
+
+def lint_schedule(
+    schedule: Schedule,
+    launch_dir: str = "/var/launch",
+    path: Optional[str] = None,
+    shell: Optional[str] = None,
+) -> List[str]:
+    """Warnings about the command lines of ``schedule`` on this machine.
+
+    Args:
+        schedule: a validated schedule.
+        launch_dir: root of the working dirs (only used to spell dropped programs' paths).
+        path: ``PATH`` to look programs up on (default this process's).
+        shell: shell whose syntax is checked (default :func:`~vmr_handler.executor.find_shell`).
+
+    Returns:
+        One message per problem, naming the entry, the program or the shell's complaint.
+    """
+    shell = shell or find_shell()
+    workdirs = working_dirs(list(schedule.entries), launch_dir)
+    warnings: List[str] = []
+    checked: Dict[str, Optional[str]] = {}
+    for entry in schedule.entries:
+        if not entry.executable or entry.on_host:
+            continue
+        workdir = workdirs[entry.index]
+        line = command_line(entry, workdir)
+        word = first_word(line)
+        if (
+            dropped_path(entry, workdir) is None
+            and (os.path.isabs(word) or "/" not in word)
+            and program_missing(word, workdir, path)
+        ):
+            warnings.append(
+                f"{entry.label}: program {word!r} is not found on this machine (no such file, not on "
+                "PATH, not a shell builtin); in a guest without it the entry exits 127 and the "
+                "schedule goes on"
+            )
+        if line not in checked:
+            checked[line] = syntax_error(line, shell)
+        problem = checked[line]
+        if problem is not None:
+            warnings.append(f"{entry.label}: command line {line!r} is not valid shell syntax: {problem}")
+    return warnings
