@@ -16,7 +16,7 @@ import vmr_handler
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "examples" / "demo.yaml"
 
-ENTRY_KEYS = {"index", "start_time", "kind", "stage", "fire_at"}
+ENTRY_KEYS = {"index", "start_time", "kind", "stage", "fire_at", "command"}
 RESUME_KEYS = {"at", "ended_break"}
 
 # SPEC section 4, worked example 2: E1@10, break@15, E2@30, E3@50, RESUME at 1000.
@@ -94,7 +94,9 @@ def plan_json(path: Path, *resumes: str) -> Dict[str, Any]:
     assert set(doc) == {"entries", "resumes"}
     for entry in doc["entries"]:
         assert set(entry) == ENTRY_KEYS
-        assert entry["kind"] in {"negative", "positive", "pause", "break", "host"}
+        assert entry["kind"] in {"negative", "positive", "pause", "break", "host", "resume"}
+        # the exact command line: the executable as written, then the arguments (issue 10)
+        assert entry.pop("command") is None or entry["kind"] in {"negative", "positive", "host"}
     for resume in doc["resumes"]:
         assert set(resume) == RESUME_KEYS
     return doc
@@ -187,6 +189,7 @@ def test_plan_resume_minus_inf_as_separate_argument(tmp_path: Path) -> None:
     proc = run_cli("plan", str(path), "--json", "--resume", "-inf")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
+    assert [x.pop("command") for x in doc["entries"]] == [None, "/bin/true"]
     assert doc["entries"] == [e(0, "-inf", "break", "-inf"), e(1, 5, "positive", 5)]
     assert doc["resumes"] == [{"at": "-inf", "ended_break": 0}]
 
