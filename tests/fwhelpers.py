@@ -20,7 +20,7 @@ from tests.refpickle import reference_pause, reference_pickle, reference_record
 Record = Dict[str, Any]
 
 
-def _arguments(arguments: Union[None, str, Sequence[str]]) -> str:
+def _arguments(arguments: Union[str, Sequence[str], None]) -> str:
     """``ScheduleEntry.append_arguments``: a list is joined with spaces."""
     if arguments is None:
         return ""
@@ -28,7 +28,10 @@ def _arguments(arguments: Union[None, str, Sequence[str]]) -> str:
 
 
 def run_executable(
-    start_time: float, program: str, arguments: Union[None, str, Sequence[str]] = None, vm_resource: bool = False
+    start_time: float,
+    program: str,
+    arguments: Union[str, Sequence[str], None] = None,
+    vm_resource: bool = False,
 ) -> Record:
     """``Vertex.run_executable``: ``vm_resource=True`` also drops the program file (executable)."""
     record = reference_record(start_time, executable=program, arguments=_arguments(arguments))
@@ -37,36 +40,29 @@ def run_executable(
     return record
 
 
+def _drop(start_time: float, location: str, item: Record, preload: bool, moved: str) -> Record:
+    """``DropContentScheduleEntry`` / ``DropFileScheduleEntry``: with a preload move command the
+    data goes to ``moved`` in the working dir and ``mv <moved> <location>`` runs at the time."""
+    if preload:
+        return reference_record(
+            start_time, executable="mv", arguments=f"{moved} {location}", data=[{"location": moved, **item}]
+        )
+    return reference_record(start_time, data=[{"location": location, **item}])
+
+
 def drop_content(
     start_time: float, location: str, content: str, executable: bool = False, preload: bool = True
 ) -> Record:
     """``Vertex.drop_content``: preloaded by default (content in the working dir, ``mv`` at the time)."""
-    if preload:
-        return reference_record(
-            start_time,
-            executable="mv",
-            arguments=f"preloaded_content {location}",
-            data=[{"location": "preloaded_content", "content": content, "executable": executable}],
-        )
-    return reference_record(
-        start_time, data=[{"location": location, "content": content, "executable": executable}]
-    )
+    item = {"content": content, "executable": executable}
+    return _drop(start_time, location, item, preload, "preloaded_content")
 
 
 def drop_file(
     start_time: float, location: str, filename: str, executable: bool = False, preload: bool = True
 ) -> Record:
     """``Vertex.drop_file``: preloaded by default (the file in the working dir, ``mv`` at the time)."""
-    if preload:
-        return reference_record(
-            start_time,
-            executable="mv",
-            arguments=f"{filename} {location}",
-            data=[{"location": filename, "filename": filename, "executable": executable}],
-        )
-    return reference_record(
-        start_time, data=[{"location": location, "filename": filename, "executable": executable}]
-    )
+    return _drop(start_time, location, {"filename": filename, "executable": executable}, preload, filename)
 
 
 def add_vm_resource(
@@ -102,7 +98,7 @@ def set_pause(start_time: float, duration: float) -> Record:
 
 
 def stored_resume() -> Record:
-    """What ``firewheel vm resume`` appends to a stored schedule: ``ScheduleEntry(-inf)`` + ``{resume: True}``."""
+    """What ``firewheel vm resume`` appends: ``ScheduleEntry(-inf)`` with data ``[{resume: True}]``."""
     return reference_record(-math.inf, data=[{"resume": True}])
 
 

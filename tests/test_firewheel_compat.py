@@ -10,21 +10,12 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from tests import fwhelpers as fw
 from tests.agent import Agent, cli
 from tests.hostenv import HostEnv
-
-
-@pytest.fixture
-def agents() -> Iterator[list]:
-    made: list = []
-    yield made
-    for a in made:
-        a.close()
 
 
 def _run(agents: list, root: Path, records, **kw) -> Agent:
@@ -66,11 +57,13 @@ def test_cd_builtin_python_vm_install_from_source(tmp_path, agents):
     """python_vm: run_executable(t, "cd", "<dir>; python3 setup.py install")."""
     src = tmp_path / "pkg-src"
     src.mkdir()
-    (src / "setup.py").write_text("import os\nopen('installed', 'w').write(os.getcwd())\nprint('installed')\n")
+    setup = "import os\nopen('installed', 'w').write(os.getcwd())\nprint('installed')\n"
+    (src / "setup.py").write_text(setup)
     records = [fw.run_executable(-10, "cd", f"{src}; {sys.executable} setup.py install")]
     a = _run(agents, tmp_path, records)
     assert a.run() == 0, a.log()
-    assert a.by_index("entry_started")[0][0]["data"]["command"] == f"cd {src}; {sys.executable} setup.py install"
+    command = a.by_index("entry_started")[0][0]["data"]["command"]
+    assert command == f"cd {src}; {sys.executable} setup.py install"
     assert a.output_bytes(0) == b"installed\n"
     assert (src / "installed").read_text() == str(src)
     assert a.by_index("entry_exited")[0][0]["data"]["exit_code"] == 0
@@ -101,7 +94,9 @@ def test_missing_program_is_exit_127_and_the_schedule_goes_on(tmp_path, agents):
 
 def test_bash_syntax_and_current_dir_in_arguments(tmp_path, agents):
     records = [
-        fw.run_executable(-1, "echo", 'x{a,b} $((2+3)) && [[ -n "$CURRENT_DIR" ]] && echo "$CURRENT_DIR" "$PWD"'),
+        fw.run_executable(
+            -1, "echo", 'x{a,b} $((2+3)) && [[ -n "$CURRENT_DIR" ]] && echo "$CURRENT_DIR" "$PWD"'
+        ),
         fw.run_executable(-1, "printf", "'%s\\n' one > out.txt; cat out.txt"),
     ]
     a = _run(agents, tmp_path, records)
@@ -132,7 +127,8 @@ def test_vm_resource_executables_and_preloaded_moves(tmp_path, agents):
     assert a.run() == 0, a.log()
     assert a.output_bytes(0) == b"name host1\n"
     assert a.output_bytes(1) == b"args dynamic None reboot\ndyn text\n"
-    assert a.by_index("entry_started")[0][0]["data"]["command"] == f"{a.launch}/-30/set_name.sh/set_name.sh host1"
+    command = a.by_index("entry_started")[0][0]["data"]["command"]
+    assert command == f"{a.launch}/-30/set_name.sh/set_name.sh host1"
     assert (dest / "motd").read_text() == "welcome\n"
     assert (dest / "new.conf").read_text() == "a=1\n"
     assert not a.events("reboot_requested")
@@ -236,8 +232,11 @@ def test_plan_and_check_show_and_warn(tmp_path):
     res = cli("check", str(path))
     assert res.returncode == 0, res.stderr
     assert "2 warning(s)" in res.stdout
-    assert "entry 0 ('/bin/vbash-not-here /opt/cfg.sh'): program '/bin/vbash-not-here' is not found" in res.stderr
-    assert "entry 1 ('cd'): command line \"cd /tmp; ls 'unterminated\" is not valid shell syntax" in res.stderr
+    assert (
+        "entry 0 ('/bin/vbash-not-here /opt/cfg.sh'): program '/bin/vbash-not-here' is not found"
+        in res.stderr
+    )
+    assert "entry 1 ('cd'): command line \"cd /tmp; ls 'unterminated\" is not valid shell" in res.stderr
     assert "set_name.sh" not in res.stderr  # dropped by its own entry: nothing to find
     strict = cli("check", "--strict", str(path))
     assert strict.returncode == 2 and "error: entry 0" in strict.stderr

@@ -11,20 +11,11 @@ import json
 import signal
 import time
 from pathlib import Path
-from typing import Iterator
 
 import psutil
 import pytest
 
 from tests.agent import Agent, cli
-
-
-@pytest.fixture
-def agents() -> Iterator[list]:
-    made: list = []
-    yield made
-    for a in made:
-        a.close()
 
 
 def _agent(agents: list, root: Path, schedule, **kw) -> Agent:

@@ -25,7 +25,6 @@ import logging
 import math
 import os
 import subprocess
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
@@ -37,15 +36,14 @@ from vmr_handler.executor import (
     NOT_FOUND_EXIT_CODE,
     REBOOT_EXIT_CODE,
     REBOOT_FILE,
-    PlacedFile,
     ProcessResult,
     ProcessRunner,
     find_shell,
     kill_tree,
-    place_data,
     shell_command,
 )
 from vmr_handler.journal import DONE, FAILED, Journal
+from vmr_handler.placement import DataPlacement
 from vmr_handler.schedule.commands import (
     command_line,
     first_word,
@@ -156,7 +154,9 @@ class Engine:
         self.journal = Journal(config.state_dir, schedule.digest)
         self.workdirs = working_dirs(list(schedule.entries), config.launch_dir)
         self.shell = config.shell or find_shell()
-        self._placed: Set[int] = set()  # entries whose data is in place (preloaded or placed)
+        self.data = DataPlacement(
+            self.workdirs, config.resources_dir, self.emit, self.journal.data.setdefault("preloaded", [])
+        )
         self.stages = schedule.stage_times()
         self.phase = "starting"
         self.current_stage: Optional[int] = None
@@ -167,7 +167,6 @@ class Engine:
         self._failure: Optional[str] = None
         self._stop_reason = ""
         self._sync_handle: Optional[asyncio.TimerHandle] = None
-        self._prep_stop = threading.Event()  # ends a preload under way
         #: Set once the reference clock can be trusted (at once in local mode; after the first
         #: clock sync with the host otherwise): positive time waits for it.
         self.clock_ready = asyncio.Event()
@@ -428,75 +427,12 @@ class Engine:
 
     # ------------------------------------------------------------------ phase 0: data, stored RESUMEs
     async def _preload(self) -> None:
-        """Place every entry's data before anything runs, as the reference preloads it
-        (``vm_resource_handler.py`` ``preload_files``; timing and overwrites: ``docs/firewheel.md``).
-
-        Runs in a worker thread; an entry whose data cannot be placed now is reported as a
-        warning and tried again at the entry's time, where the failure counts (SPEC section 5).
-        """
-        done: List[int] = self.journal.data.setdefault("preloaded", [])
-        self._placed.update(done)
-        todo = [
-            e
-            for e in self.schedule.entries
-            if e.kind in (EntryKind.NEGATIVE, EntryKind.POSITIVE)
-            and e.index not in self._placed
-            and self.journal.entry_state(e.index) is None
-        ]
-        if not todo:
-            return
+        """Place every entry's data before anything runs (:mod:`vmr_handler.placement`)."""
         self.phase = "placing data"
-        results = await asyncio.get_running_loop().run_in_executor(None, self._place_all, todo)
-        for entry, outcome in results:
-            if isinstance(outcome, EntryError):
-                then = "is reported (ignore_failure)" if entry.ignore_failure else "fails the VM"
-                self.emit(
-                    EventType.SCHEDULE_WARNING,
-                    index=entry.index,
-                    details=f"data not placed ahead of time: {outcome}; tried again at the entry's "
-                    f"time, where a failure {then}",
-                )
-                continue
-            self._emit_placed(entry, outcome, preloaded=True)
-            self._placed.add(entry.index)
-            done.append(entry.index)
-        self._save()
-
-    def _place_all(self, entries: List[ScheduleEntry]) -> List[Tuple[ScheduleEntry, Any]]:
-        """Worker thread: :func:`place_data` for each entry until stopped; results or EntryErrors."""
-        results: List[Tuple[ScheduleEntry, Any]] = []
-        for entry in entries:
-            if self._prep_stop.is_set():
-                break
-            try:
-                placed = place_data(entry, self.workdirs[entry.index], self.config.resources_dir)
-                results.append((entry, placed))
-            except EntryError as exc:
-                results.append((entry, exc))
-        return results
-
-    def _emit_placed(self, entry: ScheduleEntry, placed: List[PlacedFile], preloaded: bool) -> None:
-        for p in placed:
-            extra: Dict[str, Any] = {}
-            if p.outcome == "kept":
-                extra["details"] = (
-                    f"{p.path} already exists: kept, not overwritten (as the reference); "
-                    "to replace a file, drop it in the working dir and move it (the helpers' preload)"
-                )
-            elif p.outcome == "present":
-                extra["details"] = "already in place with the same content"
-            self.emit(
-                EventType.DATA_PLACED,
-                index=entry.index,
-                location=p.location,
-                path=p.path,
-                size=p.size,
-                sha256=p.sha256,
-                mode=oct(p.mode),
-                outcome=p.outcome,
-                preloaded=preloaded,
-                **extra,
-            )
+        if await self.data.preload(
+            list(self.schedule.entries), lambda i: self.journal.entry_state(i) is not None
+        ):
+            self._save()
 
     def _stored_resumes(self) -> None:
         """Apply the schedule's stored RESUME entries (``firewheel vm resume``; SPEC section 3), once."""
@@ -652,10 +588,7 @@ class Engine:
         data could not be placed (already reported)."""
         workdir = self.workdirs[entry.index]
         try:
-            if entry.index not in self._placed:
-                placed = place_data(entry, workdir, self.config.resources_dir)
-                self._placed.add(entry.index)
-                self._emit_placed(entry, placed, preloaded=False)
+            self.data.ensure(entry)
             line = command_line(entry, workdir) if entry.executable else ""
         except EntryError as exc:
             self._entry_failed(entry, exc)
@@ -984,7 +917,7 @@ class Engine:
 
     # ------------------------------------------------------------------ shutdown
     async def _shutdown(self) -> None:
-        self._prep_stop.set()
+        self.data.stop()
         for handle in self._pos.timers:
             handle.cancel()
         self._pos.timers = []

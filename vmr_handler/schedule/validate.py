@@ -105,6 +105,27 @@ def _where(index: int, record: Mapping[str, Any]) -> str:
     return f"entry {index} ({show(exe)})" if isinstance(exe, str) and exe else f"entry {index}"
 
 
+def _transfer_item(
+    raw: Mapping[str, Any], location: str, where: str, field: str, problems: _Problems
+) -> Optional[TransferOut]:
+    """``{location, interval, destination}``: ``interval`` null or 0 is once (the reference loops
+    only on a truthy interval), else a number > 0."""
+    interval_raw = raw.get("interval")
+    interval = None if interval_raw is None else parse_number(interval_raw)
+    if interval_raw is not None and (interval is None or not math.isfinite(interval) or interval < 0):
+        problems.add(
+            where, f"{field}.interval", f"must be a number > 0, or 0 or null (once), got {show(interval_raw)}"
+        )
+        return None
+    if interval == 0:
+        interval = None  # the reference loops only on a truthy interval: 0 is once
+    destination = raw.get("destination")
+    if destination is not None and not isinstance(destination, str):
+        problems.add(where, f"{field}.destination", f"must be a string or null, got {show(destination)}")
+        return None
+    return TransferOut(location, interval, destination)
+
+
 def _data_item(raw: Any, where: str, pos: int, problems: _Problems) -> Optional[DataItem]:
     field = f"data[{pos}]"
     if not isinstance(raw, Mapping):
@@ -174,20 +195,7 @@ def _data_item(raw: Any, where: str, pos: int, problems: _Problems) -> Optional[
             problems.add(where, f"{field}.filename", f"must be a non-empty string, got {show(filename)}")
             return None
         return FileDrop(location, filename, executable)
-    interval_raw = raw.get("interval")
-    interval = None if interval_raw is None else parse_number(interval_raw)
-    if interval_raw is not None and (interval is None or not math.isfinite(interval) or interval < 0):
-        problems.add(
-            where, f"{field}.interval", f"must be a number > 0, or 0 or null (once), got {show(interval_raw)}"
-        )
-        return None
-    if interval == 0:
-        interval = None  # the reference loops only on a truthy interval: 0 is once
-    destination = raw.get("destination")
-    if destination is not None and not isinstance(destination, str):
-        problems.add(where, f"{field}.destination", f"must be a string or null, got {show(destination)}")
-        return None
-    return TransferOut(location, interval, destination)
+    return _transfer_item(raw, location, where, field, problems)
 
 
 def _check_resume(
