@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Set
+from typing import Any, Dict, Iterator, List, Optional, Set
 
 import pytest
 import yaml
@@ -157,6 +157,41 @@ def test_run_local_demo(frozen: Path, tmp_path: Path, mei_before: Set[str]) -> N
     assert types.count("entry_started") >= 7
     assert (tmp_path / "launch").is_dir()
     assert _mei() <= mei_before, "the frozen agent left a /tmp/_MEI* directory behind"
+
+
+@pytest.mark.parametrize("original", [None, "/opt/guest-libs"])
+def test_entries_see_the_guests_environment_and_run_firewheel_lines(
+    frozen: Path, tmp_path: Path, original: Optional[str]
+) -> None:
+    """Entries must not inherit the bootloader's LD_LIBRARY_PATH (the bundle's libssl would
+    shadow the guest's); a reference pickle with a cd builtin and a missing program runs."""
+    from tests import fwhelpers as fw
+
+    schedule = tmp_path / "s.pkl"
+    schedule.write_bytes(
+        fw.firewheel_pickle(
+            [
+                fw.run_executable(-2, "cd", "/; echo LD=${LD_LIBRARY_PATH-unset} in $PWD"),
+                fw.run_executable(-1, "no-such-program-xyz"),
+                fw.run_executable(0.1, "/bin/echo", "fired"),
+            ]
+        )
+    )
+    report = tmp_path / "report.jsonl"
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    if original is not None:
+        env["LD_LIBRARY_PATH"] = original
+    args = ["run", "--local", str(schedule), "--start-buffer", "0.2", "--launch-dir", str(tmp_path / "l")]
+    args += ["--state-dir", str(tmp_path / "s"), "--report", str(report)]
+    res = subprocess.run([str(frozen), *args], capture_output=True, text=True, timeout=WAIT, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    events = _report(report)
+    lines = [
+        e["data"].get("line") for e in events if e["type"] == "output" and e["data"]["stream"] == "stdout"
+    ]
+    assert lines == [f"LD={original or 'unset'} in /", "fired"]
+    exited = {e["data"]["index"]: e["data"] for e in events if e["type"] == "entry_exited"}
+    assert exited[1]["exit_code"] == 127 and "'no-such-program-xyz' was not found" in exited[1]["details"]
 
 
 def _wait(pred: Any, what: str, procs: List[subprocess.Popen], logs: List[Path]) -> None:

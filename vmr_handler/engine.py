@@ -38,6 +38,7 @@ from vmr_handler.executor import (
     REBOOT_FILE,
     ProcessResult,
     ProcessRunner,
+    child_environment,
     find_shell,
     kill_tree,
     shell_command,
@@ -154,6 +155,7 @@ class Engine:
         self.journal = Journal(config.state_dir, schedule.digest)
         self.workdirs = working_dirs(list(schedule.entries), config.launch_dir)
         self.shell = config.shell or find_shell()
+        self._env = child_environment(config.env)
         self.data = DataPlacement(
             self.workdirs, config.resources_dir, self.emit, self.journal.data.setdefault("preloaded", [])
         )
@@ -553,6 +555,7 @@ class Engine:
                 shell=True,
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
+                env=self._env,
                 timeout=120,
                 check=False,
             )
@@ -650,7 +653,7 @@ class Engine:
         # is when this entry's process starts (gather() runs every start up to there first)
         spawned_at = self.clock.time()
         try:
-            pid = await runner.start(item.argv, item.workdir, self.config.env)
+            pid = await runner.start(item.argv, item.workdir, self._env)
         except EntryError as exc:
             self._entry_failed(entry, exc, can_fail_vm=False)
             return None
@@ -735,7 +738,7 @@ class Engine:
     def _not_found(self, item: _Prepared, running: _Running) -> str:
         """Why an entry exited 127 (the shell's "command not found"), naming the program."""
         word = first_word(item.line)
-        env_path = (self.config.env or os.environ).get("PATH")
+        env_path = (self._env or os.environ).get("PATH")
         if program_missing(word, item.workdir, env_path):
             return f": {word!r} was not found (no such file, not on the PATH); the schedule goes on"
         last = running.stderr_tail.get("last", b"").decode("utf-8", "replace").strip()

@@ -82,9 +82,12 @@ class ScheduleEntry:
         index: position in the loaded schedule (0-based); the entry's identity everywhere.
         start_time: seconds; ``< 0`` configuration stage, ``> 0`` after experiment start,
             ``-inf``/``0``/``> 0`` only for pause/break entries (reference float tricks removed).
-        executable: program to run, or None for data-only and pause entries.
-        arguments: argument string inserted into the shell command as the reference does.
-        ignore_failure: when False a failure to place data or start the entry fails the VM.
+        executable: what the shell runs (a file this entry drops, or text as written: a path,
+            a name on PATH, a builtin, a program with its own arguments), or None for
+            data-only, pause and RESUME entries (:mod:`vmr_handler.schedule.commands`).
+        arguments: argument string inserted unquoted into the command line, as the reference does.
+        ignore_failure: when False, data that cannot be placed fails the VM (SPEC section 5);
+            a program that fails or is not found never does.
         data: content/file drops, transfers out, (for pause entries) one :class:`PauseSpec`,
             (for stored RESUME entries) one :class:`ResumeMark`.
         pause: True for pause/break entries.
