@@ -41,6 +41,9 @@ def _schedule(vm: str, config_sleep: int) -> List[Dict[str, Any]]:
         {"start_time": 1, "executable": "printf", "arguments": r"'pos \xff\xfe end\n'"},
         {"start_time": 2, "pause_duration": 2},
         {"start_time": 3, "executable": "/bin/echo", "arguments": f"after pause on {vm}"},
+        # FIREWHEEL command lines (issue 10): a builtin with the rest of the line, a missing program
+        {"start_time": -10, "executable": "cd", "arguments": "/; echo in $PWD"},
+        {"start_time": -10, "executable": "no-such-program-xyz"},
     ]
 
 
@@ -100,6 +103,13 @@ def test_two_guests_schedule_barrier_positive_pause_nonutf8(guest: Dict[str, Any
             placed = [r["event"]["data"] for r in _ev(env, vm, "data_placed")]
             assert any(d["location"] == "hello.txt" for d in placed), placed
             assert reassemble(env, vm, 0) == f"hello from {vm}\n".encode()
+            # a guest without bash: the POSIX shell runs the reference's command lines
+            ent = {r["event"]["data"]["index"]: r["event"]["data"] for r in _ev(env, vm, "entry_started")}
+            assert ent[5]["shell"] == "/bin/sh" and ent[5]["command"] == "cd /; echo in $PWD", ent[5]
+            assert reassemble(env, vm, 5) == b"in /\n"
+            exited = {r["event"]["data"]["index"]: r["event"]["data"] for r in _ev(env, vm, "entry_exited")}
+            assert exited[6]["exit_code"] == 127, exited[6]
+            assert "'no-such-program-xyz' was not found" in exited[6]["details"], exited[6]
 
         # -------------------------------------------------- stages in order, then configured
         configured_rx: Dict[str, float] = {}

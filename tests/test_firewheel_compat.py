@@ -307,3 +307,28 @@ def test_a_missing_program_does_not_hold_the_barrier_through_vmr_host(transport)
         assert not any(env.events(vm, "vm_failed") for vm in ("vm1", "vm2"))
     finally:
         env.close()
+
+
+def test_a_file_dropped_without_executable_is_not_made_executable(tmp_path, agents):
+    """FIREWHEEL chmods +x every drop (its bug); here the flag holds: exit 126, explained, and
+    ``check`` warns about the schedule before it runs."""
+    res = tmp_path / "res"
+    res.mkdir()
+    (res / "tool.sh").write_text("#!/bin/sh\necho tool ran\n")
+    tool = tmp_path / "opt" / "tool.sh"
+    tool.parent.mkdir()
+    records = [
+        fw.drop_file(-10, str(tool), "tool.sh"),  # the helper's default: executable=False
+        fw.run_executable(-5, str(tool)),
+    ]
+    a = _run(agents, tmp_path, records, extra=["--resources", str(res)])
+    assert a.run() == 0, a.log()
+    exited = a.by_index("entry_exited")[1][0]["data"]
+    assert exited["exit_code"] == 126
+    assert f"'{tool}' is not executable (mode 0o644)" in exited["details"]
+    assert "FIREWHEEL makes every dropped file executable" in exited["details"]
+    path = tmp_path / "s.pkl"
+    path.write_bytes(fw.firewheel_pickle(records))
+    check = cli("check", str(path))
+    assert check.returncode == 0
+    assert f"entry 1 ('{tool}'): runs '{tool}', which entry 0 drops with executable: false" in check.stderr

@@ -33,6 +33,7 @@ from vmr_handler.clock import SystemClock
 from vmr_handler.errors import EntryError, JournalError
 from vmr_handler.events import Event, EventFactory, EventType, encode_output
 from vmr_handler.executor import (
+    NOT_EXECUTABLE_EXIT_CODE,
     NOT_FOUND_EXIT_CODE,
     REBOOT_EXIT_CODE,
     REBOOT_FILE,
@@ -62,6 +63,8 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 
 DEFAULT_REBOOT_COMMAND = "systemctl reboot || reboot"
+#: What a shell's exit codes 126/127 mean (POSIX).
+_SHELL_CODES = {NOT_EXECUTABLE_EXIT_CODE: "not executable", NOT_FOUND_EXIT_CODE: "command not found"}
 #: Seconds within which appended journal changes are fsynced (bounds loss on a hard VM reset).
 JOURNAL_SYNC_DELAY = 0.05
 
@@ -713,8 +716,8 @@ class Engine:
             if result.exit_code is not None
             else f"killed by signal {result.signal}"
         )
-        if result.exit_code == NOT_FOUND_EXIT_CODE:
-            details += self._not_found(item, running)
+        if result.exit_code in (NOT_FOUND_EXIT_CODE, NOT_EXECUTABLE_EXIT_CODE):
+            details += self._not_run(item, running, result.exit_code)
         if reboot:
             details += "; reboot requested" + (
                 " (reported only in positive time)" if entry.start_time > 0 else ""
@@ -735,14 +738,21 @@ class Engine:
         self._wake.set()
         return result
 
-    def _not_found(self, item: _Prepared, running: _Running) -> str:
-        """Why an entry exited 127 (the shell's "command not found"), naming the program."""
+    def _not_run(self, item: _Prepared, running: _Running, code: int) -> str:
+        """Why an entry exited 127 ("command not found") or 126 ("not executable"), naming the program."""
         word = first_word(item.line)
-        env_path = (self._env or os.environ).get("PATH")
-        if program_missing(word, item.workdir, env_path):
+        if code == NOT_EXECUTABLE_EXIT_CODE:
+            path = os.path.join(item.workdir, word)
+            if os.path.isfile(path) and not os.access(path, os.X_OK):
+                mode = oct(os.stat(path).st_mode & 0o777)
+                return (
+                    f": {word!r} is not executable (mode {mode}); a drop keeps its executable flag here, "
+                    "where FIREWHEEL makes every dropped file executable (docs/firewheel.md)"
+                )
+        elif program_missing(word, item.workdir, (self._env or os.environ).get("PATH")):
             return f": {word!r} was not found (no such file, not on the PATH); the schedule goes on"
         last = running.stderr_tail.get("last", b"").decode("utf-8", "replace").strip()
-        return " (the shell's code for 'command not found')" + (f": {last}" if last else "")
+        return f" (the shell's code for {_SHELL_CODES[code]!r})" + (f": {last}" if last else "")
 
     # ------------------------------------------------------------------ phase 3: barrier
     async def _configured(self) -> None:

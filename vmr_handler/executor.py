@@ -43,6 +43,8 @@ SHELL = "/bin/sh"
 BASH = "/bin/bash"
 #: Exit code of a shell that cannot find the program (POSIX "command not found").
 NOT_FOUND_EXIT_CODE = 127
+#: Exit code of a shell that found the program but cannot execute it (POSIX).
+NOT_EXECUTABLE_EXIT_CODE = 126
 
 
 @dataclass(frozen=True)

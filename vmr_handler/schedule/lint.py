@@ -7,7 +7,9 @@ host rather than the guest, so they are warnings: ``check --strict`` turns them 
 * a program that cannot be found here (not a builtin, not dropped by its entry, no such
   file, not on ``PATH``): in the guest it would be the entry's exit 127;
 * a command line the shell cannot parse (``bash -n``, else ``sh -n``): the reference hands
-  ``<exec path> <arguments>`` unquoted to bash, so a stray quote is a syntax error there too.
+  ``<exec path> <arguments>`` unquoted to bash, so a stray quote is a syntax error there too;
+* a program that another entry drops with ``executable: false``: the reference makes every
+  dropped file executable, vmr-handler follows the flag (``docs/firewheel.md``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from vmr_handler.schedule.commands import (
     program_missing,
     working_dirs,
 )
-from vmr_handler.schedule.model import Schedule
+from vmr_handler.schedule.model import ContentDrop, FileDrop, Schedule
 
 #: A command line made only of these characters has no shell syntax that could be wrong.
 _PLAIN = re.compile(r"[A-Za-z0-9_./,:@%+=\- ]*")
@@ -57,6 +59,22 @@ def syntax_error(line: str, shell: str) -> Optional[str]:
     return text[0] if text else f"{shell} -n exited {proc.returncode}"
 
 
+def _non_executable_drops(schedule: Schedule) -> Dict[str, int]:
+    """``{absolute path: entry index}`` of files dropped with ``executable: false``: at an absolute
+    location, or moved there by the helpers' preload (``mv <dropped file> <destination>``)."""
+    found: Dict[str, int] = {}
+    for entry in schedule.entries:
+        drops = [d for d in entry.data if isinstance(d, (ContentDrop, FileDrop)) and not d.executable]
+        for drop in drops:
+            if os.path.isabs(drop.location):
+                found[os.path.normpath(drop.location)] = entry.index
+        words = entry.arguments.split()
+        moved = entry.executable == "mv" and len(words) == 2 and os.path.isabs(words[1])
+        if moved and any(os.path.normpath(d.location) == os.path.normpath(words[0]) for d in drops):
+            found[os.path.normpath(words[1])] = entry.index
+    return found
+
+
 def lint_schedule(
     schedule: Schedule,
     launch_dir: str = "/var/launch",
@@ -78,6 +96,7 @@ def lint_schedule(
     workdirs = working_dirs(list(schedule.entries), launch_dir)
     warnings: List[str] = []
     checked: Dict[str, Optional[str]] = {}
+    non_executable = _non_executable_drops(schedule)
     for entry in schedule.entries:
         if not entry.executable or entry.on_host:
             continue
@@ -93,6 +112,13 @@ def lint_schedule(
                 f"{entry.label}: program {word!r} is not found on this machine (no such file, not on "
                 "PATH, not a shell builtin); in a guest without it the entry exits 127 and the "
                 "schedule goes on"
+            )
+        dropper = non_executable.get(os.path.normpath(word)) if os.path.isabs(word) else None
+        if dropper is not None and dropper != entry.index:
+            warnings.append(
+                f"{entry.label}: runs {word!r}, which entry {dropper} drops with executable: false; "
+                "FIREWHEEL makes every dropped file executable, vmr-handler keeps the flag (exit 126 "
+                "here): set executable: true on that drop"
             )
         if line not in checked:
             checked[line] = syntax_error(line, shell)
