@@ -332,3 +332,21 @@ def test_a_file_dropped_without_executable_is_not_made_executable(tmp_path, agen
     check = cli("check", str(path))
     assert check.returncode == 0
     assert f"entry 1 ('{tool}'): runs '{tool}', which entry 0 drops with executable: false" in check.stderr
+
+
+@pytest.mark.parametrize(
+    "line, word",
+    [
+        ("cd /tmp; ls", "cd"),
+        ("echo;ls", "echo"),
+        ("  /bin/vbash /opt/cfg.sh", "/bin/vbash"),
+        ("'/opt/my tool' --x", "/opt/my tool"),
+        ("a\\ b c", "a b"),
+        ("'unterminated x", "'unterminated"),
+        ("", ""),
+    ],
+)
+def test_first_word_is_the_program_the_shell_runs(line, word):
+    from vmr_handler.schedule.commands import first_word
+
+    assert first_word(line) == word

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shlex
 import shutil
 from typing import Dict, List, Optional
@@ -120,13 +121,24 @@ SHELL_BUILTINS = frozenset(
 )
 
 
+_OPERATOR = re.compile(r"[;&|<>()]")
+
+
 def first_word(line: str) -> str:
-    """The program a command line starts with (shell words; on a quoting error, blank-split)."""
+    """The program a command line starts with: its first shell word, unquoted (on a quoting
+    error, its first blank-separated word). Only the first word is parsed."""
+    head = line.split(None, 1)
+    if not head:
+        return ""
+    if not any(c in head[0] for c in "'\"\\"):
+        return _OPERATOR.split(head[0], 1)[0]  # "echo;ls" runs echo
+    lexer = shlex.shlex(line, posix=True)
+    lexer.whitespace_split = True
+    lexer.commenters = ""
     try:
-        words = shlex.split(line, comments=False)
+        return lexer.get_token() or ""
     except ValueError:
-        words = line.split()
-    return words[0] if words else ""
+        return head[0]
 
 
 def program_missing(word: str, cwd: str, path: Optional[str] = None) -> bool:

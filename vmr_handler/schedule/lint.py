@@ -93,21 +93,23 @@ def lint_schedule(
         One message per problem, naming the entry, the program or the shell's complaint.
     """
     shell = shell or find_shell()
-    workdirs = working_dirs(list(schedule.entries), launch_dir)
+    workdirs: Dict[int, str] = {}  # made only when an entry drops data (a dropped program's path)
     warnings: List[str] = []
-    checked: Dict[str, Optional[str]] = {}
+    checked: Dict[str, Optional[str]] = {}  # command line -> the shell's complaint
+    missing: Dict[str, bool] = {}  # program -> not found
     non_executable = _non_executable_drops(schedule)
     for entry in schedule.entries:
         if not entry.executable or entry.on_host:
             continue
-        workdir = workdirs[entry.index]
+        if entry.data and not workdirs:
+            workdirs = working_dirs(list(schedule.entries), launch_dir)
+        workdir = workdirs.get(entry.index, launch_dir)
         line = command_line(entry, workdir)
         word = first_word(line)
-        if (
-            dropped_path(entry, workdir) is None
-            and (os.path.isabs(word) or "/" not in word)
-            and program_missing(word, workdir, path)
-        ):
+        lookup = dropped_path(entry, workdir) is None and (os.path.isabs(word) or "/" not in word)
+        if lookup and word not in missing:
+            missing[word] = program_missing(word, launch_dir, path)
+        if lookup and missing[word]:
             warnings.append(
                 f"{entry.label}: program {word!r} is not found on this machine (no such file, not on "
                 "PATH, not a shell builtin); in a guest without it the entry exits 127 and the "
