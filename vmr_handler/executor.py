@@ -101,6 +101,8 @@ def _write_no_clobber(path: str, data: bytes, mode: int) -> bool:
     Raises:
         OSError: the directory or file cannot be written (disk full, read-only, ...).
     """
+    if os.path.lexists(path):
+        return False  # the common case after a restart: no temp file, no fsync
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".vmr-", dir=directory)
