@@ -65,7 +65,7 @@ def _wrap(owner: Any, attr: str, name: str) -> bool:
 def _install() -> List[str]:
     traced: List[str] = []
     try:
-        from vmr_handler import engine
+        from vmr_handler.agent import engine
 
         for attr, name in (
             ("_fire_group", "fire_group"),
@@ -82,7 +82,7 @@ def _install() -> List[str]:
     except ImportError:
         pass
     try:
-        from vmr_handler import journal
+        from vmr_handler.agent import journal
 
         for attr, name in (
             ("_log_entry", "journal_append"),  # one entry change: json line + os.write
@@ -129,7 +129,7 @@ def main() -> int:
     out_path = sys.argv[1]
     argv = sys.argv[2:]
     traced = _install()
-    from vmr_handler import cli
+    from vmr_handler.agent import cli
 
     rc = 1
     try:

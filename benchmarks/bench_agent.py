@@ -937,9 +937,9 @@ def section_plan(
 ) -> Dict[str, Any]:
     import yaml
 
-    from vmr_handler import cli as vcli
-    from vmr_handler.schedule import load_schedule
-    from vmr_handler.timeline import build_plan
+    from vmr_handler.agent import cli as vcli
+    from vmr_handler.core.schedule import load_schedule
+    from vmr_handler.core.timeline import build_plan
 
     print(
         f"\n[4] plan for a {n:,}-entry schedule "
@@ -1006,7 +1006,7 @@ def section_plan(
     # YAML: the real loader (load_schedule: libyaml's CSafeLoader unless the depth guard
     # sends the text to the pure-Python loader) on the whole schedule, and for comparison
     # the pure-Python yaml.safe_load (the loader before commit a160422) on a slice.
-    from vmr_handler.schedule import loader as vloader
+    from vmr_handler.core.schedule import loader as vloader
 
     guard = getattr(vloader, "_yaml_loader_for", None)
     full_path = os.path.join(root, f"big{yaml_full_n}.yaml")

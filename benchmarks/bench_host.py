@@ -53,9 +53,9 @@ REPO = os.path.dirname(HERE)
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from vmr_handler.control import request as agent_request  # noqa: E402
-from vmr_handler.events import Event  # noqa: E402
-from vmr_handler.protocol import CONNECT_PREFIX, FrameDecoder, encode_message  # noqa: E402
+from vmr_handler.core.control import request as agent_request  # noqa: E402
+from vmr_handler.core.events import Event  # noqa: E402
+from vmr_handler.core.protocol import CONNECT_PREFIX, FrameDecoder, encode_message  # noqa: E402
 
 # --------------------------------------------------------------------------- targets
 TARGET_SPREAD_P99_MS = 20.0

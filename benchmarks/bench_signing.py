@@ -1,4 +1,4 @@
-"""Cost of signed control messages (vmr_handler/signing.py): µs per sign and per verify.
+"""Cost of signed control messages (vmr_handler/core/signing.py): µs per sign and per verify.
 
     .venv/bin/python benchmarks/bench_signing.py [--tmp-root DIR]
 
@@ -22,9 +22,9 @@ from typing import Callable, List
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from vmr_handler import protocol as P
-from vmr_handler.events import Event
-from vmr_handler.signing import Verifier, sign
+from vmr_handler.core import protocol as P
+from vmr_handler.core.events import Event
+from vmr_handler.core.signing import Verifier, sign
 
 
 def median_us(fn: Callable[[], object], repeat: int) -> float:

@@ -4,7 +4,7 @@ It lives outside the package on purpose: a script inside ``vmr_handler/`` would 
 directory on the bundle's module path and make its modules importable as top-level names.
 """
 
-from vmr_handler.cli import main
+from vmr_handler.agent.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -388,7 +388,7 @@ def test_blob_path_is_the_agents_default() -> None:
     """The fw_cfg name QEMU is given here is the one the agent reads by default."""
     from guestlab import FW_CFG_NAME as LAB_NAME
 
-    from vmr_handler.cli import DEFAULT_FW_CFG
+    from vmr_handler.agent.cli import DEFAULT_FW_CFG
     from vmr_handler.host.mqttconfig import FW_CFG_NAME
 
     assert LAB_NAME == FW_CFG_NAME

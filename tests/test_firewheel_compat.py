@@ -264,8 +264,8 @@ def test_resume_and_transfer_entries_are_validated(tmp_path, record, field, word
 
 
 def test_place_data_never_overwrites(tmp_path):
-    from vmr_handler.executor import place_data
-    from vmr_handler.schedule.model import ContentDrop, ScheduleEntry
+    from vmr_handler.agent.executor import place_data
+    from vmr_handler.core.schedule.model import ContentDrop, ScheduleEntry
 
     target = tmp_path / "t.txt"
     entry = ScheduleEntry(0, -1, data=(ContentDrop(str(target), b"mine", executable=True),))
@@ -347,6 +347,6 @@ def test_a_file_dropped_without_executable_is_not_made_executable(tmp_path, agen
     ],
 )
 def test_first_word_is_the_program_the_shell_runs(line, word):
-    from vmr_handler.schedule.commands import first_word
+    from vmr_handler.core.schedule.commands import first_word
 
     assert first_word(line) == word

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from vmr_handler.events import Event
+from vmr_handler.core.events import Event
 from vmr_handler.host.resources import ResourceRefused, ResourceStore
 from vmr_handler.host.store import TransferRefused, TransferStore, VmLog, printable
 

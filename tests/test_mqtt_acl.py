@@ -693,7 +693,7 @@ def test_generated_files_are_valid_transport_settings(tmp_path: Path) -> None:
     """The agent reads ``vms/<vm>.yaml`` as its fw_cfg blob and the host reads
     ``host/<user>.yaml`` as ``--credentials`` (without client certificates: see docs/mqtt.md).
     """
-    from vmr_handler.cli import load_config
+    from vmr_handler.agent.cli import load_config
     from vmr_handler.transports.mqtt import options_from
 
     out = generate(

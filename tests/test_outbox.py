@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from vmr_handler.events import EventFactory, EventType
-from vmr_handler.outbox import Outbox
+from vmr_handler.agent.outbox import Outbox
+from vmr_handler.core.events import EventFactory, EventType
 
 
 def _events(n: int):

@@ -20,13 +20,13 @@ import yaml
 
 from tests.agent import cli
 from tests.refpickle import REFERENCE_CLASS, reference_pause, reference_pickle, reference_record
-from vmr_handler.errors import (
+from vmr_handler.core.errors import (
     ScheduleError,
     ScheduleFormatError,
     ScheduleValidationError,
     UnsafePickleError,
 )
-from vmr_handler.schedule import (
+from vmr_handler.core.schedule import (
     ContentDrop,
     EntryKind,
     FileDrop,

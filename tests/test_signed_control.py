@@ -23,9 +23,9 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from tests.hostenv import HostEnv
-from vmr_handler.events import Event
-from vmr_handler.protocol import RESUME, encode_message
-from vmr_handler.signing import generate_keypair, load_private_key, sign
+from vmr_handler.core.events import Event
+from vmr_handler.core.protocol import RESUME, encode_message
+from vmr_handler.core.signing import generate_keypair, load_private_key, sign
 
 BREAK = [
     {"start_time": -1, "executable": "/bin/true"},

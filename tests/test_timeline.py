@@ -1,4 +1,4 @@
-"""Unit and property tests of :func:`vmr_handler.timeline.build_plan` (SPEC section 4).
+"""Unit and property tests of :func:`vmr_handler.core.timeline.build_plan` (SPEC section 4).
 
 Every time here is an integer number of seconds so the float arithmetic is exact and the
 expected values can be compared with ``==``.
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vmr_handler.schedule.model import EntryKind, PauseSpec, ScheduleEntry
-from vmr_handler.timeline import Plan, PlannedEntry, ResumeOutcome, build_plan
+from vmr_handler.core.schedule.model import EntryKind, PauseSpec, ScheduleEntry
+from vmr_handler.core.timeline import Plan, PlannedEntry, ResumeOutcome, build_plan
 
 INF = math.inf
 

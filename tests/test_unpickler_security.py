@@ -24,9 +24,14 @@ import pytest
 
 from tests.agent import cli
 from tests.refpickle import REFERENCE_CLASS, reference_pickle, reference_record, standin_class
-from vmr_handler.errors import ScheduleError, ScheduleFormatError, ScheduleValidationError, UnsafePickleError
-from vmr_handler.schedule import load_schedule, load_schedule_bytes
-from vmr_handler.schedule import unpickler as unpickler_module
+from vmr_handler.core.errors import (
+    ScheduleError,
+    ScheduleFormatError,
+    ScheduleValidationError,
+    UnsafePickleError,
+)
+from vmr_handler.core.schedule import load_schedule, load_schedule_bytes
+from vmr_handler.core.schedule import unpickler as unpickler_module
 
 ENTRY_MODULE, _, ENTRY_NAME = REFERENCE_CLASS.rpartition(".")
 ENTRY_GLOBAL = f"c{ENTRY_MODULE}\n{ENTRY_NAME}\n".encode()  # GLOBAL opcode naming the allowed class

@@ -27,12 +27,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Set
 
-
-class BarrierError(ValueError):
-    """An operator request the barrier cannot honour (unknown VM, start already set).
-
-    A ``ValueError`` so that the control socket answers it as a refused request.
-    """
+from vmr_handler.core.errors import BarrierError
 
 
 def _finite(value: Any) -> Optional[float]:

@@ -18,7 +18,6 @@ the running host refused).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import math
@@ -27,24 +26,20 @@ import signal
 import socket
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
 from vmr_handler import __version__
-from vmr_handler.errors import ControlError, ScheduleError
-from vmr_handler.host.config import HostConfig, VmSpec
-from vmr_handler.names import VM_NAME
+from vmr_handler.core.errors import ControlError, UsageError
+from vmr_handler.core.fsutil import utc_text
+from vmr_handler.host.config import HostConfig
+from vmr_handler.host.specs import load_specs
 
 EXIT_OK = 0
 EXIT_RUNTIME = 1
 EXIT_USAGE = 2
 DEFAULT_LOGS = "vmr-logs"
-SCHEDULE_SUFFIXES = (".pkl", ".pickle", ".yaml", ".yml", ".json")
 
 log = logging.getLogger("vmr_handler.host")
-
-
-class UsageError(Exception):
-    """Bad command-line input (exit 2)."""
 
 
 def _seconds(text: str) -> float:
@@ -210,53 +205,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # ---------------------------------------------------------------------------------- serve
-def load_specs(schedules: str, allow: Sequence[str]) -> Dict[str, VmSpec]:
-    """Read and validate every ``<vm>.<suffix>`` schedule in ``schedules``.
-
-    Raises:
-        UsageError: no such directory, no schedule, a duplicate or invalid VM name, or a
-            schedule that cannot be used (the loader's message, naming the file).
-    """
-    try:
-        names = sorted(os.listdir(schedules))
-    except OSError as exc:
-        raise UsageError(f"cannot read --schedules {schedules}: {exc.strerror}") from exc
-    from vmr_handler.schedule import FileDrop, load_schedule_bytes  # serve only: keeps the CLI quick
-
-    specs: Dict[str, VmSpec] = {}
-    for filename in names:
-        stem, suffix = os.path.splitext(filename)
-        if suffix.lower() not in SCHEDULE_SUFFIXES:
-            continue
-        path = os.path.join(schedules, filename)
-        if not os.path.isfile(path):
-            continue
-        if not VM_NAME.match(stem):
-            raise UsageError(
-                f"{path}: {stem!r} is not a usable VM name (letters, digits, '.', '_', '-'; at most 64)"
-            )
-        if stem in specs:
-            raise UsageError(f"two schedules for VM {stem!r}: {specs[stem].schedule_path} and {path}")
-        try:
-            with open(path, "rb") as fh:
-                data = fh.read()
-        except OSError as exc:
-            raise UsageError(f"cannot read {path}: {exc.strerror}") from exc
-        try:
-            schedule = load_schedule_bytes(data, allow)
-        except ScheduleError as exc:
-            raise UsageError(f"schedule {path} cannot be used: {exc}") from exc
-        filenames = frozenset(
-            item.filename for e in schedule.entries for item in e.data if isinstance(item, FileDrop)
-        )
-        specs[stem] = VmSpec(
-            stem, path, data, hashlib.sha256(data).hexdigest(), schedule.source_format, filenames
-        )
-    if not specs:
-        raise UsageError(f"no schedules (<vm>{'|'.join(SCHEDULE_SUFFIXES)}) in {schedules}")
-    return specs
-
-
 def build_config(args: argparse.Namespace) -> HostConfig:
     """A :class:`HostConfig` from ``serve`` arguments.
 
@@ -285,8 +233,8 @@ def build_config(args: argparse.Namespace) -> HostConfig:
     logs = args.logs
     signing_key = None
     if args.signing_key:
-        from vmr_handler.errors import SigningError
-        from vmr_handler.signing import load_private_key
+        from vmr_handler.core.errors import SigningError
+        from vmr_handler.core.signing import load_private_key
 
         try:
             signing_key = load_private_key(args.signing_key)
@@ -341,7 +289,8 @@ def mqtt_options(args: argparse.Namespace) -> Any:
     """
     import yaml
 
-    from vmr_handler.transports.mqtt import MqttError, options_from
+    from vmr_handler.core.errors import MqttError
+    from vmr_handler.transports.mqtt import options_from
 
     settings: Dict[str, Any] = {}
     source = "command line"
@@ -393,7 +342,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 # -------------------------------------------------------------------------------- clients
 def _request(args: argparse.Namespace, payload: Dict[str, Any]) -> Dict[str, Any]:
-    from vmr_handler.control import request_at
+    from vmr_handler.core.control import request_at
     from vmr_handler.host.config import control_socket_path
 
     return request_at(control_socket_path(args.logs), payload)
@@ -404,12 +353,6 @@ def _ago(now: float, ts: Optional[float]) -> str:
         return "-"
     d = now - ts
     return f"{d:.1f}s ago" if d < 120 else f"{d / 60:.0f}m ago"
-
-
-def _utc(ts: Optional[float]) -> str:
-    if ts is None:
-        return "-"
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int((ts % 1) * 1000):03d}Z"
 
 
 def format_status(result: Dict[str, Any]) -> str:
@@ -426,7 +369,7 @@ def format_status(result: Dict[str, Any]) -> str:
     else:
         delta = exp["start_time"] - now
         when = f"in {delta:.1f}s" if delta > 0 else f"{-delta:.1f}s ago"
-        lines.append(f"experiment start: {_utc(exp['start_time'])} ({when})")
+        lines.append(f"experiment start: {utc_text(exp['start_time'])} ({when})")
     cfg = exp["configured"]
     lines.append(
         f"expected: {len(exp['expected'])} VM(s), configured {sum(1 for v in exp['expected'] if v in cfg)}"
@@ -504,7 +447,7 @@ def cmd_client(args: argparse.Namespace) -> int:
         )
     else:
         if result["start_time"] is not None:
-            print(f"experiment start time set: {_utc(result['start_time'])}")
+            print(f"experiment start time set: {utc_text(result['start_time'])}")
         else:
             excluded, waiting = ", ".join(result["excluded"]), ", ".join(result["waiting_for"])
             print(f"excluded {excluded}; still waiting for {waiting}")
@@ -522,7 +465,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    from vmr_handler.host.config import HostSetupError
+    from vmr_handler.core.errors import HostSetupError
 
     if args.command == "keygen":
         from vmr_handler.host.keygen import cmd_keygen

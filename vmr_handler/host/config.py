@@ -10,13 +10,34 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Optional, Tuple
 
-from vmr_handler.control import MAX_SOCKET_PATH
-from vmr_handler.errors import ControlError, VmrError
-from vmr_handler.protocol import MAX_FRAME
+from vmr_handler.core.control import MAX_SOCKET_PATH
+from vmr_handler.core.errors import ControlError
+from vmr_handler.core.protocol import MAX_FRAME
 
 if TYPE_CHECKING:
-    from vmr_handler.host.http import HttpOptions
     from vmr_handler.transports.mqtt import MqttOptions
+
+
+@dataclass(frozen=True)
+class HttpOptions:
+    """How ``vmr-host serve`` serves VM resources over HTTP(S).
+
+    Attributes:
+        host: address to bind (a name or IP; ``0.0.0.0`` / ``::`` for every interface).
+        port: TCP port to bind (1-65535).
+        base_url: the URL prefix agents use (``http[s]://NAME:PORT``, no trailing ``/``).
+        cert_file: PEM server certificate (chain) for HTTPS; None: plain HTTP.
+        key_file: PEM private key of ``cert_file`` (None: the key is in ``cert_file``).
+        debug_rate: tests only: bytes per second each download and upload is held to
+            (None: full speed).
+    """
+
+    host: str
+    port: int
+    base_url: str
+    cert_file: Optional[str] = None
+    key_file: Optional[str] = None
+    debug_rate: Optional[float] = None
 
 
 MiB = 1024 * 1024
@@ -129,14 +150,6 @@ class HostConfig:
 
 
 CONTROL_SOCKET = "vmr-host.sock"
-
-
-class HostSetupError(VmrError):
-    """``vmr-host serve`` cannot start; ``exit_code`` is 2 for bad input, 1 otherwise."""
-
-    def __init__(self, message: str, exit_code: int = 1) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 def control_socket_path(logs: str) -> str:

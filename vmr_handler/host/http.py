@@ -68,22 +68,23 @@ import ssl
 import threading
 import time
 import urllib.parse
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from vmr_handler import __version__
-from vmr_handler.host.config import HostSetupError, VmSpec
-from vmr_handler.host.resources import ResourceMissing, ResourceRefused, ResourceStore
-from vmr_handler.host.session import worth_logging
-from vmr_handler.host.store import (
+from vmr_handler.core.errors import (
+    HostSetupError,
+    ResourceMissing,
+    ResourceRefused,
     TransferConflict,
     TransferMismatch,
     TransferRefused,
-    TransferStore,
     TransferTooLarge,
-    atomic_write_json,
 )
+from vmr_handler.core.ratelimit import worth_logging
+from vmr_handler.host.config import HttpOptions, VmSpec
+from vmr_handler.host.resources import ResourceStore
+from vmr_handler.host.store import TransferStore, atomic_write_json
 
 log = logging.getLogger("vmr_handler.host.http")
 
@@ -100,28 +101,6 @@ UPLOAD_REFUSED = "upload_refused"
 #: ``note(vm, text, outcome)``: called from HTTP threads, must be thread-safe. ``text`` is the
 #: line for the VM's readable log, None for a refusal counted but not logged (rate limit).
 NoteFn = Callable[[str, Optional[str], str], None]
-
-
-@dataclass(frozen=True)
-class HttpOptions:
-    """How ``vmr-host serve`` serves VM resources over HTTP(S).
-
-    Attributes:
-        host: address to bind (a name or IP; ``0.0.0.0`` / ``::`` for every interface).
-        port: TCP port to bind (1-65535).
-        base_url: the URL prefix agents use (``http[s]://NAME:PORT``, no trailing ``/``).
-        cert_file: PEM server certificate (chain) for HTTPS; None: plain HTTP.
-        key_file: PEM private key of ``cert_file`` (None: the key is in ``cert_file``).
-        debug_rate: tests only: bytes per second each download and upload is held to
-            (None: full speed).
-    """
-
-    host: str
-    port: int
-    base_url: str
-    cert_file: Optional[str] = None
-    key_file: Optional[str] = None
-    debug_rate: Optional[float] = None
 
 
 def parse_http_options(

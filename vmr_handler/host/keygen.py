@@ -3,7 +3,7 @@
 Writes ``DIR/host.key`` (private, PEM PKCS8, mode 0600; stays on the host) and ``DIR/host.pub``
 (public, PEM SubjectPublicKeyInfo; goes into the guest image / agent config), creating DIR
 (mode 0700) when missing. Existing files are never overwritten without ``--force``. Prints the
-key id (``vmr_handler.signing.key_id``) and both paths. Exit 0, or 2 when a file exists, or 1
+key id (``vmr_handler.core.signing.key_id``) and both paths. Exit 0, or 2 when a file exists, or 1
 when the disk fails.
 """
 
@@ -14,9 +14,9 @@ import os
 import sys
 from typing import Tuple
 
-from vmr_handler.errors import SigningError
-from vmr_handler.journal import atomic_write
-from vmr_handler.signing import generate_keypair, key_id, load_public_key
+from vmr_handler.core.errors import SigningError
+from vmr_handler.core.fsutil import atomic_write
+from vmr_handler.core.signing import generate_keypair, key_id, load_public_key
 
 PRIVATE_NAME = "host.key"
 PUBLIC_NAME = "host.pub"

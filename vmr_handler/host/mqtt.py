@@ -29,16 +29,17 @@ import json
 import logging
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Tuple
 
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
-from vmr_handler.host.session import TokenBucket
-from vmr_handler.protocol import encode_message
+from vmr_handler.core.events import Event
+from vmr_handler.core.protocol import encode_message
+from vmr_handler.core.ratelimit import TokenBucket
+from vmr_handler.host.barrier import Barrier
+from vmr_handler.host.config import HostConfig
+from vmr_handler.host.session import VmSession
 from vmr_handler.transports.mqtt import MqttOptions, PahoBridge, Topics, check_name, vm_of
-
-if TYPE_CHECKING:
-    from vmr_handler.host.server import HostServer
 
 log = logging.getLogger("vmr_handler.host")
 
@@ -89,6 +90,37 @@ class MqttLink:
         self._closed = True
 
 
+class MqttHost(Protocol):
+    """What :class:`MqttService` needs of the host (:class:`vmr_handler.host.server.HostServer`
+    is one): its sessions, barrier and start, and the peer-host hooks of a split experiment."""
+
+    config: HostConfig
+    barrier: Barrier
+    sessions: Dict[str, VmSession]
+
+    @property
+    def signs(self) -> bool:
+        """Whether control events are signed."""
+
+    def host_state(self) -> Dict[str, Any]:
+        """This host's state document for its peers (retained on the broker)."""
+
+    def on_peer_state(self, peer: str, doc: Mapping[str, Any]) -> None:
+        """A member host's state document arrived (coordinator only)."""
+
+    def on_coordinator_start(self, doc: Mapping[str, Any]) -> None:
+        """The coordinator's start announcement arrived (members only)."""
+
+    def start_event(self) -> Optional[Event]:
+        """The ``start_time`` event, once the start is set."""
+
+    def start_announcement(self) -> Optional[Dict[str, Any]]:
+        """The start document a coordinator announces to its members."""
+
+    def sign_for(self, vm: str, event: Event) -> Event:
+        """``event`` signed for ``vm`` (unchanged when signing is off)."""
+
+
 class MqttService:
     """Serves every VM of ``server`` over the broker in ``options`` until cancelled.
 
@@ -101,7 +133,7 @@ class MqttService:
 
     def __init__(
         self,
-        server: HostServer,
+        server: MqttHost,
         options: MqttOptions,
         host_id: Optional[str] = None,
         reconnect: Tuple[float, float] = (0.2, 5.0),

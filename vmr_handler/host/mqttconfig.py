@@ -33,8 +33,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from vmr_handler.host.cli import UsageError, load_specs
-from vmr_handler.names import name_problem
+from vmr_handler.core.errors import UsageError
+from vmr_handler.core.names import name_problem
+from vmr_handler.host.specs import load_specs
 
 #: First level of every topic.
 TOPIC_ROOT = "vmr"

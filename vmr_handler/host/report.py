@@ -41,9 +41,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from vmr_handler.events import EventType as T
-from vmr_handler.host.store import EXPERIMENT_FILE, JSONL_SUFFIX, ExperimentStore, printable, utc_text
-from vmr_handler.journal import atomic_write
+from vmr_handler.core.errors import NoLogs
+from vmr_handler.core.events import EventType as T
+from vmr_handler.core.fsutil import atomic_write, utc_text
+from vmr_handler.host.store import EXPERIMENT_FILE, JSONL_SUFFIX, ExperimentStore, printable
 
 #: Longest label or tooltip field taken from a guest, characters.
 MAX_LABEL = 80
@@ -1014,10 +1015,6 @@ def render_report(
 
 
 # ----------------------------------------------------------------------------------- I/O
-class NoLogs(Exception):
-    """The logs directory holds no ``<vm>.jsonl``."""
-
-
 def read_jsonl(path: str, notes: List[str]) -> Iterator[Dict[str, Any]]:
     """The records of one ``<vm>.jsonl``, streamed line by line (read-only: unlike
     :meth:`vmr_handler.host.store.VmLog.open`, which also cuts a partial line and opens the

@@ -9,19 +9,13 @@ leads out of the directory is refused too). Sizes and sha256 digests are cached 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
-
-class ResourceRefused(Exception):
-    """A resource request the host will not serve; the message says why (sent to the agent)."""
-
-
-class ResourceMissing(ResourceRefused):
-    """The name is acceptable but no such file is in the resource directory (HTTP 404)."""
+from vmr_handler.core.errors import ResourceMissing, ResourceRefused
+from vmr_handler.core.fsutil import sha256_file
 
 
 @dataclass(frozen=True)
@@ -39,16 +33,6 @@ class ResourceInfo:
     path: str
     size: int
     sha256: str
-
-
-def _sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while True:
-            piece = fh.read(1024 * 1024)
-            if not piece:
-                return h.hexdigest()
-            h.update(piece)
 
 
 class ResourceStore:
@@ -102,7 +86,7 @@ class ResourceStore:
         if cached is not None and cached[0] == key:
             return ResourceInfo(str(name), path, st.st_size, cached[1])
         try:
-            digest = _sha256_file(path)
+            digest = sha256_file(path)
         except OSError as exc:
             raise ResourceRefused(f"resource {name!r} cannot be read: {exc.strerror}") from exc
         self._cache[path] = (key, digest)

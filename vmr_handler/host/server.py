@@ -33,17 +33,17 @@ from typing import Any, Dict, List, Mapping, Optional, Set
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
 from vmr_handler import __version__
-from vmr_handler.control import MAX_SOCKET_PATH, ControlServer
-from vmr_handler.errors import ControlError
-from vmr_handler.events import Event
+from vmr_handler.core.control import MAX_SOCKET_PATH, ControlServer
+from vmr_handler.core.errors import ControlError, HostSetupError, ResourceRefused
+from vmr_handler.core.events import Event
+from vmr_handler.core.names import VM_NAME
+from vmr_handler.core.protocol import RESUME, START_TIME
 from vmr_handler.host.barrier import Barrier
-from vmr_handler.host.config import HostConfig, HostSetupError, control_socket_path
+from vmr_handler.host.config import HostConfig, control_socket_path
 from vmr_handler.host.http import NoteFn, ResourceHttp
-from vmr_handler.host.resources import ResourceRefused, ResourceStore
+from vmr_handler.host.resources import ResourceStore
 from vmr_handler.host.session import HostEvents, VmSession
 from vmr_handler.host.store import ExperimentStore, TransferStore, VmLog
-from vmr_handler.names import VM_NAME
-from vmr_handler.protocol import RESUME, START_TIME
 
 log = logging.getLogger("vmr_handler.host")
 
@@ -548,7 +548,7 @@ class HostServer:
         unchanged without a key. Signed at every send, so a resend is fresh."""
         if self.config.signing_key is None:
             return event
-        from vmr_handler.signing import sign
+        from vmr_handler.core.signing import sign
 
         return sign(self.config.signing_key, event, vm, time.time())
 

@@ -14,7 +14,7 @@ Per connection: the host sends ``\\n`` + ``hello``; the agent's ``hello`` is ans
 ``resource_chunk``\\ s; reports are written to the VM's log, then acknowledged.
 
 Hostile guests: frames over the size limit and malformed frames are dropped and counted by
-the :class:`~vmr_handler.protocol.FrameDecoder`; messages over the per-VM rate or with too
+the :class:`~vmr_handler.core.protocol.FrameDecoder`; messages over the per-VM rate or with too
 many events are dropped and counted; host-only event types coming from a guest are counted
 as protocol errors. The VM's identity is its channel: the ``vm`` name a guest claims is
 only compared and logged. Nothing here raises into the server on bad input.
@@ -36,11 +36,9 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Set
 
 from vmr_handler import __version__
-from vmr_handler.events import Event, EventType, json_safe
-from vmr_handler.host.config import Limits, VmSpec
-from vmr_handler.host.resources import ResourceRefused, ResourceStore
-from vmr_handler.host.store import TransferRefused, TransferStore, VmLog, printable
-from vmr_handler.protocol import (
+from vmr_handler.core.errors import ResourceRefused, TransferRefused
+from vmr_handler.core.events import Event, EventType, json_safe
+from vmr_handler.core.protocol import (
     ACK,
     CLOCK_REQ,
     CLOCK_RESP,
@@ -63,7 +61,11 @@ from vmr_handler.protocol import (
     encode_message,
     result_data,
 )
-from vmr_handler.signing import SIGNED_TYPES
+from vmr_handler.core.ratelimit import TokenBucket, worth_logging
+from vmr_handler.core.signing import SIGNED_TYPES
+from vmr_handler.host.config import Limits, VmSpec
+from vmr_handler.host.resources import ResourceStore
+from vmr_handler.host.store import TransferStore, VmLog, printable
 
 log = logging.getLogger("vmr_handler.host")
 
@@ -131,7 +133,7 @@ class HostApi(Protocol):
         """True when control events are signed (a host signing key is configured)."""
 
     def sign_for(self, vm: str, event: Event) -> Event:
-        """``event`` signed for ``vm`` now (unchanged without a key; ``vmr_handler.signing``)."""
+        """``event`` signed for ``vm`` now (unchanged without a key; ``vmr_handler.core.signing``)."""
 
     def on_resume_answer(self, vm: str, resume_id: str, data: Mapping[str, Any], at: float) -> None:
         """``vm`` answered RESUME ``resume_id`` with ``data`` (idempotent)."""
@@ -155,40 +157,6 @@ class HostEvents:
         return Event(type_, ts, self.next_id(), json_safe(dict(data)))
 
 
-class TokenBucket:
-    """Messages per second with a burst; monotonic seconds."""
-
-    def __init__(self, rate: float, burst: float) -> None:
-        self.rate = rate
-        self.burst = burst
-        self.tokens = burst
-        self.stamp = time.monotonic()
-
-    def _refill(self, now: float) -> None:
-        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
-
-    def take(self, now: float) -> bool:
-        """Take one token at monotonic ``now``; False when the bucket is empty."""
-        self._refill(now)
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return True
-        return False
-
-    def spend(self, now: float, amount: float) -> float:
-        """Spend ``amount`` tokens (going into debt); return seconds until the bucket is
-        out of debt again (0 when it is not in debt)."""
-        self._refill(now)
-        self.tokens -= amount
-        return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
-
-    def wait(self, now: float) -> float:
-        """Seconds until one token is available (0 when one is)."""
-        self._refill(now)
-        return 0.0 if self.tokens >= 1 else (1 - self.tokens) / self.rate
-
-
 @dataclass
 class Counters:
     """Per-VM counts of everything refused or odd (shown by ``vmr-host status``)."""
@@ -205,13 +173,6 @@ class Counters:
     resources_refused: int = 0
     unstorable: int = 0
     hello_flood: int = 0
-
-
-def worth_logging(n: int) -> bool:
-    """Whether the ``n``-th (1-based) occurrence of a remark is logged: the 1st-5th, then every
-    power of 10 (so a hostile guest cannot flood the host's logs)."""
-    digits = str(n)
-    return n <= 5 or (digits[0] == "1" and set(digits[1:]) <= {"0"})
 
 
 def schedule_event_id(digest: str) -> str:

@@ -28,8 +28,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from vmr_handler.events import Event, describe, json_safe
-from vmr_handler.journal import atomic_write
+from vmr_handler.core.errors import TransferConflict, TransferMismatch, TransferRefused, TransferTooLarge
+from vmr_handler.core.events import Event, describe, json_safe
+from vmr_handler.core.fsutil import atomic_write, utc_text
 
 log = logging.getLogger("vmr_handler.host")
 
@@ -57,7 +58,7 @@ def printable(text: str, limit: int = MAX_LOG_LINE) -> str:
 
 
 def describe_safe(event: Event) -> str:
-    """:func:`vmr_handler.events.describe` that never raises on hostile data, made printable."""
+    """:func:`vmr_handler.core.events.describe` that never raises on hostile data, made printable."""
     try:
         text = describe(event)
     except Exception as exc:  # hostile data (bad base64, odd types): never crash
@@ -65,14 +66,8 @@ def describe_safe(event: Event) -> str:
     return printable(text)
 
 
-def _utc(ts: float) -> str:
-    import datetime as _dt
-
-    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-
-
 def atomic_write_json(path: str, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` atomically (:func:`vmr_handler.journal.atomic_write`:
+    """Write ``data`` as JSON to ``path`` atomically (:func:`vmr_handler.core.fsutil.atomic_write`:
     temp file, fsync, rename, fsync dir).
 
     Raises:
@@ -238,7 +233,7 @@ class VmLog:
     def note(self, text: str, now: float) -> None:
         """A host remark in the readable log (connections, refusals, hostile input)."""
         if self._log is not None:
-            self._log.write(f"{_utc(now)} [host] {printable(text)}\n")
+            self._log.write(f"{utc_text(now)} [host] {printable(text)}\n")
             self._log.flush()
 
     def close(self) -> None:
@@ -253,30 +248,6 @@ class VmLog:
 
 
 # -------------------------------------------------------------------------------- transfers
-class TransferRefused(Exception):
-    """A transfer the host will not store (path escape, size limit); the message says why."""
-
-
-class TransferTooLarge(TransferRefused):
-    """Over the per-file or the per-VM limit (HTTP 413)."""
-
-
-class TransferConflict(TransferRefused):
-    """An upload that does not continue what the host holds (HTTP 409).
-
-    Attributes:
-        have: bytes of this content the host holds (the offset to resume from).
-    """
-
-    def __init__(self, text: str, have: int) -> None:
-        super().__init__(text)
-        self.have = have
-
-
-class TransferMismatch(TransferRefused):
-    """The uploaded bytes do not have the announced sha256 (HTTP 422); they were deleted."""
-
-
 @dataclass
 class TransferOutcome:
     """What became of one ``transfer_chunk`` or ``transfer_uploaded`` report.
@@ -775,8 +746,3 @@ def _sha256_fd(fd: int, size: int) -> Any:
         h.update(piece)
         pos += len(piece)
     return h
-
-
-def utc_text(ts: Optional[float]) -> str:
-    """``2026-01-01T12:00:00.000Z`` for a UTC epoch, ``-`` for None."""
-    return "-" if ts is None else _utc(ts)

@@ -18,13 +18,11 @@ import errno
 import os
 import stat
 
+from vmr_handler.core.errors import ChannelClosed
+
 #: Longest wait between two reads of a port that says EOF/EIO (no host), seconds.
 MAX_IDLE_BACKOFF = 1.0
 DEFAULT_PORT = "/dev/virtio-ports/org.vmr.handler.0"
-
-
-class ChannelClosed(Exception):
-    """The channel is gone for good (a unix socket peer closed); reconnect to go on."""
 
 
 class ByteChannel:

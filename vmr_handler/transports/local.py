@@ -11,7 +11,7 @@ import os
 import sys
 from typing import IO, Optional
 
-from vmr_handler.events import Event, describe
+from vmr_handler.core.events import Event, describe
 
 
 class LocalReporter:

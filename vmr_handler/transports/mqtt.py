@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import urlsplit
 
-from vmr_handler.errors import VmrError
-from vmr_handler.names import name_problem
-from vmr_handler.transports.channel import ByteChannel, ChannelClosed
+from vmr_handler.core.errors import ChannelClosed, MqttError
+from vmr_handler.core.names import name_problem
+from vmr_handler.transports.channel import ByteChannel
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +47,6 @@ log = logging.getLogger(__name__)
 SESSION_EXPIRY = 7 * 24 * 3600
 #: Publishes not yet acknowledged by the broker before :meth:`PahoBridge.publish` waits.
 MAX_INFLIGHT = 200
-
-
-class MqttError(VmrError):
-    """A broker URL, name or credential that cannot be used, or a connection refused for good."""
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Schedules: model (:mod:`.model`), restricted unpickler (:mod:`.unpickler`), validation
 (:mod:`.validate`) and loading from pickle/YAML/JSON (:mod:`.loader`)."""
 
-from vmr_handler.schedule.loader import detect_format, load_schedule, load_schedule_bytes
-from vmr_handler.schedule.model import (
+from vmr_handler.core.schedule.loader import detect_format, load_schedule, load_schedule_bytes
+from vmr_handler.core.schedule.model import (
     ContentDrop,
     DataItem,
     EntryKind,

@@ -20,8 +20,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from vmr_handler.errors import VmrError
-from vmr_handler.events import Event, json_safe
+from vmr_handler.core.errors import ProtocolError
+from vmr_handler.core.events import Event, json_safe
 
 PROTOCOL_VERSION = 1
 #: Default largest frame, bytes (a 64 KiB output piece base64-encoded fits many times over).
@@ -31,7 +31,7 @@ CONNECT_PREFIX = b"\n"
 MAX_ID = 128
 MAX_TYPE = 64
 
-# --- control event types (reports use the agent event types of vmr_handler.events) ----------
+# --- control event types (reports use the agent event types of vmr_handler.core.events) ----------
 HELLO = "hello"  # agent -> host, first on every connection
 WELCOME = "welcome"  # host -> agent, answers hello
 SCHEDULE = "schedule"  # host -> agent: the schedule bytes
@@ -46,10 +46,6 @@ RESUME = "resume"  # host -> agent: at (host experiment seconds)
 HEARTBEAT = "heartbeat"  # either way
 TRANSFER_CHUNK = "transfer_chunk"  # agent -> host: a piece of a file transferred out
 TRANSFER_UPLOADED = "transfer_uploaded"  # agent -> host: a file transferred out was uploaded over HTTP(S)
-
-
-class ProtocolError(VmrError):
-    """A frame or message breaks the protocol; ``details`` says how (never fatal to a peer)."""
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ from typing import Any, Iterable, List, Mapping, Optional, Sequence
 
 import yaml
 
-from vmr_handler.errors import ScheduleFormatError
-from vmr_handler.schedule.model import Schedule
-from vmr_handler.schedule.unpickler import looks_like_pickle, unpickle_entries
-from vmr_handler.schedule.validate import validate_records
+from vmr_handler.core.errors import ScheduleFormatError
+from vmr_handler.core.schedule.model import Schedule
+from vmr_handler.core.schedule.unpickler import looks_like_pickle, unpickle_entries
+from vmr_handler.core.schedule.validate import validate_records
 
 #: The safe YAML loader, libyaml-backed (about 6x faster) when PyYAML was built with it.
 _YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

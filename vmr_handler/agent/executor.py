@@ -2,7 +2,7 @@
 
 Nothing here knows about stages or time; the engine decides *when*, this module does *what*.
 
-Working dirs and command lines are pure rules of the schedule (:mod:`vmr_handler.schedule.commands`).
+Working dirs and command lines are pure rules of the schedule (:mod:`vmr_handler.core.schedule.commands`).
 
 * :func:`place_data` -- atomic content/file drops with modes and sha256, never overwriting.
 * :func:`find_shell` / :func:`shell_command` -- the reference's ``cd <dir>`` then
@@ -19,7 +19,6 @@ import errno
 import hashlib
 import os
 import shlex
-import shutil
 import sys
 import tempfile
 import time
@@ -28,9 +27,9 @@ from typing import Awaitable, Callable, Dict, List, Optional, Tuple, Union
 
 import psutil
 
-from vmr_handler.errors import EntryError
-from vmr_handler.schedule.commands import target_path
-from vmr_handler.schedule.model import ContentDrop, FileDrop, ScheduleEntry
+from vmr_handler.core.errors import EntryError
+from vmr_handler.core.schedule.commands import target_path
+from vmr_handler.core.schedule.model import ContentDrop, FileDrop, ScheduleEntry
 
 #: Longest piece of one output line carried in one event, bytes; longer lines are split
 #: into pieces marked ``continued`` (lossless).
@@ -39,8 +38,6 @@ MAX_LINE_PIECE = 64 * 1024
 REBOOT_FILE = "reboot"
 #: Exit code with which an entry requests a reboot (reference).
 REBOOT_EXIT_CODE = 10
-SHELL = "/bin/sh"
-BASH = "/bin/bash"
 #: Exit code of a shell that cannot find the program (POSIX "command not found").
 NOT_FOUND_EXIT_CODE = 127
 #: Exit code of a shell that found the program but cannot execute it (POSIX).
@@ -201,12 +198,6 @@ def place_data(entry: ScheduleEntry, workdir: str, resources_dir: str) -> List[P
                 os.chmod(path, mode)
         placed.append(PlacedFile(item.location, path, size, sha, mode, outcome))
     return placed
-
-
-def find_shell() -> str:
-    """The shell that runs command lines: bash when the machine has it (as the reference's
-    ``#!/bin/bash``), else the POSIX shell ``/bin/sh``."""
-    return shutil.which("bash") or (BASH if os.access(BASH, os.X_OK) else SHELL)
 
 
 def child_environment(env: Optional[Dict[str, str]] = None) -> Optional[Dict[str, str]]:

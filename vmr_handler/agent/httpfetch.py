@@ -27,20 +27,14 @@ import os
 import threading
 from typing import Any, Callable, Optional, Tuple, Union
 
+from vmr_handler.core.errors import FetchCancelled, FetchRefused
+
 log = logging.getLogger(__name__)
 
 #: Bytes per read from the response (and per cancellation check).
 CHUNK = 1024 * 1024
 #: Seconds to connect, seconds of silence while reading.
 TIMEOUT: Tuple[float, float] = (10.0, 30.0)
-
-
-class FetchRefused(Exception):
-    """The server refused for good (401, 403, 404, other 4xx) or the file is wrong."""
-
-
-class FetchCancelled(Exception):
-    """The agent is stopping (``cancel`` was set)."""
 
 
 class _Again(Exception):

@@ -5,7 +5,7 @@ An :class:`Event` is a frozen, past-tense fact: ``{"timestamp", "type", "id", "d
 (a per-boot uuid prefix + a counter, so ids also sort in emission order). Results carry
 ``status: success|error`` and ``details`` inside ``data``. A batch on the wire is a
 message ``{"now": ..., "events": [...]}`` with ascending timestamps (seed 001), built by
-:func:`vmr_handler.protocol.encode_message`.
+:func:`vmr_handler.core.protocol.encode_message`.
 The event types are listed in :class:`EventType` and documented in ``docs/events.md``.
 """
 
@@ -18,6 +18,8 @@ import uuid
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Callable, Dict, Mapping, Optional
+
+from vmr_handler.core.fsutil import utc_text
 
 PROTOCOL_VERSION = 1
 
@@ -140,12 +142,6 @@ def encode_output(chunk: bytes) -> Dict[str, Any]:
         return {"line_b64": base64.b64encode(chunk).decode("ascii")}
 
 
-def _utc_text(ts: float) -> str:
-    import datetime as _dt
-
-    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-
-
 def describe(event: Event) -> str:
     """One readable log line for ``event`` (the human log on stderr / the host's ``.log``)."""
     d = event.data
@@ -159,7 +155,7 @@ def describe(event: Event) -> str:
         if len(text) > 200:
             text = text[:200] + f"... ({len(text)} chars)"
         more = " [continued]" if d.get("continued") else ""
-        return f"{_utc_text(event.timestamp)} {what} {d.get('stream')}: {text!s}{more}"
+        return f"{utc_text(event.timestamp)} {what} {d.get('stream')}: {text!s}{more}"
     skip = {"index", "executable", "line", "line_b64"}
     extras = " ".join(f"{k}={v}" for k, v in d.items() if k not in skip and v not in (None, [], {}))
-    return f"{_utc_text(event.timestamp)} {event.type} {what} {extras}".rstrip()
+    return f"{utc_text(event.timestamp)} {event.type} {what} {extras}".rstrip()

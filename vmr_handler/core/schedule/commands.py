@@ -20,8 +20,8 @@ import shlex
 import shutil
 from typing import Dict, List, Optional
 
-from vmr_handler.errors import EntryError
-from vmr_handler.schedule.model import ContentDrop, FileDrop, ScheduleEntry
+from vmr_handler.core.errors import EntryError
+from vmr_handler.core.schedule.model import ContentDrop, FileDrop, ScheduleEntry
 
 
 def format_start_time(start_time: float) -> str:
@@ -112,6 +112,18 @@ def command_line(entry: ScheduleEntry, workdir: str) -> str:
 
 
 #: Words the shell runs itself: never "not found" on PATH (bash builtins and keywords).
+#: The POSIX shell, used when the machine has no bash.
+SHELL = "/bin/sh"
+#: Where bash usually is (the reference's ``#!/bin/bash``).
+BASH = "/bin/bash"
+
+
+def find_shell() -> str:
+    """The shell that runs command lines: bash when the machine has it (as the reference's
+    ``#!/bin/bash``), else the POSIX shell ``/bin/sh``."""
+    return shutil.which("bash") or (BASH if os.access(BASH, os.X_OK) else SHELL)
+
+
 SHELL_BUILTINS = frozenset(
     """. : [ alias bg bind break builtin caller case cd command compgen complete compopt continue
     declare dirs disown do done echo elif else enable esac eval exec exit export false fc fg fi for

@@ -17,11 +17,11 @@ import sys
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from vmr_handler import __version__
-from vmr_handler.errors import ControlError, JournalError, ScheduleError, VmrError
+from vmr_handler.core.errors import ControlError, JournalError, ScheduleError, VmrError
 
 if TYPE_CHECKING:  # imported where used: `--version`, `status` and `resume` start quickly
-    from vmr_handler.schedule import Schedule
-    from vmr_handler.timeline import Plan
+    from vmr_handler.core.schedule import Schedule
+    from vmr_handler.core.timeline import Plan
 
 EXIT_USAGE = 2
 DEFAULT_STATE_DIR = "/var/lib/vmr-handler"
@@ -239,14 +239,14 @@ def plan_table(schedule: Schedule, plan: Plan, commands: Optional[Dict[int, str]
 
 # ---------------------------------------------------------------------------- commands
 def _load(path: str, allow: Sequence[str]) -> Schedule:
-    from vmr_handler.schedule import load_schedule
+    from vmr_handler.core.schedule import load_schedule
 
     return load_schedule(path, allow)
 
 
 def _commands(schedule: Schedule, launch_dir: str) -> Dict[int, str]:
     """The exact command line of every entry that runs one (working dirs under ``launch_dir``)."""
-    from vmr_handler.schedule.commands import command_line, working_dirs
+    from vmr_handler.core.schedule.commands import command_line, working_dirs
 
     dirs = working_dirs(list(schedule.entries), launch_dir)
     return {e.index: command_line(e, dirs[e.index]) for e in schedule.entries if e.executable}
@@ -256,8 +256,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """``plan``: stored RESUME entries count as RESUMEs before the start (the agent applies them
     when it loads the schedule), before the ``--resume`` ones."""
     schedule = _load(args.schedule, args.allow_class)
-    from vmr_handler.schedule.model import EntryKind
-    from vmr_handler.timeline import build_plan
+    from vmr_handler.core.schedule.model import EntryKind
+    from vmr_handler.core.timeline import build_plan
 
     stored = [-math.inf for e in schedule.entries if e.kind is EntryKind.RESUME]
     plan = build_plan(schedule.entries, [*stored, *args.resume])
@@ -273,7 +273,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     """``check``: validation errors exit 2; warnings (extra pickle attributes, programs not found
     on this machine, shell syntax errors) exit 0, or 2 with ``--strict``."""
     schedule = _load(args.schedule, args.allow_class)
-    from vmr_handler.schedule.lint import lint_schedule
+    from vmr_handler.core.schedule.lint import lint_schedule
 
     warnings = [*schedule.warnings, *lint_schedule(schedule)]
     label = "error" if args.strict else "warning"
@@ -341,7 +341,7 @@ def _setting(args: argparse.Namespace, config: Dict[str, Any], key: str, default
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from vmr_handler.engine import DEFAULT_REBOOT_COMMAND, EngineConfig
+    from vmr_handler.agent.engine import DEFAULT_REBOOT_COMMAND, EngineConfig
 
     # identity and credentials, first found wins: command line, fw_cfg blob, config file, hostname
     settings = load_config(args.config)
@@ -351,7 +351,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     launch_dir = _setting(args, settings, "launch_dir", DEFAULT_LAUNCH_DIR)
     allow = _setting(args, settings, "allow_class", [])
     if args.local is None:
-        from vmr_handler.agent import AgentConfig, run_connected
+        from vmr_handler.agent.connected import AgentConfig, run_connected
         from vmr_handler.transports.channel import DEFAULT_PORT
 
         agent_config = AgentConfig(
@@ -413,9 +413,9 @@ def _mqtt_options(args: argparse.Namespace, settings: Dict[str, Any], vm_name: s
 async def _run_local(schedule: Schedule, config: Any, report: Optional[str], quiet: bool) -> int:
     import asyncio
 
-    from vmr_handler.control import ControlServer
-    from vmr_handler.engine import Engine
-    from vmr_handler.executor import install_child_watcher
+    from vmr_handler.agent.engine import Engine
+    from vmr_handler.agent.executor import install_child_watcher
+    from vmr_handler.core.control import ControlServer
     from vmr_handler.transports.local import LocalReporter
 
     install_child_watcher()
@@ -473,7 +473,7 @@ def _print_status(result: Dict[str, Any]) -> None:
 
 
 def cmd_control(args: argparse.Namespace) -> int:
-    from vmr_handler.control import request
+    from vmr_handler.core.control import request
 
     reply = request(args.state_dir, args.command)
     if args.json:

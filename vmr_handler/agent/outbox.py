@@ -18,9 +18,9 @@ import os
 from collections import OrderedDict
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from vmr_handler.errors import JournalError
-from vmr_handler.events import Event
-from vmr_handler.journal import atomic_write
+from vmr_handler.core.errors import JournalError
+from vmr_handler.core.events import Event
+from vmr_handler.core.fsutil import atomic_write
 
 OUTBOX_NAME = "outbox.log"
 #: Compact when the file is larger than this and over half of it is acknowledged.

@@ -2,7 +2,7 @@
 
 :class:`DataPlacement` keeps which entries' data is in place. The engine calls
 :meth:`DataPlacement.preload` once before anything runs and :meth:`DataPlacement.ensure` when
-an entry is about to run; placing itself is :func:`~vmr_handler.executor.place_data` (never
+an entry is about to run; placing itself is :func:`~vmr_handler.agent.executor.place_data` (never
 overwrites). The rules, in ``docs/firewheel.md`` ("When data lands"):
 
 1. Every content/file drop of every entry the agent runs is placed before anything runs
@@ -17,10 +17,10 @@ import asyncio
 import threading
 from typing import Any, Callable, Dict, List, Set, Tuple
 
-from vmr_handler.errors import EntryError
-from vmr_handler.events import EventType
-from vmr_handler.executor import PlacedFile, place_data
-from vmr_handler.schedule.model import EntryKind, ScheduleEntry
+from vmr_handler.agent.executor import PlacedFile, place_data
+from vmr_handler.core.errors import EntryError
+from vmr_handler.core.events import EventType
+from vmr_handler.core.schedule.model import EntryKind, ScheduleEntry
 
 Emit = Callable[..., Any]
 """``emit(EventType, **data)``: the engine's reporting function."""
@@ -30,7 +30,7 @@ class DataPlacement:
     """Places schedule entries' data, each entry's once.
 
     Args:
-        workdirs: ``{entry index: working dir}`` (:func:`~vmr_handler.schedule.commands.working_dirs`).
+        workdirs: ``{entry index: working dir}`` (:func:`~vmr_handler.core.schedule.commands.working_dirs`).
         resources_dir: where ``filename`` drops are read from.
         emit: reports ``data_placed`` and ``schedule_warning`` events.
         done: the journal's list of entry indices whose data was placed ahead of time; appended

@@ -11,7 +11,7 @@ Phases, in order, each resumable from the journal:
 4. Positive time: every positive entry fires from a timer at ``start + fire_at`` on the
    monotonic clock (``loop.call_at``; no polling); entries with the same instant fire in one
    callback after one journal write. A RESUME recomputes the plan (pure
-   :func:`~vmr_handler.timeline.build_plan`) and re-arms the timers.
+   :func:`~vmr_handler.core.timeline.build_plan`) and re-arms the timers.
 
 Inputs: RESUME (:meth:`Engine.resume`), stop (:meth:`Engine.stop`). Outputs: events to a
 sink callable. The engine never knows which transport carries them.
@@ -29,10 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from vmr_handler import __version__
-from vmr_handler.clock import SystemClock
-from vmr_handler.errors import EntryError, JournalError
-from vmr_handler.events import Event, EventFactory, EventType, encode_output
-from vmr_handler.executor import (
+from vmr_handler.agent.executor import (
     NOT_EXECUTABLE_EXIT_CODE,
     NOT_FOUND_EXIT_CODE,
     REBOOT_EXIT_CODE,
@@ -40,21 +37,24 @@ from vmr_handler.executor import (
     ProcessResult,
     ProcessRunner,
     child_environment,
-    find_shell,
     kill_tree,
     shell_command,
 )
-from vmr_handler.journal import DONE, FAILED, Journal
-from vmr_handler.placement import DataPlacement
-from vmr_handler.schedule.commands import (
+from vmr_handler.agent.journal import DONE, FAILED, Journal
+from vmr_handler.agent.placement import DataPlacement
+from vmr_handler.core.clock import SystemClock
+from vmr_handler.core.errors import EntryError, JournalError
+from vmr_handler.core.events import Event, EventFactory, EventType, encode_output
+from vmr_handler.core.schedule.commands import (
     command_line,
+    find_shell,
     first_word,
     program_missing,
     target_path,
     working_dirs,
 )
-from vmr_handler.schedule.model import EntryKind, Schedule, ScheduleEntry, TransferOut
-from vmr_handler.timeline import Plan, PlannedEntry, build_plan
+from vmr_handler.core.schedule.model import EntryKind, Schedule, ScheduleEntry, TransferOut
+from vmr_handler.core.timeline import Plan, PlannedEntry, build_plan
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +133,8 @@ class Engine:
     Args:
         schedule: the validated schedule.
         config: :class:`EngineConfig`.
-        sink: receives every :class:`~vmr_handler.events.Event` (must not block for long).
-        clock: reference clock (default :class:`~vmr_handler.clock.SystemClock`).
+        sink: receives every :class:`~vmr_handler.core.events.Event` (must not block for long).
+        clock: reference clock (default :class:`~vmr_handler.core.clock.SystemClock`).
 
     Construct it inside the running event loop. In local mode the experiment start time is
     ``configured_at + config.start_buffer``.
@@ -432,7 +432,7 @@ class Engine:
 
     # ------------------------------------------------------------------ phase 0: data, stored RESUMEs
     async def _preload(self) -> None:
-        """Place every entry's data before anything runs (:mod:`vmr_handler.placement`)."""
+        """Place every entry's data before anything runs (:mod:`vmr_handler.agent.placement`)."""
         self.phase = "placing data"
         if await self.data.preload(
             list(self.schedule.entries), lambda i: self.journal.entry_state(i) is not None

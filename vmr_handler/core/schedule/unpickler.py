@@ -13,7 +13,7 @@ runs arbitrary code, so :class:`RestrictedUnpickler` resolves *names* itself:
 * ``_codecs.encode`` and ``builtins.bytes`` -> safe bytes builders (protocol 0-2 bytes).
 
 Everything else is refused in ``find_class``, i.e. before it could ever be called, with
-:class:`~vmr_handler.errors.UnsafePickleError` naming ``module.name``. The firewheel package
+:class:`~vmr_handler.core.errors.UnsafePickleError` naming ``module.name``. The firewheel package
 is never imported.
 """
 
@@ -23,7 +23,7 @@ import io
 import pickle
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional
 
-from vmr_handler.errors import ScheduleFormatError, UnsafePickleError
+from vmr_handler.core.errors import ScheduleFormatError, UnsafePickleError
 
 #: The reference system's schedule entry class (always allowed).
 REFERENCE_ENTRY_CLASS = "firewheel.vm_resource_manager.schedule_entry.ScheduleEntry"

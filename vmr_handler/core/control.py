@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 if TYPE_CHECKING:
     import asyncio
 
-from vmr_handler.errors import ControlError
-from vmr_handler.events import json_safe
+from vmr_handler.core.errors import ControlError
+from vmr_handler.core.events import json_safe
 
 SOCKET_NAME = "control.sock"
 MAX_REQUEST = 64 * 1024

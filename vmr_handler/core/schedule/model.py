@@ -84,7 +84,7 @@ class ScheduleEntry:
             ``-inf``/``0``/``> 0`` only for pause/break entries (reference float tricks removed).
         executable: what the shell runs (a file this entry drops, or text as written: a path,
             a name on PATH, a builtin, a program with its own arguments), or None for
-            data-only, pause and RESUME entries (:mod:`vmr_handler.schedule.commands`).
+            data-only, pause and RESUME entries (:mod:`vmr_handler.core.schedule.commands`).
         arguments: argument string inserted unquoted into the command line, as the reference does.
         ignore_failure: when False, data that cannot be placed fails the VM (SPEC section 5);
             a program that fails or is not found never does.

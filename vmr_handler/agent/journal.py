@@ -22,11 +22,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
-from vmr_handler.errors import JournalError
+from vmr_handler.core.errors import JournalError
+from vmr_handler.core.fsutil import atomic_write
 
 JOURNAL_VERSION = 1
 JOURNAL_NAME = "journal.json"
@@ -50,39 +50,6 @@ def _decode_float(value: Any) -> Optional[float]:
     if value is None:
         return None
     return float(value)  # float("-inf") parses the string form
-
-
-def atomic_write(path: str, data: bytes, mode: int = 0o600) -> None:
-    """Write ``data`` to ``path`` atomically: temp file in the same dir, fsync, rename, fsync dir.
-
-    Raises:
-        OSError: from the file system (e.g. ENOSPC); the old file is left untouched.
-    """
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:
-        dir_fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
 
 
 class Journal:

@@ -2,7 +2,7 @@
 
 Rules come from SPEC sections 3-4 and issue 3 section 2. Every problem names the entry
 (index and, if present, executable) and the field; all problems are collected and raised
-together as one :class:`~vmr_handler.errors.ScheduleValidationError`.
+together as one :class:`~vmr_handler.core.errors.ScheduleValidationError`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import reprlib
 import sys
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from vmr_handler.errors import ScheduleValidationError
-from vmr_handler.schedule.model import (
+from vmr_handler.core.errors import ScheduleValidationError
+from vmr_handler.core.schedule.model import (
     ContentDrop,
     DataItem,
     FileDrop,

@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from vmr_handler.schedule.model import EntryKind, ScheduleEntry
+from vmr_handler.core.schedule.model import EntryKind, ScheduleEntry
 
 
 @dataclass(frozen=True)

@@ -19,15 +19,15 @@ import re
 import subprocess
 from typing import Dict, List, Optional
 
-from vmr_handler.executor import find_shell
-from vmr_handler.schedule.commands import (
+from vmr_handler.core.schedule.commands import (
     command_line,
     dropped_path,
+    find_shell,
     first_word,
     program_missing,
     working_dirs,
 )
-from vmr_handler.schedule.model import ContentDrop, FileDrop, Schedule
+from vmr_handler.core.schedule.model import ContentDrop, FileDrop, Schedule
 
 #: A command line made only of these characters has no shell syntax that could be wrong.
 _PLAIN = re.compile(r"[A-Za-z0-9_./,:@%+=\- ]*")
@@ -87,7 +87,7 @@ def lint_schedule(
         schedule: a validated schedule.
         launch_dir: root of the working dirs (only used to spell dropped programs' paths).
         path: ``PATH`` to look programs up on (default this process's).
-        shell: shell whose syntax is checked (default :func:`~vmr_handler.executor.find_shell`).
+        shell: shell whose syntax is checked (default :func:`~vmr_handler.core.schedule.commands.find_shell`).
 
     Returns:
         One message per problem, naming the entry, the program or the shell's complaint.

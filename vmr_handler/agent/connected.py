@@ -2,9 +2,9 @@
 
 :class:`HostLink` keeps one conversation with the host alive across channel drops, host
 restarts and agent restarts: handshake on every (re)connection, NTP-style clock sync,
-at-least-once reports from the :class:`~vmr_handler.outbox.Outbox`, heartbeats (a
+at-least-once reports from the :class:`~vmr_handler.agent.outbox.Outbox`, heartbeats (a
 virtio-serial guest cannot see the host leave), and dispatch of control events.
-:func:`run_connected` wires it to the :class:`~vmr_handler.engine.Engine`: it waits for the
+:func:`run_connected` wires it to the :class:`~vmr_handler.agent.engine.Engine`: it waits for the
 schedule (or reuses the one stored by a previous start), fetches VM-resource files, runs the
 engine with the host's start time, RESUMEs and clock, and sends transfers out.
 """
@@ -28,16 +28,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Mapping, Optional, Tuple
 
 from vmr_handler import __version__
-from vmr_handler import protocol as P
-from vmr_handler.clock import SystemClock
-from vmr_handler.errors import EntryError, ScheduleError, VmrError
-from vmr_handler.events import Event, EventFactory, EventType, describe
-from vmr_handler.executor import resource_path
-from vmr_handler.journal import JOURNAL_NAME, atomic_write
-from vmr_handler.outbox import Outbox
-from vmr_handler.schedule import FileDrop, Schedule, load_schedule_bytes
-from vmr_handler.schedule.validate import parse_number
-from vmr_handler.transports.channel import DEFAULT_PORT, ByteChannel, ChannelClosed, open_channel
+from vmr_handler.agent.executor import resource_path
+from vmr_handler.agent.journal import JOURNAL_NAME
+from vmr_handler.agent.outbox import Outbox
+from vmr_handler.core import protocol as P
+from vmr_handler.core.clock import SystemClock
+from vmr_handler.core.errors import ChannelClosed, EntryError, ScheduleError, VmrError
+from vmr_handler.core.events import Event, EventFactory, EventType, describe
+from vmr_handler.core.fsutil import atomic_write, sha256_file
+from vmr_handler.core.schedule import FileDrop, Schedule, load_schedule_bytes
+from vmr_handler.core.schedule.validate import parse_number
+from vmr_handler.transports.channel import DEFAULT_PORT, ByteChannel, open_channel
 
 if TYPE_CHECKING:
     from vmr_handler.transports.mqtt import MqttOptions
@@ -145,7 +146,7 @@ class HostLink:
         self.verifier: Any = None
         self._held: List[Event] = []  # signed control events waiting for the first clock sync
         if config.public_key:
-            from vmr_handler.signing import Verifier, load_public_key
+            from vmr_handler.core.signing import Verifier, load_public_key
 
             self.verifier = Verifier(
                 load_public_key(config.public_key),
@@ -391,7 +392,7 @@ class HostLink:
 
     def _verified(self, event: Event) -> bool:
         """Check ``event``'s signature; a refusal is reported (``control_refused``) and answered."""
-        from vmr_handler.errors import SignatureError, SigningError
+        from vmr_handler.core.errors import SignatureError, SigningError
 
         try:
             self.verifier.check(event, self.config.vm_name, self.clock.time())
@@ -748,7 +749,7 @@ class ConnectedAgent:
         read one chunk at a time (never whole into memory), yielding between chunks."""
         try:
             st = os.stat(full)
-            digest = await asyncio.to_thread(_sha256_file, full)
+            digest = await asyncio.to_thread(sha256_file, full)
         except OSError:
             return None
         if sent == digest:
@@ -777,7 +778,7 @@ class ConnectedAgent:
         return digest
 
     async def _upload(self, name: str, full: str, sent: Optional[str]) -> Optional[str]:
-        """Upload ``full`` over HTTP(S) (:func:`vmr_handler.httpfetch.upload`, resumable, in a
+        """Upload ``full`` over HTTP(S) (:func:`vmr_handler.agent.httpfetch.upload`, resumable, in a
         worker thread) unless its sha256 is ``sent``, then queue a ``transfer_uploaded`` report
         (the host puts the file in place when it arrives, in order with the other reports).
 
@@ -791,13 +792,13 @@ class ConnectedAgent:
         """
         from urllib.parse import quote
 
-        from vmr_handler.httpfetch import upload
+        from vmr_handler.agent.httpfetch import upload
 
         url, token = str(self._http.get("upload")) + quote(name, safe=""), str(self._http.get("token"))
         error: Optional[str] = None
         for _try in range(3):
             try:
-                digest = await asyncio.to_thread(_sha256_file, full)
+                digest = await asyncio.to_thread(sha256_file, full)
                 st = os.stat(full)
             except OSError:
                 return None
@@ -820,7 +821,7 @@ class ConnectedAgent:
                 )
                 return digest
             with contextlib.suppress(OSError):
-                if await asyncio.to_thread(_sha256_file, full) == digest:
+                if await asyncio.to_thread(sha256_file, full) == digest:
                     break  # not a change under way: HTTP refused it
         self._report(
             EventType.SCHEDULE_WARNING,
@@ -846,7 +847,7 @@ class ConnectedAgent:
             info = self._resources.get(name, {})
             want = info.get("sha256")
             target = os.path.join(root, hashlib.sha256(name.encode()).hexdigest()[:16])
-            if want and os.path.exists(target) and _sha256_file(target) == want:
+            if want and os.path.exists(target) and sha256_file(target) == want:
                 _link_name(root, name, target)
                 continue
             error = await self._fetch_http(name, target, info) if "url" in info else "no url"
@@ -860,7 +861,7 @@ class ConnectedAgent:
                 )
             if error and not self._stopped.is_set():
                 error = await self._fetch_one(name, target)
-                if error is None and want and _sha256_file(target) != want:
+                if error is None and want and sha256_file(target) != want:
                     # the chunks' own sha256 is unsigned: the schedule's (signed) one decides
                     os.unlink(target)
                     error = "sha256 differs from the one the schedule announced"
@@ -897,7 +898,7 @@ class ConnectedAgent:
                     with open(tmp, "ab") as fh:
                         fh.write(base64.b64decode(str(d.get("data_b64", ""))))
                     if d.get("last"):
-                        if _sha256_file(tmp) != d.get("sha256"):
+                        if sha256_file(tmp) != d.get("sha256"):
                             os.unlink(tmp)
                             return "sha256 mismatch after download"
                         os.replace(tmp, target)
@@ -910,10 +911,10 @@ class ConnectedAgent:
 
     async def _fetch_http(self, name: str, target: str, info: Mapping[str, Any]) -> Optional[str]:
         """Download one resource from the ``url`` announced with the schedule (``vmr-host serve
-        --http``) in a worker thread (:func:`vmr_handler.httpfetch.fetch`: resumable, retried,
+        --http``) in a worker thread (:func:`vmr_handler.agent.httpfetch.fetch`: resumable, retried,
         checked against the announced sha256); None on success, else why not. Ends at the next
         block when the agent stops (the ``.part`` file is kept for the next start)."""
-        from vmr_handler.httpfetch import fetch
+        from vmr_handler.agent.httpfetch import fetch
 
         url, token, sha256, size = (info.get(k) for k in ("url", "token", "sha256", "size"))
         if not (isinstance(url, str) and isinstance(token, str) and isinstance(sha256, str)):
@@ -962,8 +963,8 @@ class ConnectedAgent:
     # -------------------------------------------------------------- main
     async def run(self) -> int:
         """Connect, get the schedule, run it; returns the engine's exit code."""
-        from vmr_handler.engine import DEFAULT_REBOOT_COMMAND, Engine, EngineConfig
-        from vmr_handler.executor import install_child_watcher
+        from vmr_handler.agent.engine import DEFAULT_REBOOT_COMMAND, Engine, EngineConfig
+        from vmr_handler.agent.executor import install_child_watcher
 
         install_child_watcher()
         loop = asyncio.get_running_loop()
@@ -1005,7 +1006,7 @@ class ConnectedAgent:
             welcome_start = self.link.welcome.get("start_time")
             if isinstance(welcome_start, (int, float)) and self.link.verifier is None:
                 engine.set_start_time(float(welcome_start))
-            from vmr_handler.control import ControlServer
+            from vmr_handler.core.control import ControlServer
 
             control = ControlServer(
                 self.config.state_dir,
@@ -1063,14 +1064,6 @@ def _walk(path: str) -> List[Tuple[str, str]]:
                     out.append((os.path.relpath(full, path), full))
         return out
     return [("", path)] if os.path.isfile(path) else []
-
-
-def _sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _link_name(root: str, name: str, target: str) -> None:

@@ -59,10 +59,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from vmr_handler import protocol as P
-from vmr_handler.errors import SignatureError, SigningError
-from vmr_handler.events import Event, json_safe
-from vmr_handler.journal import atomic_write
+from vmr_handler.core import protocol as P
+from vmr_handler.core.errors import SignatureError, SigningError
+from vmr_handler.core.events import Event, json_safe
+from vmr_handler.core.fsutil import atomic_write
 
 __all__ = [
     "ALG",
@@ -228,7 +228,7 @@ def strip_signature(event: Event) -> Event:
 def sign(key: Ed25519PrivateKey, event: Event, vm: str, now: float) -> Event:
     """A copy of ``event`` signed for VM ``vm`` at ``now`` (UTC epoch seconds, host clock).
 
-    ``data`` is made JSON safe (:func:`vmr_handler.events.json_safe`, as on the wire) and gets
+    ``data`` is made JSON safe (:func:`vmr_handler.core.events.json_safe`, as on the wire) and gets
     ``"signature": {"alg": "ed25519", "key_id", "signed_at": now, "vm", "sig": base64}``.
     An existing signature is replaced, so re-signing a stored event for a resend is just
     ``sign(key, stored, vm, time.time())``. The event's ``timestamp`` is not covered.

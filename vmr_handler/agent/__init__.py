@@ -1,0 +1,1 @@
+"""The guest agent: engine, executor, journal, outbox, connected agent and its CLI (``vmr-handler``)."""

@@ -1,0 +1,187 @@
+"""The project's whole error tree. Library errors are translated at the boundary (``raise ... from``).
+
+Every exception vmr-handler raises on purpose derives from :class:`VmrError`; the modules that
+raise one re-export its name (``vmr_handler.host.store.TransferRefused`` is this module's class)::
+
+    VmrError
+     +-- UsageError               bad command-line input (exit code 2)
+     +-- ScheduleError            a schedule cannot be used (exit code 2 from the CLI)
+     |    +-- ScheduleFormatError    bytes are not a pickle/YAML/JSON list of entries
+     |    +-- UnsafePickleError      the pickle names a global outside the allow-list
+     |    +-- ScheduleValidationError  entries break SPEC section 3/4 rules (all problems listed)
+     +-- EntryError               one entry cannot be prepared or started (data drop, exec path)
+     +-- JournalError             the on-disk journal cannot be read or written
+     +-- ControlError             the local control socket cannot be reached
+     +-- SigningError             an Ed25519 key or the replay memory cannot be used (signing.py)
+     |    +-- SignatureError         a control message is refused: unsigned, bad signature, stale...
+     +-- ProtocolError            a frame or message breaks the protocol (never fatal to a peer)
+     +-- ChannelClosed            a transport's connection is gone for good; reconnect to go on
+     +-- MqttError                a broker URL, name or credential that cannot be used
+     +-- FetchRefused             an HTTP resource fetch refused for good (4xx, wrong file)
+     +-- FetchCancelled           the agent stops while an HTTP fetch runs
+     +-- HostSetupError           ``vmr-host serve`` cannot start (exit code 2 or 1)
+     +-- BarrierError             an operator request the barrier cannot honour (also a ValueError)
+     +-- ResourceRefused          a VM-resource request the host will not serve
+     |    +-- ResourceMissing        no such file in the resource directory (HTTP 404)
+     +-- TransferRefused          a file transfer the host will not store
+     |    +-- TransferTooLarge       over the per-file or per-VM limit (HTTP 413)
+     |    +-- TransferConflict       does not continue what the host holds (HTTP 409)
+     |    +-- TransferMismatch       the bytes do not have the announced sha256 (HTTP 422)
+     +-- NoLogs                   a logs directory holds no ``<vm>.jsonl`` (``vmr-host report``)
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+class VmrError(Exception):
+    """Base class of every error vmr-handler raises on purpose."""
+
+
+class ScheduleError(VmrError):
+    """A schedule cannot be loaded or used."""
+
+
+class ScheduleFormatError(ScheduleError):
+    """The schedule bytes are not a readable pickle, YAML or JSON list of schedule entries."""
+
+
+class UnsafePickleError(ScheduleError):
+    """A pickle names a callable or class outside the allow-list (SPEC section 7).
+
+    Raised from ``find_class`` *before* the named object is ever called.
+
+    Attributes:
+        global_name: the ``module.name`` the pickle asked for.
+    """
+
+    def __init__(self, global_name: str) -> None:
+        super().__init__(
+            f"refused to unpickle {global_name!r}: only schedule-entry classes and plain builtins "
+            "are allowed (allow-list more schedule-entry class names with --allow-class)"
+        )
+        self.global_name = global_name
+
+
+class ScheduleValidationError(ScheduleError):
+    """One or more schedule entries break the rules of SPEC section 3/4.
+
+    Attributes:
+        problems: every problem found, each naming the entry (index, executable) and field.
+    """
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        super().__init__(
+            f"{len(self.problems)} problem(s) in schedule:\n" + "\n".join(f"  - {p}" for p in self.problems)
+        )
+
+
+class EntryError(VmrError):
+    """A schedule entry cannot be prepared or started (data drop failed, executable not found)."""
+
+
+class JournalError(VmrError):
+    """The journal in the state directory cannot be read or written."""
+
+
+class ControlError(VmrError):
+    """The running agent's local control socket cannot be reached or answered badly."""
+
+
+class SigningError(VmrError):
+    """An Ed25519 key file or the replay memory cannot be used (``vmr_handler/core/signing.py``);
+    the message names the file and what is wrong."""
+
+
+class SignatureError(SigningError):
+    """A control message is refused by :class:`vmr_handler.core.signing.Verifier` (SPEC section 7).
+
+    Attributes:
+        event_type: the refused event's ``type``.
+        event_id: the refused event's ``id``.
+        reason: what is wrong, e.g. ``"unsigned"``, ``"bad signature"``,
+            ``"stale: signed 412.0 s ago (limit 300 s)"``.
+    """
+
+    def __init__(self, event_type: str, event_id: str, reason: str) -> None:
+        super().__init__(f"refused {event_type} event {event_id!r}: {reason}")
+        self.event_type = event_type
+        self.event_id = event_id
+        self.reason = reason
+
+
+class UsageError(VmrError):
+    """Bad command-line input (exit code 2); the message names the option and what is wrong."""
+
+
+class ProtocolError(VmrError):
+    """A frame or message breaks the protocol; ``details`` says how (never fatal to a peer)."""
+
+
+class ChannelClosed(VmrError):
+    """The channel is gone for good (a unix socket peer closed); reconnect to go on."""
+
+
+class MqttError(VmrError):
+    """A broker URL, name or credential that cannot be used, or a connection refused for good."""
+
+
+class FetchRefused(VmrError):
+    """The HTTP resource server refused for good (401, 403, 404, other 4xx) or the file is wrong."""
+
+
+class FetchCancelled(VmrError):
+    """The agent is stopping (the fetch's ``cancel`` was set)."""
+
+
+class HostSetupError(VmrError):
+    """``vmr-host serve`` cannot start; ``exit_code`` is 2 for bad input, 1 otherwise."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class BarrierError(VmrError, ValueError):
+    """An operator request the barrier cannot honour (unknown VM, start already set).
+
+    Also a ``ValueError``, so that the control socket answers it as a refused request.
+    """
+
+
+class ResourceRefused(VmrError):
+    """A resource request the host will not serve; the message says why (sent to the agent)."""
+
+
+class ResourceMissing(ResourceRefused):
+    """The name is acceptable but no such file is in the resource directory (HTTP 404)."""
+
+
+class TransferRefused(VmrError):
+    """A transfer the host will not store (path escape, size limit); the message says why."""
+
+
+class TransferTooLarge(TransferRefused):
+    """Over the per-file or the per-VM limit (HTTP 413)."""
+
+
+class TransferConflict(TransferRefused):
+    """An upload that does not continue what the host holds (HTTP 409).
+
+    Attributes:
+        have: bytes of this content the host holds (the offset to resume from).
+    """
+
+    def __init__(self, text: str, have: int) -> None:
+        super().__init__(text)
+        self.have = have
+
+
+class TransferMismatch(TransferRefused):
+    """The uploaded bytes do not have the announced sha256 (HTTP 422); they were deleted."""
+
+
+class NoLogs(VmrError):
+    """The logs directory holds no ``<vm>.jsonl``."""

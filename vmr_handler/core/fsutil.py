@@ -1,0 +1,79 @@
+"""File-system helpers shared by the agent and the host: atomic writes, sha256, UTC text.
+
+One home for what both sides need, so neither imports the other's modules:
+
+* :func:`atomic_write` -- the write that never leaves a torn file (the journal, the outbox
+  compaction, keys, the host's state and report files);
+* :func:`sha256_file` -- a file's digest, read in 1 MiB pieces;
+* :func:`utc_text` -- the UTC form every log line and report uses.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import os
+import tempfile
+from typing import Optional
+
+#: Bytes read at a time when hashing.
+HASH_PIECE = 1024 * 1024
+
+
+def atomic_write(path: str, data: bytes, mode: int = 0o600) -> None:
+    """Write ``data`` to ``path`` atomically: temp file in the same dir, fsync, rename, fsync dir.
+
+    Args:
+        path: the file to replace or create.
+        data: its whole new content.
+        mode: permission bits of the new file (default owner-only).
+
+    Raises:
+        OSError: from the file system (e.g. ENOSPC); the old file is left untouched and no
+            temp file is left behind.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
+
+
+def sha256_file(path: str) -> str:
+    """The hex sha256 of the file at ``path`` (read in :data:`HASH_PIECE` pieces).
+
+    Raises:
+        OSError: the file cannot be opened or read.
+    """
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for piece in iter(lambda: fh.read(HASH_PIECE), b""):
+            h.update(piece)
+    return h.hexdigest()
+
+
+def utc_text(ts: Optional[float]) -> str:
+    """``2026-01-01T12:00:00.000Z`` for a UTC epoch in seconds, ``-`` for None."""
+    if ts is None:
+        return "-"
+    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
