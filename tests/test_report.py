@@ -12,9 +12,9 @@ from typing import Any, Dict, List
 import pytest
 
 from tests.hostenv import HostEnv
-from vmr_handler.host import report
 from vmr_handler.host.cli import main as host_main
 from vmr_handler.host.report import ExperimentTimeline, read_jsonl, render_html, render_report, write_report
+from vmr_handler.host.report import fold as report_fold
 
 NS = "{http://www.w3.org/2000/svg}"
 T0 = 1_800_000_000.0
@@ -385,7 +385,7 @@ def test_cli_exit_2_without_logs_and_default_output(tmp_path, capsys):
 
 
 def test_max_items_caps_what_one_vm_can_make_us_keep(monkeypatch):
-    monkeypatch.setattr(report, "MAX_ITEMS", 10)
+    monkeypatch.setattr(report_fold, "MAX_ITEMS", 10)  # read where it is defined
     tl = ExperimentTimeline()
     for i in range(50):
         tl.add(rec("a", T0 + i, "entry_started", index=i, executable="x"))

@@ -1,0 +1,110 @@
+"""The report's I/O: :func:`read_jsonl` streams one ``<vm>.jsonl`` host log, :func:`write_report`
+folds ``<logs>/*.jsonl`` line by line, reads ``<logs>/experiment.json`` and writes the HTML
+atomically, :func:`cmd_report` is the ``vmr-host report`` front end."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, Dict, Iterator, List, Optional
+
+from vmr_handler.core.errors import NoLogs
+from vmr_handler.core.fsutil import atomic_write
+from vmr_handler.host.report.fold import ExperimentTimeline
+from vmr_handler.host.report.render import render_html
+from vmr_handler.host.store import EXPERIMENT_FILE, JSONL_SUFFIX, ExperimentStore
+
+
+def read_jsonl(path: str, notes: List[str]) -> Iterator[Dict[str, Any]]:
+    """The records of one ``<vm>.jsonl``, streamed line by line (read-only: unlike
+    :meth:`vmr_handler.host.store.VmLog.open`, which also cuts a partial line and opens the
+    files for appending). An unreadable line is skipped and a cut last line (the host is
+    writing it, or died writing it) ignored; both are noted in ``notes``."""
+    bad = 0
+    name = os.path.basename(path)
+    try:
+        with open(path, "rb") as fh:
+            for line in fh:
+                if not line.endswith(b"\n"):
+                    notes.append(f"{name}: a partial last line was ignored")
+                    break
+                try:
+                    rec = json.loads(line)
+                except (ValueError, RecursionError):
+                    bad += 1
+                    continue
+                if isinstance(rec, dict):
+                    yield rec
+                else:
+                    bad += 1
+    except OSError as exc:
+        notes.append(f"{name}: cannot read: {exc.strerror}")
+    if bad:
+        notes.append(f"{name}: {bad} unreadable line(s) skipped")
+
+
+def write_report(logs: str, out: str, now: Optional[float] = None) -> str:
+    """Read ``<logs>/*.jsonl`` and ``<logs>/experiment.json`` and write the report to ``out``
+    atomically (temp file + rename).
+
+    Args:
+        logs: the host's logs directory (``docs/host.md``, "Logs").
+        out: the HTML file to write.
+        now: UTC epoch seconds printed as the report's time (default: the clock).
+
+    Returns:
+        ``out``.
+
+    Raises:
+        NoLogs: no ``.jsonl`` in ``logs`` (or no such directory).
+        OSError: ``out`` cannot be written.
+    """
+    try:
+        files = sorted(f for f in os.listdir(logs) if f.endswith(JSONL_SUFFIX))
+    except OSError as exc:
+        raise NoLogs(f"cannot read the logs directory {logs}: {exc.strerror}") from exc
+    if not files:
+        raise NoLogs(f"no <vm>{JSONL_SUFFIX} logs in {logs}")
+    notes: List[str] = []
+    try:
+        experiment = ExperimentStore(logs).load()
+    except ValueError as exc:
+        notes.append(f"{EXPERIMENT_FILE}: {exc} (the start time shown is what the VMs reported)")
+        experiment = {}
+    timeline = ExperimentTimeline()
+    for f in files:
+        vm = f[: -len(JSONL_SUFFIX)]
+        lane = timeline.vm(vm)
+        for rec in read_jsonl(os.path.join(logs, f), notes):
+            lane.add(rec)  # the VM is its log file, whatever a record claims
+    text = render_html(
+        timeline,
+        experiment,
+        notes,
+        time.time() if now is None else now,
+        title=f"vmr-handler experiment: {os.path.basename(os.path.abspath(logs))}",
+    )
+    atomic_write(out, text.encode("utf-8"), 0o644)
+    return out
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """``vmr-host report [--logs DIR] [--out FILE]``: write the report, print its path.
+
+    Returns:
+        0; 2 (a message on stderr) when the logs directory holds no ``.jsonl``.
+
+    Raises:
+        OSError: the output cannot be written (the CLI exits 1).
+    """
+    out = args.out or os.path.join(args.logs, "report.html")
+    try:
+        write_report(args.logs, out)
+    except NoLogs as exc:
+        print(f"vmr-host: error: {exc}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
