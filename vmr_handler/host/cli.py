@@ -26,7 +26,7 @@ import signal
 import socket
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from vmr_handler import __version__
 from vmr_handler.core.errors import ControlError, UsageError
@@ -57,6 +57,7 @@ def _positive(text: str) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The ``vmr-host`` parser: the global flags, then one sub-command per :data:`_COMMANDS` entry."""
     parser = argparse.ArgumentParser(
         prog="vmr-host",
         description="Host controller of a vmr-handler experiment: delivers schedules over each VM's "
@@ -65,18 +66,26 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"vmr-host {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="more logging (info; twice: debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in _COMMANDS:
+        add(sub)
+    return parser
 
-    def logs(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--logs", default=DEFAULT_LOGS, metavar="DIR", help=f"logs directory (default ./{DEFAULT_LOGS})"
-        )
 
+def _add_logs(p: argparse.ArgumentParser) -> None:
+    """``--logs DIR`` (default :data:`DEFAULT_LOGS`)."""
+    p.add_argument(
+        "--logs", default=DEFAULT_LOGS, metavar="DIR", help=f"logs directory (default ./{DEFAULT_LOGS})"
+    )
+
+
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``serve``: schedules, logs, barrier, signing; MQTT and HTTP(S) flags in their groups."""
     serve = sub.add_parser("serve", help="serve every VM's channel (runs until SIGTERM)")
     serve.add_argument(
         "--schedules", required=True, metavar="DIR", help="one schedule per VM: <vm>.pkl|.yaml|.json"
     )
     serve.add_argument("--resources", metavar="DIR", help="VM-resource files for `filename` drops")
-    logs(serve)
+    _add_logs(serve)
     serve.add_argument(
         "--channels",
         metavar="DIR",
@@ -107,6 +116,24 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="Ed25519 private key (`vmr-host keygen`): sign schedules, start time and RESUME",
     )
+    _add_serve_mqtt(serve)
+    serve.add_argument(
+        "--allow-class",
+        action="append",
+        default=[],
+        metavar="MODULE.NAME",
+        help="also admit this schedule-entry class name in pickles (repeatable)",
+    )
+
+    # debug/test tuning (docs/host.md): keep --heartbeat well under the agent's 15 s silence limit
+    serve.add_argument("--heartbeat", type=_positive, default=5.0, help=argparse.SUPPRESS)
+    serve.add_argument("--silent-after", type=_positive, default=15.0, help=argparse.SUPPRESS)
+    serve.add_argument("--http-debug-rate", type=_positive, metavar="BYTES/S", help=argparse.SUPPRESS)
+    _add_serve_http(serve)
+
+
+def _add_serve_mqtt(serve: argparse.ArgumentParser) -> None:
+    """The ``serve`` group "MQTT transport": broker, credentials, several hosts on one broker."""
     mq = serve.add_argument_group("MQTT transport (docs/mqtt.md)")
     mq.add_argument(
         "--transport",
@@ -148,34 +175,35 @@ def _parser() -> argparse.ArgumentParser:
         metavar="HOST,...",
         help="(coordinator) the other hosts' --host-id: the start waits for each one's VMs",
     )
-    serve.add_argument(
-        "--allow-class",
-        action="append",
-        default=[],
-        metavar="MODULE.NAME",
-        help="also admit this schedule-entry class name in pickles (repeatable)",
-    )
 
-    # debug/test tuning (docs/host.md): keep --heartbeat well under the agent's 15 s silence limit
-    serve.add_argument("--heartbeat", type=_positive, default=5.0, help=argparse.SUPPRESS)
-    serve.add_argument("--silent-after", type=_positive, default=15.0, help=argparse.SUPPRESS)
-    serve.add_argument("--http-debug-rate", type=_positive, metavar="BYTES/S", help=argparse.SUPPRESS)
+
+def _add_serve_http(serve: argparse.ArgumentParser) -> None:
+    """The ``serve`` group "VM resources over HTTP(S)": ``--http*``."""
     web = serve.add_argument_group("VM resources over HTTP(S) (docs/host.md)")
     web.add_argument("--http", metavar="HOST:PORT", help="serve `filename` drops over HTTP(S) here")
     web.add_argument("--http-url", metavar="URL", help="base URL agents use (default http[s]://HOST:PORT)")
     web.add_argument("--http-cert", metavar="FILE", help="PEM server certificate: serve HTTPS")
     web.add_argument("--http-key", metavar="FILE", help="PEM key of --http-cert (if not in it)")
 
+
+def _add_status(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``status [--logs DIR] [--json]``."""
     status = sub.add_parser("status", help="every VM and whom the barrier waits for")
-    logs(status)
+    _add_logs(status)
     status.add_argument("--json", action="store_true", help="print the full status as JSON")
 
+
+def _add_resume(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``resume (VM... | --all) [--logs DIR] [--json]``."""
     resume = sub.add_parser("resume", help="send a RESUME to VMs (stamped with host experiment time)")
     resume.add_argument("vms", nargs="*", metavar="VM")
     resume.add_argument("--all", action="store_true", help="every VM")
-    logs(resume)
+    _add_logs(resume)
     resume.add_argument("--json", action="store_true")
 
+
+def _add_release(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``release [--exclude VM...] [--logs DIR] [--json]``."""
     release = sub.add_parser("release", help="start the experiment without VMs that are missing")
     release.add_argument(
         "--exclude",
@@ -184,24 +212,44 @@ def _parser() -> argparse.ArgumentParser:
         metavar="VM",
         help="drop these VMs from the barrier (without: start without everyone still missing)",
     )
-    logs(release)
+    _add_logs(release)
     release.add_argument("--json", action="store_true")
 
-    from vmr_handler.host.mqttconfig import add_arguments as mqtt_config_arguments
+
+def _add_mqtt_config(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``mqtt-config``: its options are :func:`vmr_handler.host.mqttlayout.add_arguments`."""
+    from vmr_handler.host.mqttlayout import add_arguments as mqtt_config_arguments
 
     mqtt_config = sub.add_parser("mqtt-config", help="mosquitto config, ACL and credentials (docs/mqtt.md)")
     mqtt_config_arguments(mqtt_config)
 
+
+def _add_keygen(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``keygen --out DIR [--force]``."""
     keygen = sub.add_parser("keygen", help="make the host's Ed25519 key pair for signed control messages")
     keygen.add_argument(
         "--out", required=True, metavar="DIR", help="writes DIR/host.key (mode 0600) and DIR/host.pub"
     )
     keygen.add_argument("--force", action="store_true", help="replace an existing key pair")
 
+
+def _add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``report [--logs DIR] [--out FILE.html]``."""
     rep = sub.add_parser("report", help="write the experiment timeline as one HTML file (docs/host.md)")
-    logs(rep)
+    _add_logs(rep)
     rep.add_argument("--out", metavar="FILE.html", help="where to write it (default <logs>/report.html)")
-    return parser
+
+
+#: The sub-commands, in the order ``vmr-host --help`` lists them.
+_COMMANDS: Tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], ...] = (
+    _add_serve,
+    _add_status,
+    _add_resume,
+    _add_release,
+    _add_mqtt_config,
+    _add_keygen,
+    _add_report,
+)
 
 
 # ---------------------------------------------------------------------------------- serve
@@ -242,7 +290,7 @@ def build_config(args: argparse.Namespace) -> HostConfig:
             raise UsageError(f"--signing-key: {exc}") from exc
     http = None
     if args.http:
-        from vmr_handler.host.http import parse_http_options
+        from vmr_handler.host.httpopts import parse_http_options
 
         try:
             http = parse_http_options(

@@ -21,7 +21,7 @@ URL layout: ``GET|HEAD <base>/r/<vm>/<name>`` with ``Authorization: Bearer <toke
 
 Uploads: ``HEAD|PUT <base>/t/<vm>/<location>`` (``location`` percent-encoded, ``/`` as
 ``%2F`` or not), same token, ``X-Vmr-Sha256: <hex>`` (the whole file's). The bytes go to
-:meth:`~vmr_handler.host.store.TransferStore.upload` (the VM's transfer store: the same
+:meth:`~vmr_handler.host.transfers.TransferStore.upload` (the VM's transfer store: the same
 confinement and limits as ``transfer_chunk``), staged by sha256 until the VM's
 ``transfer_uploaded`` report puts the file in place, in the order of its other reports.
 
@@ -52,16 +52,16 @@ handshake happens in the connection's own thread and a slow client cannot hold u
 
 Everything the threads tell the rest of the host goes through the ``note`` callback given to
 :meth:`ResourceHttp.start`, which must be thread-safe (the server hands it to its loop).
+
+Modules: this one serves and answers downloads; :mod:`vmr_handler.host.httpuploads` answers
+uploads, :mod:`vmr_handler.host.httpcommon` holds what both use (token check, refusals, the
+outcomes told to ``note``), :mod:`vmr_handler.host.httpopts` the ``--http*`` flags and tokens.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
 import logging
 import os
-import secrets
 import socket
 import socketserver
 import ssl
@@ -69,123 +69,39 @@ import threading
 import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from vmr_handler import __version__
-from vmr_handler.core.errors import (
-    HostSetupError,
-    ResourceMissing,
-    ResourceRefused,
-    TransferConflict,
-    TransferMismatch,
-    TransferRefused,
-    TransferTooLarge,
-)
-from vmr_handler.core.ratelimit import worth_logging
+from vmr_handler.core.errors import HostSetupError, ResourceMissing, ResourceRefused
 from vmr_handler.host.config import HttpOptions, VmSpec
+from vmr_handler.host.httpcommon import (
+    CHUNK,
+    INTERRUPTED,
+    REFUSED,
+    SERVED,
+    SOCKET_TIMEOUT,
+    UPLOAD_REFUSED,
+    UPLOADED,
+    NoteFn,
+    is_count,
+)
+from vmr_handler.host.httpuploads import UploadRequests
 from vmr_handler.host.resources import ResourceStore
-from vmr_handler.host.store import TransferStore, atomic_write_json
 
 log = logging.getLogger("vmr_handler.host.http")
 
-TOKENS_FILE = "http-tokens.json"
-#: Bytes read from the file and written to the socket at a time.
-CHUNK = 256 * 1024
-#: Seconds a connection may stay silent (request line, headers, a stalled reader).
-SOCKET_TIMEOUT = 60.0
-#: What ``note`` is told about a request: a whole download, a broken one, a refusal, an upload.
-#: (``UPLOAD_REFUSED``: a refused upload, counted with the VM's refused transfers.)
-SERVED, INTERRUPTED, REFUSED, UPLOADED = "served", "interrupted", "refused", "uploaded"
-UPLOAD_REFUSED = "upload_refused"
-
-#: ``note(vm, text, outcome)``: called from HTTP threads, must be thread-safe. ``text`` is the
-#: line for the VM's readable log, None for a refusal counted but not logged (rate limit).
-NoteFn = Callable[[str, Optional[str], str], None]
-
-
-def parse_http_options(
-    bind: str,
-    url: Optional[str] = None,
-    cert_file: Optional[str] = None,
-    key_file: Optional[str] = None,
-    debug_rate: Optional[float] = None,
-) -> HttpOptions:
-    """:class:`HttpOptions` from the ``--http*`` flags.
-
-    Args:
-        bind: ``HOST:PORT`` (``[V6ADDR]:PORT`` for IPv6).
-        url: ``--http-url``; default ``http[s]://HOST:PORT`` (not for a wildcard HOST).
-        cert_file, key_file: ``--http-cert`` / ``--http-key``.
-        debug_rate: ``--http-debug-rate`` bytes per second, > 0.
-
-    Raises:
-        ValueError: a malformed value, a key without a certificate, a wildcard bind address
-            without ``url``, or a ``url`` that is not ``http[s]://``; the message names the flag.
-    """
-    host, sep, port_text = bind.rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ValueError(f"--http {bind!r}: expected HOST:PORT with a port 1-65535")
-    if key_file and not cert_file:
-        raise ValueError("--http-key needs --http-cert")
-    for flag, path in (("--http-cert", cert_file), ("--http-key", key_file)):
-        if path and not os.path.isfile(path):
-            raise ValueError(f"{flag} {path}: no such file")
-    if debug_rate is not None and not debug_rate > 0:
-        raise ValueError("--http-debug-rate must be > 0 bytes per second")
-    scheme = "https" if cert_file else "http"
-    if url is None:
-        if host in ("0.0.0.0", "::", ""):
-            raise ValueError(f"--http {bind}: binds every interface; give --http-url (how agents reach it)")
-        url = f"{scheme}://{'[' + host + ']' if ':' in host else host}:{port_text}"
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
-        raise ValueError(f"--http-url {url!r}: expected http[s]://HOST[:PORT][/PREFIX]")
-    return HttpOptions(host, int(port_text), url.rstrip("/"), cert_file, key_file, debug_rate)
-
-
-def load_tokens(logs: str, vms: Any) -> Dict[str, str]:
-    """Every VM's token from ``<logs>/http-tokens.json``, adding (and saving) any missing one.
-
-    Args:
-        logs: the host's logs directory (must exist).
-        vms: the VM names served now (tokens of VMs no longer served are kept in the file).
-
-    Returns:
-        ``{vm: token}`` for every VM in ``vms``.
-
-    Raises:
-        HostSetupError: (exit 1) the file cannot be read, is not ``{"version": 1, "tokens":
-            {vm: str}}``, or cannot be written.
-    """
-    path = os.path.join(logs, TOKENS_FILE)
-    tokens: Dict[str, str] = {}
-    try:
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
-        raw = doc.get("tokens") if isinstance(doc, dict) else None
-        if not isinstance(raw, dict) or not all(isinstance(v, str) and v for v in raw.values()):
-            raise ValueError('expected {"version": 1, "tokens": {"<vm>": "<token>"}}')
-        tokens = {str(k): v for k, v in raw.items()}
-        os.chmod(path, 0o600)
-    except FileNotFoundError:
-        pass
-    except (OSError, ValueError) as exc:
-        raise HostSetupError(f"cannot use {path}: {exc}") from exc
-    missing = [vm for vm in vms if vm not in tokens]
-    for vm in missing:
-        tokens[vm] = secrets.token_urlsafe(32)
-    if missing or not os.path.exists(path):
-        try:
-            atomic_write_json(path, {"version": 1, "tokens": dict(sorted(tokens.items()))})  # mode 0600
-        except OSError as exc:
-            raise HostSetupError(f"cannot write {path}: {exc}") from exc
-    return {vm: tokens[vm] for vm in vms}
-
-
-def _token_key(token: str) -> str:
-    """Tokens are looked up by their sha256, so the lookup time tells nothing about them."""
-    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
+__all__ = [
+    "CHUNK",
+    "INTERRUPTED",
+    "REFUSED",
+    "SERVED",
+    "SOCKET_TIMEOUT",
+    "UPLOADED",
+    "UPLOAD_REFUSED",
+    "NoteFn",
+    "ResourceHttp",
+    "parse_range",
+]
 
 
 def parse_range(header: Optional[str], size: int) -> Optional[Tuple[int, int]]:
@@ -199,7 +115,7 @@ def parse_range(header: Optional[str], size: int) -> Optional[Tuple[int, int]]:
     if not header or not header.startswith("bytes=") or "," in header:
         return None
     first, dash, last = header[6:].strip().partition("-")
-    if not dash or not _is_count(first) or (last and not _is_count(last)):
+    if not dash or not is_count(first) or (last and not is_count(last)):
         return None
     start = int(first)
     end = min(int(last), size - 1) if last else size - 1
@@ -277,14 +193,15 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("http: %s %s", self.address_string(), format % args)
 
 
-class ResourceHttp:
-    """The HTTP(S) resource server of one ``vmr-host serve``.
+class ResourceHttp(UploadRequests):
+    """The HTTP(S) resource server of one ``vmr-host serve``: downloads of ``/r/`` here, uploads
+    to ``/t/`` in :class:`~vmr_handler.host.httpuploads.UploadRequests`.
 
     Build it at host set-up (tokens are loaded or made then, so the schedule events can carry
     them), :meth:`start` it on the running host, :meth:`stop` it at shutdown.
 
     Args:
-        options: flags (:func:`parse_http_options`).
+        options: flags (:func:`~vmr_handler.host.httpopts.parse_http_options`).
         vms: the served VMs (a VM may fetch only its own schedule's ``filename`` drops).
         store: the host's resource store (confinement, sizes, cached sha256).
         logs: the logs directory (``http-tokens.json``).
@@ -302,23 +219,13 @@ class ResourceHttp:
     def __init__(
         self, options: HttpOptions, vms: Mapping[str, VmSpec], store: ResourceStore, logs: str, streams: int
     ) -> None:
-        self.options = options
-        self.vms = dict(vms)
+        super().__init__(options, vms, logs, streams)
         self.store = store
-        self.streams = streams
-        self.tokens = load_tokens(logs, sorted(vms))
-        self._by_token = {_token_key(t): vm for vm, t in self.tokens.items()}
         #: threads open at most: every VM's downloads plus a keep-alive connection each
         self.max_connections = max(64, (2 * streams + 2) * len(self.vms))
-        self.transfers: Dict[str, TransferStore] = {}
         self._busy: Dict[str, int] = {}
-        self._uploading: Dict[str, int] = {}
-        self._refused: Dict[Optional[str], int] = {}
-        self._lock = threading.Lock()
-        self._note: NoteFn = lambda vm, text, outcome: None
         self._server: Optional[_Server] = None
         self._thread: Optional[threading.Thread] = None
-        self._stopping = threading.Event()
 
     # ------------------------------------------------------------------ what the schedule says
     def url(self, vm: str, name: str) -> str:
@@ -389,36 +296,6 @@ class ResourceHttp:
             self._thread.join(timeout=5)
 
     # ------------------------------------------------------------------ requests
-    def refusals_of(self, vm: Optional[str], text: str, outcome: str = REFUSED) -> None:
-        """Log a refusal (rate-limited per VM: 1st-5th, then every power of 10); ``vm`` None
-        when the requester is unknown (bad token, server full)."""
-        with self._lock:
-            n = self._refused[vm] = self._refused.get(vm, 0) + 1
-        logged = worth_logging(n)
-        if logged:
-            text = f"http: {text}" + (f" (x{n})" if n > 1 else "")
-            log.warning("%s%s", f"{vm}: " if vm else "", text)
-        if vm is not None:
-            self._note(vm, text if logged else None, outcome)
-
-    def _answer(self, h: _Handler, code: int, text: str, headers: Optional[Mapping[str, str]] = None) -> None:
-        body = (text + "\n").encode()
-        h.send_response(code)
-        for k, v in (headers or {}).items():
-            h.send_header(k, v)
-        h.send_header("Content-Type", "text/plain; charset=utf-8")
-        h.send_header("Content-Length", str(len(body)))
-        h.end_headers()
-        if h.command != "HEAD":
-            h.wfile.write(body)
-
-    def _who(self, authorization: Optional[str]) -> Optional[str]:
-        """The VM whose token ``Authorization: Bearer <token>`` carries, or None."""
-        scheme, _sp, token = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            return None
-        return self._by_token.get(_token_key(token.strip()))
-
     def handle(self, h: _Handler, head: bool) -> None:
         """Answer one GET/HEAD/PUT (in the connection's thread)."""
         parts = urllib.parse.urlsplit(h.path).path.split("/", 3)
@@ -533,164 +410,3 @@ class ResourceHttp:
                     f"({sent / max(took, 1e-6) / 1e6:.1f} MB/s)",
                     outcome,
                 )
-
-    # ------------------------------------------------------------------ uploads
-    def _upload(self, h: _Handler, vm: str, location: str, head: bool) -> None:
-        """Answer a HEAD or PUT of ``/t/<vm>/<location>`` by ``vm`` (token checked)."""
-        what = f"{h.command} {location[:200]!r}"
-        store = self.transfers.get(vm)
-        sha256 = (h.headers.get("X-Vmr-Sha256") or "").strip().lower()
-        try:
-            if store is None:
-                raise _Refusal(503, "transfers are not ready yet", {"Retry-After": "1"})
-            if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
-                raise _Refusal(400, "X-Vmr-Sha256 must be the file's sha256 in hex")
-            if head:
-                size = _header_int(h, "X-Vmr-Size")
-                have = store.upload_have(location, sha256, size)
-                self._answer(h, 200, f"{have} of {size} bytes held", {"X-Vmr-Have": str(have)})
-                return
-            length = _header_int(h, "Content-Length", 411)
-            offset, size = parse_content_range(h.headers.get("Content-Range"), length)
-            with self._lock:
-                busy = self._uploading.get(vm, 0)
-                if busy < self.streams:
-                    self._uploading[vm] = busy + 1
-            if busy >= self.streams:
-                raise _Refusal(503, f"busy: {busy} uploads under way; ask again later", {"Retry-After": "1"})
-            try:
-                self._receive(h, vm, store, location, sha256, size, offset, length)
-            finally:
-                with self._lock:
-                    self._uploading[vm] -= 1
-        except _Refusal as exc:
-            self._refuse_upload(h, vm, what, exc.code, str(exc), exc.headers)
-        except TransferConflict as exc:
-            self._refuse_upload(h, vm, what, 409, str(exc), {"X-Vmr-Have": str(exc.have)})
-        except TransferTooLarge as exc:
-            self._refuse_upload(h, vm, what, 413, str(exc))
-        except TransferMismatch as exc:
-            self._refuse_upload(h, vm, what, 422, str(exc))
-        except TransferRefused as exc:
-            self._refuse_upload(h, vm, what, 403, str(exc))
-        except OSError as exc:  # the disk refused (the client's errors are caught in _receive)
-            log.error("%s: %s: cannot store the upload: %s", vm, what, exc)
-            self._refuse_upload(h, vm, what, 500, f"the host cannot store it: {exc.strerror or exc}")
-
-    def _refuse_upload(
-        self,
-        h: _Handler,
-        vm: str,
-        what: str,
-        code: int,
-        text: str,
-        headers: Optional[Mapping[str, str]] = None,
-    ) -> None:
-        self.refusals_of(vm, f"{what}: {code} {text}", UPLOAD_REFUSED)
-        if h.command == "PUT":
-            h.close_connection = True  # the body (or its rest) is not read
-        with contextlib.suppress(OSError):
-            self._answer(h, code, text, headers)
-
-    def _receive(
-        self,
-        h: _Handler,
-        vm: str,
-        store: TransferStore,
-        location: str,
-        sha256: str,
-        size: int,
-        offset: int,
-        length: int,
-    ) -> None:
-        """Stream a PUT body into the VM's staged upload; answer 200/201; note the outcome."""
-        gone: list[OSError] = []
-        began = time.monotonic()
-        rate = self.options.debug_rate
-        consumed = [0]
-
-        def read(n: int) -> bytes:
-            if self._stopping.is_set():
-                return b""
-            try:
-                piece: bytes = h.rfile.read(n)
-            except OSError as exc:  # the client went away or stalled past SOCKET_TIMEOUT
-                gone.append(exc)
-                return b""
-            consumed[0] += len(piece)
-            return piece
-
-        def pace(received: int) -> None:
-            if rate:
-                time.sleep(max(0.0, began + received / rate - time.monotonic()))
-
-        have = store.upload(location, sha256, size, offset, length, read, pace, CHUNK)
-        took = time.monotonic() - began
-        got = max(0, have - offset)
-        speed = f"in {took:.2f} s ({got / max(took, 1e-6) / 1e6:.1f} MB/s)"
-        where = f"bytes {offset}-{offset + length - 1}/{size}"
-        if consumed[0] < length:  # e.g. the host held this content already: body left unread
-            h.close_connection = True
-        if have == size:
-            text, outcome = (
-                f"http: PUT {location!r} {where} received {speed}; complete, sha256 verified",
-                UPLOADED,
-            )
-            self._answer(h, 201, f"complete: {size} bytes, sha256 verified", {"X-Vmr-Have": str(have)})
-        elif have >= offset + length:
-            text, outcome = f"http: PUT {location!r} {where} received {speed}", UPLOADED
-            self._answer(h, 200, f"{have} of {size} bytes held", {"X-Vmr-Have": str(have)})
-        else:
-            h.close_connection = True
-            text, outcome = (
-                f"http: PUT {location!r} {where} interrupted after {got} of {length} bytes {speed}",
-                INTERRUPTED,
-            )
-            if gone:
-                log.debug("http: %s %s: %s", vm, location, gone[0])
-        self._note(vm, text, outcome)
-
-
-class _Refusal(Exception):
-    """An upload answered ``code`` with this message (and these headers)."""
-
-    def __init__(self, code: int, text: str, headers: Optional[Mapping[str, str]] = None) -> None:
-        super().__init__(text)
-        self.code = code
-        self.headers = headers
-
-
-def _header_int(h: _Handler, name: str, missing: int = 400) -> int:
-    """Header ``name`` as an integer >= 0. Raises _Refusal (``missing`` when absent, else 400)."""
-    text = h.headers.get(name)
-    if text is None:
-        raise _Refusal(missing, f"{name} is needed")
-    if not _is_count(text.strip()):
-        raise _Refusal(400, f"{name} must be an integer >= 0")
-    return int(text)
-
-
-def _is_count(text: str) -> bool:
-    """ASCII digits only, at most 19 of them (``str.isdigit`` also takes ``'²'``, on which
-    ``int`` fails, and a guest's 5000-digit number would only cost time)."""
-    return 0 < len(text) < 20 and text.isascii() and text.isdigit()
-
-
-def parse_content_range(header: Optional[str], length: int) -> Tuple[int, int]:
-    """``(offset, size)`` of a PUT body of ``length`` bytes from ``Content-Range: bytes N-M/SIZE``
-    (no header: the whole file, ``(0, length)``).
-
-    Raises:
-        _Refusal: (400) malformed, ``M - N + 1 != length``, or ``M`` not before ``SIZE``.
-    """
-    if header is None:
-        return 0, length
-    unit, _sp, spec = header.strip().partition(" ")
-    span, slash, total = spec.partition("/")
-    first, dash, last = span.partition("-")
-    if unit != "bytes" or not slash or not dash or not all(_is_count(x) for x in (first, last, total)):
-        raise _Refusal(400, f"Content-Range {header[:100]!r}: expected bytes N-M/SIZE")
-    start, end, size = int(first), int(last), int(total)
-    if end - start + 1 != length or end >= size:
-        raise _Refusal(400, f"Content-Range {header[:100]!r} does not match Content-Length {length}")
-    return start, size

@@ -15,10 +15,13 @@ read nor write another VM's topics"; SPEC §7: every guest is hostile):
     DIR/vms/<vm>.yaml         one self-contained agent config per VM (fw_cfg blob; 0600)
     DIR/host/<user>.yaml      one config per host user (0600)
 
-The topic tree (``docs/mqtt.md``) is defined once here: :data:`VM_TOPICS`, :func:`topic`.
-Certificates come from the ``cryptography`` x509 builder; passwords from :mod:`secrets`;
-password hashes from ``mosquitto_passwd -U`` when it is installed, else :func:`hash_password`
-(PBKDF2-HMAC-SHA512 from :mod:`hashlib`, the format mosquitto 2.0 reads).
+The pieces live in :mod:`vmr_handler.host.mqttlayout` (topic tree :data:`VM_TOPICS`,
+:func:`topic`; options; :class:`MqttLayout`), :mod:`vmr_handler.host.mqttfiles` (the broker's
+files as text; password hashes from ``mosquitto_passwd -U`` when it is installed, else
+:func:`hash_password`, PBKDF2-HMAC-SHA512 from :mod:`hashlib`, the format mosquitto 2.0 reads)
+and :mod:`vmr_handler.host.mqtttls` (certificates from the ``cryptography`` x509 builder);
+passwords come from :mod:`secrets`. This module writes them all out (:func:`generate`), runs
+the command (:func:`cmd_mqtt_config`) and re-exports the pieces' public names.
 """
 
 from __future__ import annotations
@@ -27,573 +30,80 @@ from __future__ import annotations
 # every ``vmr-host`` command line (argparse), and ``status``/``resume`` must start quickly.
 import argparse
 import os
-import re
 import stat
 import sys
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from vmr_handler.core.errors import UsageError
-from vmr_handler.core.names import name_problem
-from vmr_handler.host.specs import load_specs
-
-#: First level of every topic.
-TOPIC_ROOT = "vmr"
-#: Per-VM topic leaves under ``vmr/<experiment>/<vm>/`` and what the VM itself may do there
-#: (mosquitto ACL access). The host users may read and write all of them.
-VM_TOPICS: Tuple[Tuple[str, str], ...] = (
-    ("up", "write"),  # agent -> host, QoS 1
-    ("down", "read"),  # host -> agent, QoS 1
-    ("presence", "write"),  # retained online/offline, offline is the agent's last will
-    ("start", "read"),  # retained start-time message written by the host
+from vmr_handler.host.mqttfiles import (
+    MAX_PACKET_SIZE,
+    MAX_QUEUED_BYTES,
+    MAX_QUEUED_MESSAGES,
+    PBKDF2_ITERATIONS,
+    PBKDF2_SALT_BYTES,
+    BrokerPaths,
+    hash_password,
+    render_acl,
+    render_conf,
+    render_passwd,
 )
-#: Topic level below ``vmr/<experiment>/`` reserved for host-to-host coordination; VM names
-#: may not start with ``_``, so no VM can ever be named like it.
-HOSTS_LEVEL = "_hosts"
-DEFAULT_HOST_USER = "vmr-host"
-DEFAULT_PORT = 1883
-DEFAULT_TLS_PORT = 8883
-#: QEMU fw_cfg name under which ``vms/<vm>.yaml`` is passed to the guest.
-FW_CFG_NAME = "opt/org.vmr/config"
-#: Largest MQTT packet the broker accepts (SPEC §7 size limits): room for a 1 MiB protocol
-#: frame (docs/protocol.md) several times over, far below mosquitto's 256 MiB default.
-MAX_PACKET_SIZE = 4 * 1024 * 1024
-#: QoS 1 messages queued per offline client (mosquitto's default is 1000): a host that is
-#: down for a while keeps its backlog; the agent resends anything lost beyond it anyway.
-MAX_QUEUED_MESSAGES = 100_000
-#: Bytes queued per client (in flight + waiting): a VM that asks for data and never reads it
-#: cannot fill the broker's memory (messages beyond are dropped; the protocol asks again).
-MAX_QUEUED_BYTES = 128 * 1024 * 1024
-#: PBKDF2 iterations and salt length of ``mosquitto_passwd`` 2.0 (its ``$7$`` format).
-PBKDF2_ITERATIONS = 101
-PBKDF2_SALT_BYTES = 12
-#: The OS user a root-started mosquitto drops to when its config has no ``user`` line.
-MOSQUITTO_DEFAULT_USER = "mosquitto"
-WILDCARD_BINDS = ("0.0.0.0", "::", "")
-#: A DNS name for the server certificate and the VMs' broker URL.
-HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*$")
+from vmr_handler.host.mqttlayout import (
+    DEFAULT_HOST_USER,
+    DEFAULT_PORT,
+    DEFAULT_TLS_PORT,
+    FW_CFG_NAME,
+    HOSTNAME,
+    HOSTS_LEVEL,
+    MOSQUITTO_DEFAULT_USER,
+    TOPIC_ROOT,
+    VM_TOPICS,
+    WILDCARD_BINDS,
+    MqttLayout,
+    add_arguments,
+    check_names,
+    layout_from_args,
+    split_list,
+    topic,
+)
+from vmr_handler.host.mqtttls import Pki, issue, make_pki
+
+__all__ = [
+    "DEFAULT_HOST_USER",
+    "DEFAULT_PORT",
+    "DEFAULT_TLS_PORT",
+    "FW_CFG_NAME",
+    "HOSTNAME",
+    "HOSTS_LEVEL",
+    "MAX_PACKET_SIZE",
+    "MAX_QUEUED_BYTES",
+    "MAX_QUEUED_MESSAGES",
+    "MOSQUITTO_DEFAULT_USER",
+    "PBKDF2_ITERATIONS",
+    "PBKDF2_SALT_BYTES",
+    "TOPIC_ROOT",
+    "VM_TOPICS",
+    "WILDCARD_BINDS",
+    "BrokerPaths",
+    "MqttLayout",
+    "Pki",
+    "add_arguments",
+    "broker_owner",
+    "check_names",
+    "cmd_mqtt_config",
+    "generate",
+    "hash_password",
+    "issue",
+    "layout_from_args",
+    "make_pki",
+    "render_acl",
+    "render_conf",
+    "render_passwd",
+    "split_list",
+    "topic",
+    "unreachable_ancestor",
+]
 
 
-def topic(experiment: str, vm: str, leaf: str) -> str:
-    """The topic ``vmr/<experiment>/<vm>/<leaf>`` (``docs/mqtt.md``, topic tree)."""
-    return f"{TOPIC_ROOT}/{experiment}/{vm}/{leaf}"
-
-
-# ------------------------------------------------------------------------------- checking
-def check_names(kind: str, names: Sequence[str]) -> None:
-    """Refuse bad or duplicate names, listing every problem.
-
-    Raises:
-        UsageError: naming each bad name, what is wrong with it, and each duplicate
-            (``kind`` says which option, e.g. ``"VM"``).
-    """
-    problems: List[str] = []
-    seen: Dict[str, int] = {}
-    for name in names:
-        why = name_problem(name)
-        if why:
-            problems.append(f"{kind} name {name!r} {why}")
-        seen[name] = seen.get(name, 0) + 1
-    problems += [f"{kind} name {name!r} is given {n} times" for name, n in seen.items() if n > 1]
-    if problems:
-        raise UsageError("; ".join(problems))
-
-
-def split_list(values: Sequence[str]) -> List[str]:
-    """``["a,b", "c"]`` -> ``["a", "b", "c"]`` (repeatable, comma-separated options).
-
-    Empty items are kept (``"a,,b"``) so that :func:`check_names` reports them.
-    """
-    return [item.strip() for value in values for item in value.split(",")]
-
-
-# ------------------------------------------------------------------------------ the layout
-@dataclass(frozen=True)
-class MqttLayout:
-    """What ``mqtt-config`` generates, checked (:func:`layout_from_args`).
-
-    Attributes:
-        experiment: the experiment name (second topic level).
-        vms: VM names; each is also that VM's MQTT username.
-        host_users: MQTT usernames of the vmr-host processes.
-        out: output directory, absolute (the broker config names files by absolute path).
-        bind: address the listeners bind to.
-        port: plain listener port, or None for none.
-        tls_port: TLS listener port, or None without TLS.
-        broker_host: broker address written into the VMs' configs.
-        hostnames: extra names/addresses in the server certificate.
-        client_certs: the TLS listener requires a client certificate (one per VM and host).
-        broker_user: the ``user`` line of mosquitto.conf (None: mosquitto's default).
-        days: certificate validity, days.
-        force: replace an existing configuration in ``out``.
-    """
-
-    experiment: str
-    vms: Tuple[str, ...]
-    host_users: Tuple[str, ...]
-    out: str
-    bind: str
-    port: Optional[int]
-    tls_port: Optional[int]
-    broker_host: str
-    hostnames: Tuple[str, ...]
-    client_certs: bool
-    broker_user: Optional[str]
-    days: int
-    force: bool
-
-    @property
-    def tls(self) -> bool:
-        """A TLS listener is configured."""
-        return self.tls_port is not None
-
-    def broker_url(self, host: str) -> str:
-        """``mqtts://HOST:TLS_PORT`` with TLS, else ``mqtt://HOST:PORT`` (IPv6 in brackets)."""
-        shown = f"[{host}]" if ":" in host else host
-        if self.tls_port is not None:
-            return f"mqtts://{shown}:{self.tls_port}"
-        return f"mqtt://{shown}:{self.port}"
-
-    @property
-    def local_host(self) -> str:
-        """The address host processes on this machine use: the bind address, or loopback."""
-        return "127.0.0.1" if self.bind in WILDCARD_BINDS else self.bind
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be 1-65535, got {value}")
-    return value
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``mqtt-config`` options (``vmr-host mqtt-config --help``; docs/mqtt.md)."""
-    p.add_argument("--experiment", required=True, metavar="NAME", help="experiment name (topic vmr/NAME/...)")
-    vms = p.add_mutually_exclusive_group(required=True)
-    vms.add_argument(
-        "--vms", action="append", metavar="VM,...", help="VM names (comma-separated, repeatable)"
-    )
-    vms.add_argument(
-        "--vms-from", metavar="DIR", help="the VMs of a schedules directory (<vm>.pkl|.yaml|.json, as serve)"
-    )
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
-    p.add_argument(
-        "--host-user",
-        action="append",
-        default=[],
-        metavar="NAME,...",
-        help=f"MQTT username(s) of vmr-host processes (repeatable; default {DEFAULT_HOST_USER})",
-    )
-    p.add_argument("--bind", default="127.0.0.1", metavar="ADDR", help="listener address (default 127.0.0.1)")
-    p.add_argument(
-        "--port",
-        type=_port,
-        metavar="N",
-        help=f"plain listener port (default {DEFAULT_PORT}; with --tls: no plain listener unless given)",
-    )
-    p.add_argument("--tls", action="store_true", help="a TLS listener; a CA and server certificate are made")
-    p.add_argument(
-        "--tls-port", type=_port, metavar="N", help=f"TLS listener port (default {DEFAULT_TLS_PORT})"
-    )
-    p.add_argument(
-        "--client-certs",
-        action="store_true",
-        help="with --tls: require a client certificate (one is made per VM and host user)",
-    )
-    p.add_argument(
-        "--hostname",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="extra DNS name or IP address in the server certificate (repeatable)",
-    )
-    p.add_argument(
-        "--broker-host",
-        metavar="HOST",
-        help="broker address as the VMs reach it (default --bind; 10.0.2.2 for QEMU user networking)",
-    )
-    p.add_argument(
-        "--user",
-        metavar="OSUSER",
-        help=f"OS user a root-started mosquitto runs as (default: mosquitto's own, {MOSQUITTO_DEFAULT_USER})",
-    )
-    p.add_argument("--days", type=int, default=365, metavar="N", help="certificate validity (default 365)")
-    p.add_argument(
-        "--allow-class", action="append", default=[], metavar="MODULE.NAME", help="as serve, for --vms-from"
-    )
-    p.add_argument("--force", action="store_true", help="replace a configuration already in --out")
-
-
-def layout_from_args(args: argparse.Namespace) -> MqttLayout:
-    """Check the ``mqtt-config`` arguments and make the :class:`MqttLayout`.
-
-    Raises:
-        UsageError: a bad experiment, VM or host user name (SPEC §6 topic tree; names
-            starting with ``_`` are reserved), duplicates, a host user named like a VM (it
-            would get the VM's topics and the host's), unusable ``--vms-from`` schedules,
-            TLS-only options without ``--tls``, clashing ports, a wildcard ``--bind``
-            without ``--broker-host``, a bad ``--hostname`` or ``--days``.
-    """
-    check_names("experiment", [args.experiment])
-    if args.vms_from is not None:
-        vms = sorted(load_specs(args.vms_from, args.allow_class))
-    else:
-        vms = split_list(args.vms)
-    check_names("VM", vms)
-    if not vms:
-        raise UsageError("--vms names no VM")
-    host_users = split_list(args.host_user) if args.host_user else [DEFAULT_HOST_USER]
-    check_names("host user", host_users)
-    clash = sorted(set(host_users) & set(vms))
-    if clash:
-        raise UsageError(
-            f"host user(s) {', '.join(clash)} are also VM names: a VM must never get host access"
-        )
-    if not args.tls:
-        for flag, value in (("--tls-port", args.tls_port), ("--client-certs", args.client_certs)):
-            if value:
-                raise UsageError(f"{flag} needs --tls")
-        if args.hostname:
-            raise UsageError("--hostname needs --tls (it goes into the server certificate)")
-    tls_port = (args.tls_port or DEFAULT_TLS_PORT) if args.tls else None
-    port = args.port if args.tls else (args.port or DEFAULT_PORT)
-    if port is not None and port == tls_port:
-        raise UsageError(f"--port and --tls-port are both {port}")
-    if not args.bind or any(c.isspace() for c in args.bind):
-        raise UsageError(f"--bind {args.bind!r} is not an address")
-    broker_host = args.broker_host or args.bind
-    if broker_host in WILDCARD_BINDS:
-        raise UsageError(
-            f"--bind {args.bind} listens everywhere: say which address VMs use with --broker-host"
-        )
-    for name in [broker_host, *args.hostname]:
-        if not (_is_ip(name.strip("[]")) or HOSTNAME.match(name)):
-            raise UsageError(f"{name!r} is not a host name or IP address (--broker-host/--hostname)")
-    if not 1 <= args.days <= 36500:
-        raise UsageError(f"--days must be 1-36500, got {args.days}")
-    return MqttLayout(
-        experiment=args.experiment,
-        vms=tuple(vms),
-        host_users=tuple(host_users),
-        out=os.path.abspath(args.out),
-        bind=args.bind,
-        port=port,
-        tls_port=tls_port,
-        broker_host=broker_host,
-        hostnames=tuple(args.hostname),
-        client_certs=bool(args.client_certs),
-        broker_user=args.user,
-        days=args.days,
-        force=args.force,
-    )
-
-
-def _is_ip(text: str) -> bool:
-    import ipaddress
-
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
-
-
-# ---------------------------------------------------------------------- rendered contents
-def render_acl(experiment: str, host_users: Sequence[str]) -> str:
-    """The mosquitto ACL file: one ``pattern`` line per :data:`VM_TOPICS` leaf (``%u`` is
-    the connecting username, i.e. the VM name), then a ``user`` block per host user with
-    ``topic readwrite vmr/<experiment>/#``. Anything not granted is denied (mosquitto ACL
-    files are allow-lists), so a VM reaches no other VM's topics, no ``_hosts`` topic and
-    no other experiment (SPEC §6).
-    """
-    lines = [
-        f"# mosquitto ACL of vmr experiment {experiment} (vmr-host mqtt-config; docs/mqtt.md).",
-        "# VMs: the username is the VM name; each reaches only its own vmr/EXPERIMENT/VM/ topics.",
-        *(f"pattern {access} {topic(experiment, '%u', leaf)}" for leaf, access in VM_TOPICS),
-    ]
-    for user in host_users:
-        lines += ["", f"user {user}", f"topic readwrite {TOPIC_ROOT}/{experiment}/#"]
-    return "\n".join(lines) + "\n"
-
-
-@dataclass(frozen=True)
-class BrokerPaths:
-    """Absolute paths the broker config names (all under :attr:`MqttLayout.out`)."""
-
-    passwd: str
-    acl: str
-    data: str
-    ca_cert: str
-    server_cert: str
-    server_key: str
-
-    @classmethod
-    def under(cls, out: str) -> BrokerPaths:
-        """The standard layout of ``out`` (see the module docstring)."""
-        tls = os.path.join(out, "tls")
-        return cls(
-            passwd=os.path.join(out, "passwd"),
-            acl=os.path.join(out, "acl"),
-            data=os.path.join(out, "data"),
-            ca_cert=os.path.join(tls, "ca.crt"),
-            server_cert=os.path.join(tls, "server.crt"),
-            server_key=os.path.join(tls, "server.key"),
-        )
-
-
-def render_conf(layout: MqttLayout, paths: BrokerPaths) -> str:
-    """``mosquitto.conf`` for mosquitto 2.0.
-
-    Anonymous clients are refused, every client authenticates against ``passwd`` and is
-    confined by ``acl``; ``use_username_as_clientid`` stops one client from taking over
-    (disconnecting) another's session by reusing its client id. With both a plain and a TLS
-    listener, ``per_listener_settings true`` and the auth block after each listener
-    (mosquitto requires it then); otherwise the auth block is global.
-    """
-    auth = [
-        "allow_anonymous false",
-        f"password_file {paths.passwd}",
-        f"acl_file {paths.acl}",
-    ]
-    per_listener = layout.port is not None and layout.tls_port is not None
-    lines = [
-        f"# mosquitto 2.0 broker of vmr experiment {layout.experiment}: vmr-host mqtt-config (docs/mqtt.md).",
-        "# Started as root, mosquitto drops to the 'user' below (default: mosquitto); that user",
-        "# owns passwd, acl, tls/server.key and data/.",
-    ]
-    if per_listener:
-        lines.append("per_listener_settings true")
-    if layout.broker_user:
-        lines.append(f"user {layout.broker_user}")
-    lines += [
-        "persistence true",
-        f"persistence_location {paths.data}",
-        "log_dest stderr",
-        "log_timestamp true",
-        f"max_packet_size {MAX_PACKET_SIZE}",
-        f"max_queued_messages {MAX_QUEUED_MESSAGES}",
-        f"max_queued_bytes {MAX_QUEUED_BYTES}",
-    ]
-    if not per_listener:
-        lines += ["", *auth]
-    if layout.port is not None:
-        lines += ["", f"listener {layout.port} {layout.bind}", "use_username_as_clientid true"]
-        lines += auth if per_listener else []
-    if layout.tls_port is not None:
-        lines += [
-            "",
-            f"listener {layout.tls_port} {layout.bind}",
-            "use_username_as_clientid true",
-            f"cafile {paths.ca_cert}",
-            f"certfile {paths.server_cert}",
-            f"keyfile {paths.server_key}",
-            "tls_version tlsv1.2",
-        ]
-        if layout.client_certs:
-            lines.append("require_certificate true")
-        lines += auth if per_listener else []
-    return "\n".join(lines) + "\n"
-
-
-def hash_password(password: str, salt: Optional[bytes] = None, iterations: int = PBKDF2_ITERATIONS) -> str:
-    """The mosquitto 2.0 ``$7$`` hash of ``password``: ``$7$ITER$b64(salt)$b64(dk)`` with
-    dk = PBKDF2-HMAC-SHA512(password, salt, ITER, 64 bytes) (:func:`hashlib.pbkdf2_hmac`),
-    the format ``mosquitto_passwd`` writes. ``salt`` defaults to 12 random bytes.
-    """
-    import base64
-    import hashlib
-    import secrets
-
-    salt = secrets.token_bytes(PBKDF2_SALT_BYTES) if salt is None else salt
-    dk = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, iterations, 64)
-    return f"$7${iterations}${base64.b64encode(salt).decode()}${base64.b64encode(dk).decode()}"
-
-
-def render_passwd(credentials: Dict[str, str], tool: Optional[str]) -> bytes:
-    """The password file for ``{username: password}``.
-
-    ``tool`` is a ``mosquitto_passwd`` executable: the plain ``user:password`` lines are
-    written to a private temp file and hashed in place with ``mosquitto_passwd -U`` (no
-    password on any command line). Without it, :func:`hash_password` hashes them.
-
-    Raises:
-        ValueError: a username or password contains ``:`` or a line break (the file's
-            separators: ``mosquitto_passwd -U`` would hash only part of such a password).
-        OSError: ``mosquitto_passwd`` failed (its message) or the temp file failed.
-    """
-    import subprocess
-    import tempfile
-
-    for user, password in credentials.items():
-        if any(sep in text for text in (user, password) for sep in ":\r\n"):
-            raise ValueError(f"user {user!r}: ':' or a line break in a password-file entry")
-    if tool is None:
-        return "".join(f"{u}:{hash_password(p)}\n" for u, p in credentials.items()).encode()
-    fd, path = tempfile.mkstemp(prefix="vmr-passwd-")  # mode 0600
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write("".join(f"{u}:{p}\n" for u, p in credentials.items()))
-        done = subprocess.run([tool, "-U", path], capture_output=True, text=True, stdin=subprocess.DEVNULL)
-        if done.returncode != 0:
-            raise OSError(f"{tool} -U failed ({done.returncode}): {(done.stderr or done.stdout).strip()}")
-        with open(path, "rb") as fh:
-            return fh.read()
-    finally:
-        os.unlink(path)
-
-
-# ------------------------------------------------------------------------------------ TLS
-@dataclass(frozen=True)
-class Pki:
-    """A CA (key kept for issuing more certificates later) and the broker's certificate.
-
-    Attributes are PEM bytes.
-    """
-
-    ca_key: bytes
-    ca_cert: bytes
-    server_key: bytes
-    server_cert: bytes
-
-
-def _names(names: Sequence[str]) -> List[Any]:
-    import ipaddress
-
-    from cryptography import x509
-
-    out: List[Any] = []
-    for name in dict.fromkeys(n.strip("[]") for n in names):
-        if _is_ip(name):
-            out.append(x509.IPAddress(ipaddress.ip_address(name)))
-        else:
-            out.append(x509.DNSName(name))
-    return out
-
-
-def issue(
-    ca_key_pem: bytes, ca_cert_pem: bytes, common_name: str, days: int, server_names: Sequence[str] = ()
-) -> Tuple[bytes, bytes]:
-    """A leaf key and certificate signed by the CA (``cryptography`` x509 builder, EC P-256).
-
-    With ``server_names``: a server certificate (SAN = those names, EKU serverAuth);
-    without: a client certificate for ``common_name`` (EKU clientAuth), so a VM's client
-    certificate can never pose as the broker.
-
-    Returns:
-        (key PEM, certificate PEM).
-    """
-    import datetime
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    ca_key = serialization.load_pem_private_key(ca_key_pem, password=None)
-    ca_cert = x509.load_pem_x509_certificate(ca_cert_pem)
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=days))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=True,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(
-            x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.SERVER_AUTH if server_names else ExtendedKeyUsageOID.CLIENT_AUTH]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()),  # type: ignore[arg-type]
-            critical=False,
-        )
-    )
-    if server_names:
-        builder = builder.add_extension(x509.SubjectAlternativeName(_names(server_names)), critical=False)
-    cert = builder.sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
-    return _key_pem(key), cert.public_bytes(serialization.Encoding.PEM)
-
-
-def _key_pem(key: Any) -> bytes:
-    from cryptography.hazmat.primitives import serialization
-
-    return bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-
-
-def make_pki(experiment: str, server_names: Sequence[str], days: int) -> Pki:
-    """A new CA for ``experiment`` and a server certificate for ``server_names``
-    (``cryptography`` x509 builder; EC P-256, SHA-256 signatures).
-    """
-    import datetime
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"vmr {experiment} broker CA")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=days))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=False,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    ca_key, ca_cert = _key_pem(key), cert.public_bytes(serialization.Encoding.PEM)
-    server_key, server_cert = issue(ca_key, ca_cert, "vmr broker", days, server_names)
-    return Pki(ca_key, ca_cert, server_key, server_cert)
-
-
-# --------------------------------------------------------------------------------- writing
 def _yaml(doc: Dict[str, Any]) -> bytes:
     """``doc`` as YAML, PEM blocks as literal ``|`` scalars (readable, still plain YAML)."""
     import yaml
