@@ -413,7 +413,7 @@ def _mqtt_options(args: argparse.Namespace, settings: Dict[str, Any], vm_name: s
 async def _run_local(schedule: Schedule, config: Any, report: Optional[str], quiet: bool) -> int:
     import asyncio
 
-    from vmr_handler.agent.engine import Engine
+    from vmr_handler.agent.engine import open_engine
     from vmr_handler.agent.executor import install_child_watcher
     from vmr_handler.core.control import ControlServer
     from vmr_handler.transports.local import LocalReporter
@@ -424,7 +424,7 @@ async def _run_local(schedule: Schedule, config: Any, report: Optional[str], qui
     except OSError as exc:
         raise VmrError(f"cannot open report file {report}: {exc.strerror or exc}") from exc
     try:
-        engine = Engine(schedule, config, reporter)
+        engine = open_engine(schedule, config, reporter)
         control = ControlServer(
             config.state_dir,
             {

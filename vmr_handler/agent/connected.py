@@ -302,7 +302,7 @@ class ConnectedAgent:
 
     async def _run_engine(self, schedule: Schedule, resources: str) -> int:
         """Run the engine (``resources``: its VM-resource dir), then stay until stopped."""
-        from vmr_handler.agent.engine import DEFAULT_REBOOT_COMMAND, Engine, EngineConfig
+        from vmr_handler.agent.engine import DEFAULT_REBOOT_COMMAND, EngineConfig, open_engine
 
         config = EngineConfig(
             launch_dir=self.config.launch_dir,
@@ -311,7 +311,7 @@ class ConnectedAgent:
             reboot_command=self.config.reboot_command or DEFAULT_REBOOT_COMMAND,
             local_start=False,
         )
-        self._engine = engine = Engine(schedule, config, self.sink, self.clock)
+        self._engine = engine = open_engine(schedule, config, self.sink, self.clock)
         self.transfers.restart()  # those a previous run left under way
         self.link.on_clock = engine.clock_changed
         # positive time runs on the host's clock: nothing is timed before the first sync

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import errno
 import hashlib
+import logging
 import os
 import shlex
 import sys
@@ -38,10 +39,14 @@ MAX_LINE_PIECE = 64 * 1024
 REBOOT_FILE = "reboot"
 #: Exit code with which an entry requests a reboot (reference).
 REBOOT_EXIT_CODE = 10
+#: Seconds the reboot command may take before it is given up (it usually never returns).
+REBOOT_TIMEOUT = 120.0
 #: Exit code of a shell that cannot find the program (POSIX "command not found").
 NOT_FOUND_EXIT_CODE = 127
 #: Exit code of a shell that found the program but cannot execute it (POSIX).
 NOT_EXECUTABLE_EXIT_CODE = 126
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -387,3 +392,33 @@ def install_child_watcher() -> None:
     watcher = watcher_cls()
     watcher.attach_loop(asyncio.get_running_loop())
     asyncio.get_event_loop_policy().set_child_watcher(watcher)
+
+
+class SystemProcesses:
+    """The real :class:`~vmr_handler.agent.ports.Processes` port: asyncio subprocesses,
+    psutil process trees, and the reboot command run without blocking the event loop."""
+
+    def process(self, on_output: OutputCallback) -> ProcessRunner:
+        """A :class:`ProcessRunner` reporting to ``on_output``."""
+        return ProcessRunner(on_output)
+
+    def kill_leftover(self, pid: int, create_time: Optional[float], timeout: float = 3.0) -> List[int]:
+        """:func:`kill_tree` of a process an earlier agent started."""
+        return kill_tree(pid, create_time, timeout)
+
+    async def reboot(self, command: str, env: Optional[Dict[str, str]]) -> None:
+        """Run ``command`` with ``/bin/sh`` (2 minutes at most); a failure is logged."""
+        try:
+            proc = await asyncio.create_subprocess_shell(
+                command,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+            )
+            _out, err = await asyncio.wait_for(proc.communicate(), REBOOT_TIMEOUT)
+        except (OSError, asyncio.TimeoutError) as exc:
+            log.error("reboot command failed: %s", exc or "timed out")
+            return
+        if proc.returncode != 0:
+            log.error("reboot command exited %d: %s", proc.returncode, err.decode(errors="replace"))

@@ -19,7 +19,9 @@ A journal made for a different schedule digest is moved aside
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import math
 import os
 import time
@@ -28,7 +30,11 @@ from typing import Any, Dict, List, Optional
 from vmr_handler.core.errors import JournalError
 from vmr_handler.core.fsutil import atomic_write
 
+log = logging.getLogger(__name__)
+
 JOURNAL_VERSION = 1
+#: Seconds within which appended journal changes are fsynced (bounds loss on a hard VM reset).
+JOURNAL_SYNC_DELAY = 0.05
 JOURNAL_NAME = "journal.json"
 LOG_NAME = "journal.log"
 
@@ -278,3 +284,81 @@ class Journal:
     def add_resume(self, at: float) -> None:
         """Record a RESUME received at experiment time ``at``."""
         self.data["resumes"].append(_encode_float(at))
+
+    # The engine's other progress, each through one method (nothing edits ``data`` directly).
+    def applied_resume(self, resume_id: str) -> Optional[Dict[str, Any]]:
+        """The first outcome of the RESUME with host id ``resume_id``, None if never applied."""
+        applied: Dict[str, Dict[str, Any]] = self.data.setdefault("resume_ids", {})
+        return applied.get(resume_id)
+
+    def record_resume_id(self, resume_id: str, outcome: Dict[str, Any]) -> None:
+        """Remember that RESUME ``resume_id`` was applied, with its outcome (saved by :meth:`save`)."""
+        self.data.setdefault("resume_ids", {})[resume_id] = outcome
+
+    @property
+    def preloaded(self) -> List[int]:
+        """Indices of entries whose data was placed ahead of time (a live list, saved by :meth:`save`)."""
+        preloaded: List[int] = self.data.setdefault("preloaded", [])
+        return preloaded
+
+    def initial_done(self, index: int) -> bool:
+        """Whether the ``-inf`` pause/break at entry ``index`` was passed."""
+        return index in self.data["initial_done"]
+
+    def mark_initial_done(self, index: int) -> None:
+        """The ``-inf`` pause/break at entry ``index`` was passed."""
+        self.data["initial_done"].append(index)
+
+    def pause_began(self, index: int, now: float) -> float:
+        """UTC when the ``-inf`` pause at entry ``index`` began: ``now`` the first time asked."""
+        return float(self.data["pause_began"].setdefault(str(index), now))
+
+    def hold_passed(self, what: str, index: int) -> bool:
+        """Whether positive-time milestone ``what`` (``hold`` or ``hold_end``) of entry ``index`` passed."""
+        holds: Dict[str, List[int]] = self.data.setdefault("holds", {})
+        return index in holds.get(what, [])
+
+    def mark_hold(self, what: str, index: int) -> None:
+        """Positive-time milestone ``what`` of the pause/break at entry ``index`` passed."""
+        self.data.setdefault("holds", {}).setdefault(what, []).append(index)
+
+    @property
+    def reboot(self) -> Optional[Dict[str, Any]]:
+        """The pending reboot request ``{"stage": k, "requesters": [index...]}``, or None."""
+        reboot: Optional[Dict[str, Any]] = self.data.get("reboot")
+        return reboot
+
+    @reboot.setter
+    def reboot(self, value: Optional[Dict[str, Any]]) -> None:
+        self.data["reboot"] = value
+
+
+class SyncSoon:
+    """fsyncs a journal's appended changes within :data:`JOURNAL_SYNC_DELAY` of the first one:
+    one fsync per burst, off the firing path (a timer on the running asyncio loop).
+
+    Args:
+        journal: the journal to sync.
+    """
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self._handle: Optional[asyncio.TimerHandle] = None
+
+    def changed(self) -> None:
+        """Entry changes were appended: sync within the delay (no effect when a sync is due)."""
+        if self._handle is None:
+            self._handle = asyncio.get_running_loop().call_later(JOURNAL_SYNC_DELAY, self._sync)
+
+    def _sync(self) -> None:
+        self._handle = None
+        try:
+            self.journal.sync()
+        except JournalError as exc:
+            log.error("%s", exc)
+
+    def cancel(self) -> None:
+        """Drop a sync that is due (the caller saves or closes the journal itself)."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
