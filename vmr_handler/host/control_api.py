@@ -1,0 +1,102 @@
+"""The requests ``vmr-host status|resume|release`` send to the control socket
+``<logs>/vmr-host.sock`` (:class:`~vmr_handler.core.control.ControlServer`): one handler per
+command (:meth:`ControlApi.handlers`), each taking the request dict and returning the answer
+dict; a ``ValueError`` becomes the error answer.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Dict, List
+
+from vmr_handler import __version__
+from vmr_handler.core.control import Handler
+from vmr_handler.host.experiment import Experiment
+
+
+class ControlApi:
+    """Answers control requests about ``experiment`` and its VMs.
+
+    Args:
+        experiment: the experiment (its config, barrier, RESUMEs and the VMs' sessions).
+        mode: ``listen``, ``connect`` or ``mqtt`` (shown by ``status``).
+    """
+
+    def __init__(self, experiment: Experiment, mode: str) -> None:
+        self.experiment = experiment
+        self.mode = mode
+
+    def handlers(self) -> Dict[str, Handler]:
+        """Command name -> its handler."""
+        return {"status": self.status, "resume": self.resume, "release": self.release}
+
+    def status(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        """``status``: the experiment and every VM."""
+        now = time.time()
+        x = self.experiment
+        cfg = x.config
+        return {
+            "now": now,
+            "host_version": __version__,
+            "mode": self.mode,
+            "role": cfg.role,
+            "host_id": cfg.host_id,
+            "peers": {p: x.peer_vms.get(p) for p in sorted(cfg.peers)},
+            "logs": os.path.abspath(cfg.logs),
+            "channels": None if self.mode == "mqtt" else os.path.abspath(cfg.channels),
+            "broker": cfg.mqtt.broker if cfg.mqtt is not None else None,
+            "experiment": x.barrier_status(now),
+            "resumes": [r.to_dict() for r in x.resumes],
+            "vms": [s.status(x.barrier.start_time, now) for _n, s in sorted(x.sessions.items())],
+        }
+
+    def _names(self, value: Any, what: str) -> List[str]:
+        sessions = self.experiment.sessions
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"'{what}' must be a list of VM names")
+        unknown = sorted(set(value) - set(sessions))
+        if unknown:
+            raise ValueError(f"unknown VM(s): {', '.join(unknown)} (served: {', '.join(sorted(sessions))})")
+        return list(dict.fromkeys(value))
+
+    def resume(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        """``resume`` ``{"vms": [...]}`` or ``{"all": true}``: issue a RESUME stamped with host
+        experiment time ``at = now - start`` (``-inf`` before the start is set).
+
+        Raises:
+            ValueError: neither or both of ``vms``/``all``, or an unknown VM.
+        """
+        everyone = request.get("all") is True
+        if everyone == ("vms" in request and request["vms"] not in (None, [])):
+            raise ValueError("resume needs VM names or all (not both)")
+        sessions = self.experiment.sessions
+        targets = sorted(sessions) if everyone else self._names(request.get("vms"), "vms")
+        record, sent = self.experiment.resume(targets)
+        return {
+            "id": record.id,
+            "at": record.at,
+            "targets": targets,
+            "sent_now": sent,
+            "pending": [vm for vm in targets if vm not in sent],
+        }
+
+    def release(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        """``release`` ``{"exclude": [...]}``: start without the named VMs (or without every
+        VM still missing when the list is empty).
+
+        Raises:
+            ValueError: this host is a member, the start is already set, or a name is not an
+                expected VM.
+        """
+        exclude = request.get("exclude") or []
+        if not isinstance(exclude, list) or not all(isinstance(v, str) for v in exclude):
+            raise ValueError("'exclude' must be a list of VM names")
+        self.experiment.release(exclude)
+        b = self.experiment.barrier
+        return {
+            "start_time": b.start_time,
+            "waiting_for": b.waiting_for(),
+            "excluded": sorted(b.excluded),
+            "released": sorted(b.released),
+        }

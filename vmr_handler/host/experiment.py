@@ -1,0 +1,423 @@
+"""The experiment a ``vmr-host serve`` runs: the :class:`~vmr_handler.host.barrier.Barrier`
+and the start time, the RESUMEs issued (:class:`ResumeRecord`), the peer hosts of an
+experiment split over several hosts (coordinator / member, over MQTT), the signing of
+control events, and their persistence in ``<logs>/experiment.json``.
+
+An :class:`Experiment` is what every :class:`~vmr_handler.host.session.VmSession` asks of the
+experiment as a whole (:class:`~vmr_handler.host.sessionapi.HostApi`) and what the MQTT
+service talks to (:class:`~vmr_handler.host.mqtt.MqttHost`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import uuid
+from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Set, Tuple
+
+from vmr_handler import __version__
+from vmr_handler.core.events import Event
+from vmr_handler.core.names import VM_NAME
+from vmr_handler.core.protocol import RESUME, START_TIME
+from vmr_handler.host.barrier import Barrier
+from vmr_handler.host.config import HostConfig
+from vmr_handler.host.session import VmSession
+from vmr_handler.host.store import ExperimentStore
+
+log = logging.getLogger("vmr_handler.host")
+
+#: Barrier placeholder of a host that has not announced its VMs yet (never a VM name).
+PEER_PREFIX = "host:"
+#: Seconds a debounced save or announcement may wait (:meth:`Experiment._soon`).
+DEBOUNCE = 0.2
+#: Most VMs one peer host may announce.
+MAX_PEER_VMS = 100_000
+STATE_VERSION = 1
+
+
+class ResumeRecord:
+    """A RESUME the operator issued: one id for every target VM.
+
+    Attributes:
+        id: event id (stable across host restarts; the agent applies each id once).
+        at: host experiment seconds (``-inf`` before the start time is set).
+        issued: UTC epoch seconds when it was issued.
+        targets: VM names it was sent to.
+        answered: VM name -> the agent's answer (status, details, ended_break, ignored, received).
+    """
+
+    def __init__(
+        self, id: str, at: float, issued: float, targets: List[str], answered: Dict[str, Any]
+    ) -> None:
+        self.id = id
+        self.at = at
+        self.issued = issued
+        self.targets = targets
+        self.answered = answered
+
+    def event(self) -> Event:
+        """The ``resume`` event (the same every time it is sent)."""
+        return Event(RESUME, self.issued, self.id, {"at": self.at if math.isfinite(self.at) else "-inf"})
+
+    def to_dict(self) -> Dict[str, Any]:
+        """JSON-safe form for ``experiment.json``."""
+        return {
+            "id": self.id,
+            "at": self.at if math.isfinite(self.at) else "-inf",
+            "issued": self.issued,
+            "targets": self.targets,
+            "answered": self.answered,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ResumeRecord:
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            ValueError: bad shape.
+        """
+        at = float(d["at"])
+        if math.isnan(at) or at == math.inf:
+            raise ValueError(f"bad resume time {d['at']!r}")
+        targets = d["targets"]
+        answered = d.get("answered", {})
+        if not isinstance(targets, list) or not isinstance(answered, dict):
+            raise ValueError("bad resume record")
+        return cls(str(d["id"]), at, float(d["issued"]), [str(t) for t in targets], dict(answered))
+
+
+class Publisher(Protocol):
+    """Where a split experiment's news go (the MQTT service, :mod:`vmr_handler.host.mqtt`)."""
+
+    def publish_host_state(self) -> None:
+        """Announce this host's VMs and their configured times (member)."""
+
+    def publish_start(self) -> None:
+        """Publish the start time (to this host's VMs, and to member hosts when coordinator)."""
+
+
+class Experiment:
+    """The barrier, the start and the RESUMEs of the VMs in ``sessions`` (and of peer hosts').
+
+    Args:
+        config: what ``vmr-host serve`` was told.
+        sessions: VM name -> its session, filled by the server (this dict, shared).
+    """
+
+    def __init__(self, config: HostConfig, sessions: Dict[str, VmSession]) -> None:
+        self.config = config
+        self.sessions = sessions
+        self.store = ExperimentStore(config.logs)
+        self.barrier = Barrier(self.barrier_expected(), config.start_buffer)
+        #: peer host id -> the VMs it announced (coordinator)
+        self.peer_vms: Dict[str, List[str]] = {}
+        self.start_id: Optional[str] = None
+        self.start_set_at: Optional[float] = None
+        self.resumes: List[ResumeRecord] = []
+        #: True while the VMs' logs are replayed at start (nothing is sent, announced or saved)
+        self.loading = False
+        self.mqtt: Optional[Publisher] = None  # the MqttService in mqtt mode
+        self._pending_jobs: Set[str] = set()  # debounced jobs (_soon)
+
+    # ------------------------------------------------------------------ state
+    def load(self) -> None:
+        """Restore ``experiment.json`` (nothing when there is none).
+
+        Raises:
+            OSError: it cannot be read.
+            ValueError: it holds a bad shape.
+        """
+        saved = self.store.load()
+        if not saved:
+            return
+        barrier = saved.get("barrier", {})
+        if not isinstance(barrier, Mapping):
+            raise ValueError("'barrier' must be an object")
+        self.barrier = Barrier.from_dict(barrier, self.barrier_expected(), self.config.start_buffer)
+        start_id = saved.get("start_time_id")
+        self.start_id = start_id if isinstance(start_id, str) and start_id else None
+        set_at = saved.get("start_set_at")
+        self.start_set_at = float(set_at) if isinstance(set_at, (int, float)) else None
+        resumes = saved.get("resumes", [])
+        if not isinstance(resumes, list):
+            raise ValueError("'resumes' must be a list")
+        try:
+            self.resumes = [ResumeRecord.from_dict(r) for r in resumes]
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"bad resume record: {exc}") from exc
+        if self.barrier.start_time is not None:
+            log.info("restored experiment start time %.3f", self.barrier.start_time)
+
+    def replayed(self) -> None:
+        """The VMs' logs are replayed: give a start set by them (or restored without one) its
+        event id, and save."""
+        if self.barrier.start_time is not None and self.start_id is None:
+            self._mark_start()
+        self.save()
+
+    def state_dict(self) -> Dict[str, Any]:
+        """What ``experiment.json`` holds."""
+        return {
+            "version": STATE_VERSION,
+            "host_version": __version__,
+            "barrier": self.barrier.to_dict(),
+            "start_time_id": self.start_id,
+            "start_set_at": self.start_set_at,
+            "resumes": [r.to_dict() for r in self.resumes],
+        }
+
+    def save(self) -> None:
+        """Write ``experiment.json`` now (an error is logged, not raised)."""
+        try:
+            self.store.save(self.state_dict())
+        except OSError as exc:
+            log.error("cannot save %s: %s", self.store.path, exc)
+
+    def _soon(self, key: str, job: Callable[[], None]) -> None:
+        """Run ``job`` once within :data:`DEBOUNCE` s, however often this is called meanwhile.
+
+        Saving ``experiment.json`` (and announcing a member's VMs) per VM event made a burst
+        of N events cost O(N²) (measured: 1000 VMs configuring kept the loop busy 6-15 s).
+        Only state that the per-VM logs also hold is saved this way; the start time and
+        RESUMEs issued are saved at once. Without a running event loop it runs now.
+        """
+        if key in self._pending_jobs:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            job()
+            return
+
+        def run() -> None:
+            self._pending_jobs.discard(key)
+            job()
+
+        self._pending_jobs.add(key)
+        loop.call_later(DEBOUNCE, run)
+
+    # ------------------------------------------------------------------ several hosts
+    def barrier_expected(self) -> Set[str]:
+        """What the barrier waits for: this host's expected VMs, plus ``host:<peer>`` for each
+        peer not yet announced (coordinator) or ``host:coordinator`` (member: never decides)."""
+        cfg = self.config
+        names = set(cfg.expected)
+        if cfg.role == "coordinator":
+            names |= {PEER_PREFIX + p for p in cfg.peers}
+        elif cfg.role == "member":
+            names.add(PEER_PREFIX + "coordinator")
+        return names
+
+    def host_state(self) -> Dict[str, Any]:
+        """This host's announcement to the coordinator (member): its VMs and their configured
+        times (UTC, this host's clock; hosts sharing a broker keep NTP time)."""
+        own = set(self.config.expected) - self.barrier.excluded
+        return {
+            "host": self.config.host_id,
+            "expected": sorted(own),
+            "configured": {vm: t for vm, t in sorted(self.barrier.configured.items()) if vm in own},
+            "sent_at": time.time(),
+        }
+
+    def on_peer_state(self, peer: str, doc: Mapping[str, Any]) -> None:
+        """A peer host's announcement (coordinator): wait for its VMs, take their configured times.
+
+        Bad input (not a listed peer, wrong shapes, bad names) is logged and ignored.
+        """
+        if self.config.role != "coordinator":
+            return
+        if peer not in self.config.peers:
+            log.warning("announcement from host %r ignored: not a --peers host", peer)
+            return
+        expected, configured = doc.get("expected"), doc.get("configured")
+        if not isinstance(expected, list) or not isinstance(configured, dict) or len(expected) > MAX_PEER_VMS:
+            log.warning("malformed announcement from host %r ignored", peer)
+            return
+        names = [n for n in expected if isinstance(n, str) and VM_NAME.match(n)]
+        elsewhere = set(self.config.vms).union(*(vs for p, vs in self.peer_vms.items() if p != peer))
+        clash = sorted(set(names) & elsewhere)
+        if clash:
+            log.error("host %r announces VM(s) served elsewhere: %s; ignored", peer, ", ".join(clash))
+            return
+        if self.peer_vms.get(peer) != sorted(names):
+            log.warning("host %s serves %d VM(s): %s", peer, len(names), ", ".join(sorted(names)[:20]))
+        self.peer_vms[peer] = sorted(names)
+        just_set = self.barrier.update_expected(add=names, remove=[PEER_PREFIX + peer])
+        for vm, at in configured.items():
+            if vm in names and isinstance(at, (int, float)) and vm not in self.barrier.configured:
+                just_set = self.barrier.configure(vm, float(at)) or just_set
+        if just_set:
+            self._start_was_set()
+        else:
+            self.save()
+
+    def on_coordinator_start(self, doc: Mapping[str, Any]) -> None:
+        """The coordinator's start (member): adopt it unless it is stale.
+
+        A retained start left from an earlier run of the same experiment name would name this
+        host's VMs as configured at times this host never saw: such a start is ignored.
+        """
+        if self.config.role != "member" or self.barrier.start_time is not None:
+            return
+        start, configured = doc.get("start_time"), doc.get("configured")
+        released = doc.get("released") or []
+        if (
+            not isinstance(start, (int, float))
+            or isinstance(start, bool)
+            or not math.isfinite(start)
+            or not isinstance(configured, dict)
+            or not isinstance(released, list)
+        ):
+            log.warning("malformed start from the coordinator ignored")
+            return
+        if PEER_PREFIX + str(self.config.host_id) in released:
+            released = list(self.config.expected)  # released before this host announced its VMs
+        for vm in self.config.expected:
+            if vm in released:
+                continue
+            mine, theirs = self.barrier.configured.get(vm), configured.get(vm)
+            if mine is None or not isinstance(theirs, (int, float)) or abs(theirs - mine) > 0.001:
+                log.warning("start from the coordinator ignored: it does not match %s (stale?)", vm)
+                return
+        self.barrier.restore_start(float(start))
+        self._start_was_set()
+
+    def start_announcement(self) -> Optional[Dict[str, Any]]:
+        """The start as the coordinator publishes it to member hosts (None before it is set)."""
+        b = self.barrier
+        if b.start_time is None:
+            return None
+        return {
+            "start_time": b.start_time,
+            "configured": dict(sorted(b.configured.items())),
+            "released": sorted(b.released | b.excluded),
+            "coordinator": self.config.host_id,
+        }
+
+    # ------------------------------------------------------------------ HostApi
+    def start_event(self) -> Optional[Event]:
+        """The ``start_time`` event (stable id), or None before the start is set."""
+        start = self.barrier.start_time
+        if start is None or self.start_id is None:
+            return None
+        return Event(START_TIME, self.start_set_at or start, self.start_id, {"start_time": start})
+
+    def pending_resumes(self, vm: str) -> List[Event]:
+        """``resume`` events issued to ``vm`` and not yet answered, oldest first."""
+        return [r.event() for r in self.resumes if vm in r.targets and vm not in r.answered]
+
+    def on_configured(self, vm: str, at: float) -> None:
+        """Record ``vm`` configured at host UTC ``at``; set and announce the start when it was the last."""
+        if vm in self.barrier.configured:
+            return
+        just_set = self.barrier.configure(vm, at)
+        if vm in self.barrier.active:
+            waiting = self.barrier.waiting_for()
+            log.info("%s configured; barrier waits for %s", vm, ", ".join(waiting) or "nobody")
+        if just_set:
+            self._start_was_set()
+        elif not self.loading:
+            # the .jsonl holds the `configured` report: a host killed before this save replays it
+            self._soon("save", self.save)
+        if self.mqtt is not None and not self.loading:
+            self._soon("announce", self.mqtt.publish_host_state)
+
+    def on_resume_answer(self, vm: str, resume_id: str, data: Mapping[str, Any], at: float) -> None:
+        """``vm`` answered RESUME ``resume_id``: record it (it is no longer re-sent to ``vm``)."""
+        for r in self.resumes:
+            if r.id == resume_id and vm in r.targets and vm not in r.answered:
+                r.answered[vm] = {
+                    "status": data.get("status"),
+                    "details": data.get("details"),
+                    "ended_break": data.get("ended_break"),
+                    "ignored": data.get("ignored"),
+                    "received": at,
+                }
+                if not self.loading:
+                    self._soon("save", self.save)  # the answer is in the .jsonl (replayed)
+                return
+
+    @property
+    def signs(self) -> bool:
+        """True when ``--signing-key`` was given: schedule, start time and RESUME are signed."""
+        return self.config.signing_key is not None
+
+    def sign_for(self, vm: str, event: Event) -> Event:
+        """``event`` as sent to ``vm`` now: signed for ``vm`` with the host key (SPEC §7), or
+        unchanged without a key. Signed at every send, so a resend is fresh."""
+        if self.config.signing_key is None:
+            return event
+        from vmr_handler.core.signing import sign
+
+        return sign(self.config.signing_key, event, vm, time.time())
+
+    # ------------------------------------------------------------------ start and RESUME
+    def _mark_start(self) -> None:
+        self.start_id = f"start-{uuid.uuid4().hex[:16]}"
+        self.start_set_at = time.time()
+
+    def _start_was_set(self) -> None:
+        self._mark_start()
+        self.save()
+        start = self.barrier.start_time
+        log.warning(
+            "experiment start time set: %.3f UTC (%s); sent to every connected VM",
+            start,
+            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start or 0)),
+        )
+        if not self.loading:
+            for s in self.sessions.values():
+                s.push_start_time()
+            if self.mqtt is not None:
+                self.mqtt.publish_start()
+
+    def release(self, exclude: List[str]) -> None:
+        """Start without the VMs in ``exclude`` (or without every VM still missing when it is
+        empty); the start is set and sent when nobody else is missing.
+
+        Raises:
+            ValueError: this host is a member (the coordinator releases).
+            BarrierError: the start is already set, or a name is not an expected VM.
+        """
+        if self.config.role == "member":
+            raise ValueError("this host is a member: release the barrier on the coordinator host")
+        start = self.barrier.release(time.time(), exclude)
+        if start is not None:
+            self._start_was_set()
+        else:
+            self.save()
+
+    def resume(self, targets: List[str]) -> Tuple[ResumeRecord, List[str]]:
+        """Issue a RESUME to ``targets`` (served VM names) stamped with host experiment time
+        ``at = now - start`` (``-inf`` before the start is set); saved at once.
+
+        Returns:
+            The record and the VMs it was sent to now (the others get it at their next hello).
+        """
+        now = time.time()
+        start = self.barrier.start_time
+        at = -math.inf if start is None else now - start
+        record = ResumeRecord(f"resume-{uuid.uuid4().hex[:16]}", at, now, targets, {})
+        self.resumes.append(record)
+        self.save()
+        event = record.event()
+        sent = [vm for vm in targets if self.sessions[vm].push_resume(event)]
+        log.warning("RESUME %s at experiment time %s to %s", record.id, event.data["at"], ", ".join(targets))
+        return record, sent
+
+    def barrier_status(self, now: float) -> Dict[str, Any]:
+        """The ``experiment`` member of ``vmr-host status`` at UTC ``now``."""
+        b = self.barrier
+        return {
+            "start_time": b.start_time,
+            "start_in": None if b.start_time is None else b.start_time - now,
+            "start_buffer": b.buffer,
+            "expected": sorted(b.expected),
+            "configured": dict(sorted(b.configured.items())),
+            "waiting_for": b.waiting_for(),
+            "excluded": sorted(b.excluded),
+            "released": sorted(b.released),
+            "released_at": b.released_at,
+        }

@@ -1,0 +1,80 @@
+"""The interfaces a :class:`~vmr_handler.host.session.VmSession` works through.
+
+* :class:`Link`: where its frames go (a unix stream: :class:`~vmr_handler.host.streams.StreamLink`;
+  a broker: :class:`~vmr_handler.host.mqtt.MqttLink`);
+* :class:`ReportHost` / :class:`HostApi`: what it asks of the experiment as a whole (start
+  time, RESUMEs, the barrier, signing; :class:`~vmr_handler.host.experiment.Experiment`);
+* :class:`HostEvents`: the maker of the host's own events (ids, timestamps).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from typing import Any, List, Mapping, Optional, Protocol
+
+from vmr_handler.core.events import Event, json_safe
+
+
+class Link(Protocol):
+    """Where a session's frames go (the server wraps a stream writer)."""
+
+    @property
+    def closed(self) -> bool:
+        """True once the connection is closed."""
+
+    def send_bytes(self, data: bytes) -> None:
+        """Queue raw bytes (never blocks; may close the link when the peer does not read)."""
+
+    async def drain(self) -> None:
+        """Wait until the queued bytes are handed to the kernel (back-pressure)."""
+
+    def close(self) -> None:
+        """Close the connection."""
+
+
+class ReportHost(Protocol):
+    """What a VM's stored reports tell the experiment (the barrier and the RESUMEs)."""
+
+    def on_configured(self, vm: str, at: float) -> None:
+        """``vm`` configured at host UTC ``at`` (idempotent)."""
+
+    def on_resume_answer(self, vm: str, resume_id: str, data: Mapping[str, Any], at: float) -> None:
+        """``vm`` answered RESUME ``resume_id`` with ``data`` (idempotent)."""
+
+
+class HostApi(ReportHost, Protocol):
+    """What a session needs from the experiment (implemented by
+    :class:`~vmr_handler.host.experiment.Experiment`)."""
+
+    def start_event(self) -> Optional[Event]:
+        """The ``start_time`` event (stable id), or None before the start is set."""
+
+    def pending_resumes(self, vm: str) -> List[Event]:
+        """``resume`` events issued to ``vm`` that it has not answered, oldest first."""
+
+    @property
+    def signs(self) -> bool:
+        """True when control events are signed (a host signing key is configured)."""
+
+    def sign_for(self, vm: str, event: Event) -> Event:
+        """``event`` signed for ``vm`` now (unchanged without a key; ``vmr_handler.core.signing``)."""
+
+
+class HostEvents:
+    """Makes the host's own events: unique ids (``host-<random>-<n>``), UTC timestamps."""
+
+    def __init__(self) -> None:
+        self._prefix = f"host-{uuid.uuid4().hex[:10]}"
+        self._counter = itertools.count(1)
+
+    def next_id(self) -> str:
+        """A fresh unique event id."""
+        return f"{self._prefix}-{next(self._counter):08d}"
+
+    def make(self, type_: str, data: Mapping[str, Any], timestamp: Optional[float] = None) -> Event:
+        """A new host event of ``type_`` (a control type) with ``data`` made JSON safe;
+        ``timestamp`` is UTC epoch seconds (default now)."""
+        ts = time.time() if timestamp is None else timestamp
+        return Event(type_, ts, self.next_id(), json_safe(dict(data)))

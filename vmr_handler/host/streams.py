@@ -1,0 +1,270 @@
+"""Guest channels over unix stream sockets, one ``<channels>/<vm>.sock`` per VM (``docs/host.md``).
+
+* **listen** (default): vmr-host listens on the socket and QEMU connects as a client
+  (``-chardev socket,id=c0,path=<channels>/<vm>.sock,reconnect=1``). One connection per VM
+  socket at a time: a second concurrent one is closed and counted.
+* **connect** (``--connect``): QEMU is the server (``server=on,wait=off``); vmr-host
+  connects to the socket and reconnects with exponential backoff (``tenacity``) whenever
+  the socket is absent or the connection drops.
+
+Either way each connection is a :class:`StreamLink` attached to the VM's
+:class:`~vmr_handler.host.session.VmSession`, which is fed the bytes read
+(:func:`serve_connection`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import stat
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
+
+from vmr_handler.core.control import MAX_SOCKET_PATH
+from vmr_handler.core.errors import HostSetupError
+from vmr_handler.host.config import HostConfig, Limits
+from vmr_handler.host.session import VmSession
+
+log = logging.getLogger("vmr_handler.host")
+
+READ_SIZE = 64 * 1024
+
+
+def channel_path(channels: str, vm: str) -> str:
+    """``<channels>/<vm>.sock`` as an absolute path."""
+    return os.path.join(os.path.abspath(channels), vm + ".sock")
+
+
+class StreamLink:
+    """A :class:`~vmr_handler.host.session.Link` over an asyncio stream writer.
+
+    Args:
+        writer: the connection's writer.
+        limit: bytes queued towards a peer that does not read before the link closes itself.
+        on_overflow: called once when that happens.
+    """
+
+    def __init__(self, writer: asyncio.StreamWriter, limit: int, on_overflow: Callable[[], None]) -> None:
+        self.writer = writer
+        self.limit = limit
+        self.on_overflow = on_overflow
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """True once closed (by either side)."""
+        return self._closed or self.writer.is_closing()
+
+    def send_bytes(self, data: bytes) -> None:
+        """Queue ``data``; close the link if the peer lets more than ``limit`` bytes pile up."""
+        if self.closed:
+            return
+        self.writer.write(data)
+        if self.writer.transport.get_write_buffer_size() > self.limit:
+            self.on_overflow()
+            self.close()
+
+    async def drain(self) -> None:
+        """Wait for the write buffer to drain (raises ConnectionError when the peer is gone)."""
+        if self.closed:
+            raise ConnectionResetError("link closed")
+        await self.writer.drain()
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self.writer.close()
+
+
+async def serve_connection(
+    session: VmSession, limits: Limits, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """Serve one connection of ``session``'s VM until it ends: attach it (or refuse a second
+    one), feed the session what is read (pausing while the VM is over its rates), detach."""
+    vm = session.name
+
+    def overflow() -> None:
+        session.counters.write_overflow += 1
+        log.warning("%s: peer does not read; %d bytes queued: connection dropped", vm, limits.write_buffer)
+
+    link = StreamLink(writer, limits.write_buffer, overflow)
+    if not session.attach(link, time.time()):
+        link.close()
+        return
+    log.info("%s: connected", vm)
+    reason = "closed by peer"
+    try:
+        while not link.closed:
+            data = await reader.read(READ_SIZE)
+            if not data:
+                break
+            session.feed(data, time.time())
+            pause = session.read_pause(len(data))
+            if pause > 0:
+                await asyncio.sleep(min(pause, 1.0))
+        if link.closed and reason == "closed by peer":
+            reason = "closed by host"
+    except (ConnectionError, OSError) as exc:
+        reason = f"error: {exc}"
+    except asyncio.CancelledError:
+        reason = "host stopping"
+        raise
+    except Exception as exc:  # a bug must not take the host (or other VMs) down
+        reason = f"internal error: {type(exc).__name__}: {exc}"
+        log.exception("%s: internal error handling input; connection dropped", vm)
+    finally:
+        session.detach(link, time.time(), reason)
+        link.close()
+        log.info("%s: disconnected (%s)", vm, reason)
+
+
+class StreamChannels:
+    """Every VM's channel socket, listened on or connected to (``config.connect``).
+
+    Args:
+        config: the channels directory, the mode, the reconnect backoff and the limits.
+        sessions: VM name -> its session (filled before :meth:`start`).
+    """
+
+    def __init__(self, config: HostConfig, sessions: Dict[str, VmSession]) -> None:
+        self.config = config
+        self.sessions = sessions
+        #: why serving stopped by itself (never: the sockets are retried or refused at start)
+        self.fatal: Optional[str] = None
+        self._servers: List[asyncio.AbstractServer] = []
+        self._tasks: List[asyncio.Task[None]] = []
+        self._sockets: List[str] = []
+
+    def describe(self) -> str:
+        """Where the channels are, for the start-up log line."""
+        return f"channels {os.path.abspath(self.config.channels)}"
+
+    def check(self) -> None:
+        """Every channel socket path fits (< 108 bytes).
+
+        Raises:
+            HostSetupError: (exit 2) naming the first path that is too long.
+        """
+        for vm in sorted(self.config.vms):
+            path = channel_path(self.config.channels, vm)
+            if len(path.encode()) > MAX_SOCKET_PATH:
+                raise HostSetupError(
+                    f"channel socket path {path} is {len(path.encode())} bytes, longer than the unix "
+                    f"socket limit of {MAX_SOCKET_PATH}; use a shorter --channels directory",
+                    2,
+                )
+
+    def prepare(self) -> None:
+        """Create the channels directory (listen mode).
+
+        Raises:
+            OSError: it cannot be made.
+        """
+        if not self.config.connect:
+            os.makedirs(self.config.channels, mode=0o750, exist_ok=True)
+
+    async def start(self, stop: asyncio.Event) -> None:
+        """Listen on every VM's socket, or start connecting to each.
+
+        Raises:
+            HostSetupError: a socket cannot be bound (in use by another process: exit 1; a
+                non-socket file in the way: exit 2).
+        """
+        for vm in sorted(self.sessions):
+            if self.config.connect:
+                self._tasks.append(asyncio.ensure_future(self._connector(vm)))
+            else:
+                await self._listen(vm)
+
+    async def close(self) -> None:
+        """Stop listening and connecting; remove the sockets this host made."""
+        for task in self._tasks:
+            task.cancel()
+        for server in self._servers:
+            server.close()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.sleep(0)
+        for path in self._sockets:
+            try:
+                if stat.S_ISSOCK(os.lstat(path).st_mode):
+                    os.unlink(path)
+            except OSError:
+                pass
+
+    async def _listen(self, vm: str) -> None:
+        path = channel_path(self.config.channels, vm)
+        _clear_stale_socket(path)
+
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await serve_connection(self.sessions[vm], self.config.limits, reader, writer)
+
+        old_umask = os.umask(0o117)
+        try:
+            server = await asyncio.start_unix_server(accept, path=path)
+        except OSError as exc:
+            raise HostSetupError(f"cannot listen on {path}: {exc}") from exc
+        finally:
+            os.umask(old_umask)
+        os.chmod(path, 0o660)
+        self._servers.append(server)
+        self._sockets.append(path)
+
+    async def _connector(self, vm: str) -> None:
+        path = channel_path(self.config.channels, vm)
+        initial, maximum = self.config.reconnect
+        while True:
+            failures = 0
+
+            def note_failure(retry_state: Any) -> None:
+                nonlocal failures
+                failures += 1
+                if failures == 1:
+                    exc = retry_state.outcome.exception() if retry_state.outcome else None
+                    log.info("%s: cannot connect to %s (%s); retrying with backoff", vm, path, exc)
+
+            reader: Optional[asyncio.StreamReader] = None
+            writer: Optional[asyncio.StreamWriter] = None
+            async for attempt in AsyncRetrying(
+                wait=wait_exponential_jitter(initial=initial, max=maximum, jitter=initial),
+                retry=retry_if_exception_type(OSError),
+                before_sleep=note_failure,
+                reraise=True,
+            ):
+                with attempt:
+                    reader, writer = await asyncio.open_unix_connection(path)
+            assert reader is not None and writer is not None
+            await serve_connection(self.sessions[vm], self.config.limits, reader, writer)
+            await asyncio.sleep(initial)
+
+
+def _clear_stale_socket(path: str) -> None:
+    """Remove a socket file left by a dead process; refuse when someone answers on it.
+
+    Raises:
+        HostSetupError: another process listens there (exit 1), or it is not a socket (exit 2).
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise HostSetupError(f"{path} exists and is not a socket; remove it or choose other --channels", 2)
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)
+        return
+    finally:
+        probe.close()
+    raise HostSetupError(
+        f"{path} is in use by another process (is another vmr-host or a QEMU in server mode using it? "
+        "for QEMU as the server use --connect)"
+    )

@@ -1,0 +1,250 @@
+"""What the host knows of one VM apart from its connection: what its agent said in its
+``hello``, what its stored reports tell (schedule accepted, stages, configured, failures;
+rebuilt from the ``.jsonl`` at host start, then live) and the :class:`Counters` of what was
+refused. :meth:`VmState.apply` dispatches a report on its type through a table.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Mapping, Optional
+
+from vmr_handler.core.events import Event, EventType
+from vmr_handler.core.protocol import RESULT, DecoderStats
+from vmr_handler.host.logtext import printable
+from vmr_handler.host.sessionapi import ReportHost
+
+
+def finite(value: Any) -> Optional[float]:
+    """``value`` as a float when it is a finite number (not a bool), else None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def short(value: Any, limit: int = 128) -> Optional[str]:
+    """A guest string made printable and cut to ``limit`` characters; None when not a string."""
+    return printable(value, limit) if isinstance(value, str) else None
+
+
+def _int(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def add_stats(base: DecoderStats, more: DecoderStats) -> DecoderStats:
+    """Frame counts of ``base`` plus ``more``; the last error is ``more``'s, else ``base``'s."""
+    return DecoderStats(
+        base.frames + more.frames,
+        base.malformed + more.malformed,
+        base.oversize + more.oversize,
+        base.bytes + more.bytes,
+        more.last_error or base.last_error,
+    )
+
+
+def frames_status(st: DecoderStats) -> Dict[str, Any]:
+    """The ``frames`` member of a VM's status."""
+    return {
+        "ok": st.frames,
+        "malformed": st.malformed,
+        "oversize": st.oversize,
+        "bytes": st.bytes,
+        "last_error": st.last_error,
+    }
+
+
+@dataclass
+class Counters:
+    """Per-VM counts of everything refused or odd (shown by ``vmr-host status``)."""
+
+    rate_limited: int = 0
+    too_many_events: int = 0
+    protocol_errors: int = 0
+    vm_mismatch: int = 0
+    refused_connections: int = 0
+    write_overflow: int = 0
+    transfer_refused: int = 0
+    transfer_bad_sha256: int = 0
+    resources_served: int = 0
+    resources_refused: int = 0
+    unstorable: int = 0
+    hello_flood: int = 0
+
+    def refused(self) -> Dict[str, int]:
+        """The ``refused`` member of the VM's status."""
+        return {
+            "rate_limited": self.rate_limited,
+            "too_many_events": self.too_many_events,
+            "protocol_errors": self.protocol_errors,
+            "vm_mismatch": self.vm_mismatch,
+            "second_connections": self.refused_connections,
+            "write_overflow": self.write_overflow,
+            "unstorable": self.unstorable,
+            "hello_flood": self.hello_flood,
+        }
+
+
+class VmState:
+    """One VM's state from its hello and its reports.
+
+    Args:
+        name: the VM (its channel's name).
+        digest: sha256 of its schedule.
+        schedule_id: id of the ``schedule`` event (a ``result`` answering it accepts or rejects it).
+        host: told when the VM is configured and when it answers a RESUME.
+    """
+
+    def __init__(self, name: str, digest: str, schedule_id: str, host: ReportHost) -> None:
+        self.name = name
+        self.digest = digest
+        self.schedule_id = schedule_id
+        self.host = host
+        # what the agent told
+        self.agent_version: Optional[str] = None
+        self.boot_id: Optional[str] = None
+        self.claimed_vm: Optional[str] = None
+        self.unacked: Optional[int] = None
+        # what the VM did (rebuilt from the .jsonl at start, then live)
+        self.schedule_state = "pending"  # pending|sent|accepted|rejected
+        self.schedule_details: Optional[str] = None
+        self.stage: Optional[int] = None
+        self.stage_time: Optional[float] = None
+        self.stage_running = False
+        self.stages_done = 0
+        self.configured_at: Optional[float] = None
+        self.failed: Optional[str] = None
+        self.complete = False
+        self.last_seen: Optional[float] = None
+        self.max_lateness: Optional[float] = None
+        self.failures = 0
+        self.start_acked = False
+        #: report type -> what it changes (``data``, host UTC received)
+        self._appliers: Dict[str, Callable[[Mapping[str, Any], float], None]] = {
+            EventType.STAGE_STARTED.value: self._stage_started,
+            EventType.STAGE_FINISHED.value: self._stage_finished,
+            EventType.CONFIGURED.value: self._configured_report,
+            EventType.VM_FAILED.value: self._vm_failed,
+            EventType.SCHEDULE_COMPLETE.value: self._schedule_complete,
+            EventType.ENTRY_STARTED.value: self._entry_started,
+            EventType.ENTRY_FAILED.value: self._entry_failed,
+            EventType.ENTRY_EXITED.value: self._entry_exited,
+            RESULT: self._result,
+        }
+
+    # ------------------------------------------------------------------ from the agent
+    def hello(self, data: Mapping[str, Any]) -> None:
+        """Take what the agent says of itself in its ``hello`` (``vm``, ``agent_version``,
+        ``boot_id``, ``unacked``; odd values are kept as None)."""
+        self.claimed_vm = short(data.get("vm"))
+        self.agent_version = short(data.get("agent_version"))
+        self.boot_id = short(data.get("boot_id"))
+        self.unacked = _int(data.get("unacked"))
+
+    def configured(self, at: float) -> None:
+        """The VM is configured (seen at host UTC ``at``, the first time kept); the host is told."""
+        if self.configured_at is None:
+            self.configured_at = at
+        self.host.on_configured(self.name, at)
+
+    def apply(self, ev: Event, received: float) -> None:
+        """Update this VM's state from a stored report received at host UTC ``received``.
+
+        Used live and when the ``.jsonl`` is replayed at host start (so a restarted host
+        shows the same state). Never raises on odd data.
+        """
+        if self.last_seen is None or received > self.last_seen:
+            self.last_seen = received
+        applier = self._appliers.get(ev.type)
+        if applier is not None:
+            applier(ev.data, received)
+
+    def _stage_started(self, d: Mapping[str, Any], received: float) -> None:
+        stage = _int(d.get("stage"))
+        if stage is not None:
+            self.stage = stage
+        self.stage_time = finite(d.get("start_time"))
+        self.stage_running = True
+
+    def _stage_finished(self, d: Mapping[str, Any], received: float) -> None:
+        self.stage_running = False
+        self.stages_done += 1
+
+    def _configured_report(self, d: Mapping[str, Any], received: float) -> None:
+        self.configured(received)
+
+    def _vm_failed(self, d: Mapping[str, Any], received: float) -> None:
+        self.failed = short(d.get("details"), 500) or "vm_failed"
+        self.failures += 1
+
+    def _schedule_complete(self, d: Mapping[str, Any], received: float) -> None:
+        self.complete = True
+
+    def _entry_started(self, d: Mapping[str, Any], received: float) -> None:
+        late = finite(d.get("lateness"))
+        if late is not None and (self.max_lateness is None or late > self.max_lateness):
+            self.max_lateness = late
+
+    def _entry_failed(self, d: Mapping[str, Any], received: float) -> None:
+        self.failures += 1
+
+    def _entry_exited(self, d: Mapping[str, Any], received: float) -> None:
+        if d.get("status") == "error":
+            self.failures += 1
+
+    def _result(self, d: Mapping[str, Any], received: float) -> None:
+        answers = d.get("answers")
+        if answers == self.schedule_id:
+            ok = d.get("status") == "success"
+            self.schedule_state = "accepted" if ok else "rejected"
+            self.schedule_details = short(d.get("details"), 2000)
+        elif isinstance(answers, str):
+            self.host.on_resume_answer(self.name, answers, d, received)
+
+    # ------------------------------------------------------------------ status
+    def word(self, start_time: Optional[float], now: float, connected: bool, connections: int) -> str:
+        """One word for ``vmr-host status`` (``connected``/``connections``: the channel's)."""
+        if self.failed:
+            return "failed"
+        if self.schedule_state == "rejected":
+            return "schedule_rejected"
+        if self.complete:
+            return "complete"
+        if self.configured_at is not None:
+            return "running" if start_time is not None and now >= start_time else "configured"
+        if self.stage is not None:
+            return "configuring"
+        if self.schedule_state in ("sent", "accepted"):
+            return f"schedule_{self.schedule_state}"
+        if connections or self.last_seen is not None:
+            return "connected" if connected else "seen"
+        return "not_seen"
+
+    def fields(self) -> Dict[str, Any]:
+        """The status members from ``schedule`` to ``agent`` (JSON safe, in their order)."""
+        stage: Optional[str] = None
+        if self.stage is not None:
+            where = f" ({self.stage_time:g})" if self.stage_time is not None else ""
+            stage = f"{self.stage}{where} {'running' if self.stage_running else 'done'}"
+        return {
+            "schedule": {
+                "state": self.schedule_state,
+                "digest": self.digest,
+                "details": self.schedule_details,
+            },
+            "stage": stage,
+            "stages_done": self.stages_done,
+            "configured_at": self.configured_at,
+            "failed": self.failed,
+            "complete": self.complete,
+            "last_seen": self.last_seen,
+            "max_lateness": self.max_lateness,
+            "failures": self.failures,
+            "start_acked": self.start_acked,
+            "agent": {
+                "version": self.agent_version,
+                "boot_id": self.boot_id,
+                "claimed_vm": self.claimed_vm,
+                "unacked": self.unacked,
+            },
+        }
