@@ -39,6 +39,7 @@ def _seconds(text: str) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The ``vmr-handler`` argument parser: global flags, then one sub-parser per command."""
     parser = argparse.ArgumentParser(
         prog="vmr-handler",
         description="Plays this VM's part of an experiment: stages, start barrier, timed entries, "
@@ -47,17 +48,33 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"vmr-handler {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in _SUBCOMMAND_PARSERS:
+        add(sub)
+    return parser
 
-    def allow(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--allow-class",
-            action="append",
-            default=[],
-            metavar="MODULE.NAME",
-            help="also admit this schedule-entry class name in pickles (repeatable)",
-        )
 
+def _add_allow_class(p: argparse.ArgumentParser) -> None:
+    """``--allow-class`` (repeatable), shared by the commands that load a schedule."""
+    p.add_argument(
+        "--allow-class",
+        action="append",
+        default=[],
+        metavar="MODULE.NAME",
+        help="also admit this schedule-entry class name in pickles (repeatable)",
+    )
+
+
+def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``run``: connection flags, the MQTT group, then local-run flags (this order is the help's)."""
     run = sub.add_parser("run", help="play a schedule on this machine")
+    _add_run_connection_options(run)
+    _add_mqtt_options(run.add_argument_group("MQTT transport (docs/mqtt.md)"))
+    _add_run_local_options(run)
+    _add_allow_class(run)
+
+
+def _add_run_connection_options(run: argparse.ArgumentParser) -> None:
+    """``run``: what to play and how the host is reached and trusted."""
     run.add_argument(
         "--local",
         metavar="SCHEDULE",
@@ -85,7 +102,10 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="CA certificate of vmr-host's HTTPS resource server (default: the broker's CA, else system)",
     )
-    mq = run.add_argument_group("MQTT transport (docs/mqtt.md)")
+
+
+def _add_mqtt_options(mq: argparse._ArgumentGroup) -> None:
+    """``run``: the MQTT transport group (docs/mqtt.md)."""
     mq.add_argument(
         "--transport",
         choices=["virtio-serial", "mqtt"],
@@ -103,6 +123,10 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help=f"per-VM settings blob from QEMU fw_cfg (default {DEFAULT_FW_CFG} if present; '' = none)",
     )
+
+
+def _add_run_local_options(run: argparse.ArgumentParser) -> None:
+    """``run``: timing, directories, reporting and reboot flags."""
     run.add_argument("--debug-clock-skew", type=float, help=argparse.SUPPRESS)
     run.add_argument(
         "--start-buffer",
@@ -125,8 +149,10 @@ def _parser() -> argparse.ArgumentParser:
         help="shell command run on a reboot request (default: systemctl reboot || reboot)",
     )
     run.add_argument("--quiet", action="store_true", help="no readable log on stderr")
-    allow(run)
 
+
+def _add_plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``plan SCHEDULE [--resume SECONDS]... [--json] [--launch-dir DIR]``."""
     plan = sub.add_parser("plan", help="print when every entry fires (pure timeline, nothing runs)")
     plan.add_argument("schedule")
     plan.add_argument(
@@ -144,8 +170,11 @@ def _parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help=f"root of the working dirs shown in command lines (default {DEFAULT_LAUNCH_DIR})",
     )
-    allow(plan)
+    _add_allow_class(plan)
 
+
+def _add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``check SCHEDULE [--strict]``."""
     check = sub.add_parser(
         "check",
         help="validate a schedule (exit 2 with the errors); warn about programs not found here "
@@ -153,8 +182,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("schedule")
     check.add_argument("--strict", action="store_true", help="warnings are errors (exit 2)")
-    allow(check)
+    _add_allow_class(check)
 
+
+def _add_control_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``status`` and ``resume``: requests to the running agent's control socket."""
     for name, text in (
         ("status", "show where the running agent is"),
         ("resume", "send RESUME to the running agent"),
@@ -162,7 +194,15 @@ def _parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text)
         p.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
         p.add_argument("--json", action="store_true", help="print the raw JSON reply")
-    return parser
+
+
+#: One function per sub-command (or pair), in the order the help lists them.
+_SUBCOMMAND_PARSERS = (
+    _add_run_parser,
+    _add_plan_parser,
+    _add_check_parser,
+    _add_control_parsers,
+)
 
 
 # ---------------------------------------------------------------------------- plan
@@ -352,7 +392,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     allow = _setting(args, settings, "allow_class", [])
     if args.local is None:
         from vmr_handler.agent.connected import AgentConfig, run_connected
-        from vmr_handler.transports.channel import DEFAULT_PORT
+        from vmr_handler.transports.virtio_serial import DEFAULT_PORT
 
         agent_config = AgentConfig(
             port=_setting(args, settings, "port", DEFAULT_PORT),

@@ -34,7 +34,7 @@ from vmr_handler.core.events import Event, EventType, describe
 from vmr_handler.core.fsutil import atomic_write
 from vmr_handler.core.schedule import Schedule, load_schedule_bytes
 from vmr_handler.core.schedule.validate import parse_number
-from vmr_handler.transports.channel import DEFAULT_PORT
+from vmr_handler.transports.virtio_serial import DEFAULT_PORT
 
 if TYPE_CHECKING:
     from vmr_handler.transports.mqtt import MqttOptions

@@ -25,7 +25,8 @@ from vmr_handler.core import protocol as P
 from vmr_handler.core.clock import SystemClock
 from vmr_handler.core.errors import ChannelClosed, VmrError
 from vmr_handler.core.events import Event, EventFactory, EventType
-from vmr_handler.transports.channel import ByteChannel, open_channel
+from vmr_handler.transports.base import ByteChannel
+from vmr_handler.transports.virtio_serial import open_channel
 
 if TYPE_CHECKING:
     from vmr_handler.transports.mqtt import MqttOptions

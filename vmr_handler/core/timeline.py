@@ -26,7 +26,7 @@ Rules (the reference's ``sys.float_info.min`` trick replaced by explicit orderin
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from vmr_handler.core.schedule.model import EntryKind, ScheduleEntry
@@ -102,63 +102,106 @@ def build_plan(entries: Sequence[ScheduleEntry], resumes: Sequence[float] = ()) 
         The :class:`Plan`. Pure: the same inputs always give the same plan.
     """
     stages = tuple(sorted({e.start_time for e in entries if e.kind is EntryKind.NEGATIVE}))
-    stage_of = {t: k for k, t in enumerate(stages)}
-    fire: Dict[int, Optional[float]] = {}
+    # (time, position given), ascending: the order in which RESUMEs can end breaks
     resume_list = sorted((float(r), i) for i, r in enumerate(resumes))
-    ended: Dict[int, Optional[int]] = {i: None for i in range(len(resume_list))}
-    next_resume = 0
-    off = 0.0
-    initial_delay = 0.0
+    walk = _Walk(resume_list)
+    for entry in sorted((e for e in entries if _is_timed(e)), key=_order_key):
+        walk.visit(entry)
+    return Plan(
+        _planned(entries, stages, walk.fire),
+        _outcomes(resume_list, walk.ended),
+        stages,
+        walk.initial_delay,
+        walk.blocked,
+    )
+
+
+def _is_timed(entry: ScheduleEntry) -> bool:
+    """Entries placed on the timeline: pauses/breaks, and non-negative non-stage entries."""
+    return (entry.kind is not EntryKind.NEGATIVE and entry.start_time >= 0) or entry.pause
+
+
+@dataclass
+class _Walk:
+    """The state of one :func:`build_plan` pass over the timed entries (local to that call).
+
+    Attributes:
+        resume_list: ``(time, position given)`` of every RESUME, ascending.
+        ended: position in ``resume_list`` -> index of the break that RESUME ended (or None).
+        fire: entry index -> experiment time it fires / takes effect (None: held by a break).
+        next_resume: position in ``resume_list`` of the first unused RESUME.
+        off: running offset, schedule time -> experiment time (seconds).
+        initial_delay: seconds of ``-inf`` pauses so far.
+        blocked: index of the break no RESUME ended, or None.
+    """
+
+    resume_list: List[Tuple[float, int]]
+    ended: Dict[int, Optional[int]] = field(init=False)
+    fire: Dict[int, Optional[float]] = field(default_factory=dict)
+    next_resume: int = 0
+    off: float = 0.0
+    initial_delay: float = 0.0
     blocked: Optional[int] = None
 
-    def take_resume(p_eff: float) -> Optional[float]:
-        """The first unused RESUME at or after ``p_eff``; earlier ones are ignored."""
-        nonlocal next_resume
-        while next_resume < len(resume_list) and resume_list[next_resume][0] < p_eff:
-            next_resume += 1  # no active break when it arrived: ignored
-        if next_resume == len(resume_list):
-            return None
-        return resume_list[next_resume][0]
+    def __post_init__(self) -> None:
+        self.ended = {i: None for i in range(len(self.resume_list))}
 
-    timed = sorted(
-        (e for e in entries if (e.kind is not EntryKind.NEGATIVE and e.start_time >= 0) or e.pause),
-        key=_order_key,
-    )
-    for entry in timed:
-        if blocked is not None:
-            fire[entry.index] = None
-            continue
-        if not entry.pause:
-            fire[entry.index] = entry.start_time + off
-            continue
-        duration = entry.pause_duration or 0.0
-        if entry.start_time == -math.inf:
-            fire[entry.index] = -math.inf
-            if math.isinf(duration):
-                r = take_resume(-math.inf)
-                if r is None:
-                    blocked = entry.index
-                else:
-                    ended[next_resume] = entry.index
-                    next_resume += 1
-            else:
-                off += duration
-                initial_delay += duration
-            continue
-        p_eff = entry.start_time + off
-        fire[entry.index] = p_eff
-        if math.isinf(duration):
-            r = take_resume(p_eff)
-            if r is None:
-                blocked = entry.index
-            else:
-                ended[next_resume] = entry.index
-                next_resume += 1
-                off = r - entry.start_time
+    def visit(self, entry: ScheduleEntry) -> None:
+        """Place one timed entry; entries must come in :func:`_order_key` order."""
+        if self.blocked is not None:
+            self.fire[entry.index] = None
+        elif not entry.pause:
+            self.fire[entry.index] = entry.start_time + self.off
+        elif entry.start_time == -math.inf:
+            self._pause_at_minus_inf(entry, entry.pause_duration or 0.0)
         else:
-            off += duration
+            self._pause(entry, entry.pause_duration or 0.0)
 
-    planned = tuple(
+    def _pause_at_minus_inf(self, entry: ScheduleEntry, duration: float) -> None:
+        """A pause delays stage 0 and every positive entry; a break waits for any RESUME."""
+        self.fire[entry.index] = -math.inf
+        if math.isinf(duration):
+            self._end_break(entry, -math.inf)
+        else:
+            self.off += duration
+            self.initial_delay += duration
+
+    def _pause(self, entry: ScheduleEntry, duration: float) -> None:
+        """A pause at P >= 0 adds its duration; a break shifts later entries to its RESUME."""
+        p_eff = entry.start_time + self.off
+        self.fire[entry.index] = p_eff
+        if not math.isinf(duration):
+            self.off += duration
+            return
+        r = self._end_break(entry, p_eff)
+        if r is not None:
+            self.off = r - entry.start_time
+
+    def _end_break(self, entry: ScheduleEntry, p_eff: float) -> Optional[float]:
+        """The time of the RESUME that ends the break ``entry``, or None (it blocks the rest)."""
+        r = self._take_resume(p_eff)
+        if r is None:
+            self.blocked = entry.index
+        else:
+            self.ended[self.next_resume] = entry.index
+            self.next_resume += 1
+        return r
+
+    def _take_resume(self, p_eff: float) -> Optional[float]:
+        """The first unused RESUME at or after ``p_eff``; earlier ones are ignored."""
+        while self.next_resume < len(self.resume_list) and self.resume_list[self.next_resume][0] < p_eff:
+            self.next_resume += 1  # no active break when it arrived: ignored
+        if self.next_resume == len(self.resume_list):
+            return None
+        return self.resume_list[self.next_resume][0]
+
+
+def _planned(
+    entries: Sequence[ScheduleEntry], stages: Tuple[float, ...], fire: Dict[int, Optional[float]]
+) -> Tuple[PlannedEntry, ...]:
+    """One :class:`PlannedEntry` per entry, in index order."""
+    stage_of = {t: k for k, t in enumerate(stages)}
+    return tuple(
         PlannedEntry(
             index=e.index,
             start_time=e.start_time,
@@ -168,8 +211,12 @@ def build_plan(entries: Sequence[ScheduleEntry], resumes: Sequence[float] = ()) 
         )
         for e in sorted(entries, key=lambda e: e.index)
     )
+
+
+def _outcomes(
+    resume_list: List[Tuple[float, int]], ended: Dict[int, Optional[int]]
+) -> Tuple[ResumeOutcome, ...]:
+    """One :class:`ResumeOutcome` per RESUME, reported in the order given."""
     outcomes = tuple(ResumeOutcome(float(r), ended[pos]) for pos, (r, _i) in enumerate(resume_list))
-    # report in the order given
     order = sorted(range(len(resume_list)), key=lambda pos: resume_list[pos][1])
-    outcomes = tuple(outcomes[pos] for pos in order)
-    return Plan(planned, outcomes, stages, initial_delay, blocked)
+    return tuple(outcomes[pos] for pos in order)

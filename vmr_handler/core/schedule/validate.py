@@ -7,10 +7,11 @@ together as one :class:`~vmr_handler.core.errors.ScheduleValidationError`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import reprlib
 import sys
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from vmr_handler.core.errors import ScheduleValidationError
 from vmr_handler.core.schedule.model import (
@@ -105,11 +106,99 @@ def _where(index: int, record: Mapping[str, Any]) -> str:
     return f"entry {index} ({show(exe)})" if isinstance(exe, str) and exe else f"entry {index}"
 
 
-def _transfer_item(
-    raw: Mapping[str, Any], location: str, where: str, field: str, problems: _Problems
-) -> Optional[TransferOut]:
+# ---------------------------------------------------------------------------- data items
+# One validator per data shape: ``(raw item, where, field, problems) -> item or None``.
+# Each reports at most one problem, naming ``field`` (``data[N]``) or one of its keys.
+
+
+def _duration(value: Any) -> Optional[float]:
+    """A pause duration (seconds, ``inf`` for a break), or None when not a number >= 0."""
+    duration = parse_number(value)
+    if duration is None or math.isnan(duration) or duration < 0:
+        return None
+    return duration
+
+
+def _pause_item(raw: Mapping[str, Any], where: str, field: str, problems: _Problems) -> Optional[DataItem]:
+    """``{pause_duration: D}``: D a number >= 0 or inf."""
+    duration = _duration(raw["pause_duration"])
+    if duration is None:
+        problems.add(
+            where,
+            f"{field}.pause_duration",
+            f"must be a number >= 0 or inf, got {show(raw['pause_duration'])}",
+        )
+        return None
+    return PauseSpec(duration)
+
+
+def _resume_item(raw: Mapping[str, Any], where: str, field: str, problems: _Problems) -> Optional[DataItem]:
+    """``{resume: true}``, as ``firewheel vm resume`` writes it."""
+    if raw["resume"] is not True:
+        problems.add(where, f"{field}.resume", f"must be true (a RESUME), got {show(raw['resume'])}")
+        return None
+    return ResumeMark()
+
+
+def _location(raw: Mapping[str, Any], where: str, field: str, problems: _Problems) -> Optional[str]:
+    """The ``location`` of a drop or transfer: a non-empty path string without NUL."""
+    location = raw["location"]
+    if not isinstance(location, str) or not location or "\x00" in location:
+        problems.add(where, f"{field}.location", f"must be a non-empty path string, got {show(location)}")
+        return None
+    return location
+
+
+def _drop_executable(raw: Mapping[str, Any], where: str, field: str, problems: _Problems) -> Optional[bool]:
+    """The ``executable`` flag of a content/filename drop (null or absent is false)."""
+    executable = raw.get("executable", False)
+    if executable is None:
+        return False
+    if not isinstance(executable, bool):
+        problems.add(where, f"{field}.executable", f"must be true/false, got {show(executable)}")
+        return None
+    return executable
+
+
+def _content_bytes(content: Any, where: str, field: str, problems: _Problems) -> Optional[bytes]:
+    """A content drop's ``content``: text (stored as UTF-8) or bytes."""
+    if isinstance(content, str):
+        return content.encode("utf-8")
+    if isinstance(content, (bytes, bytearray)):
+        return bytes(content)
+    problems.add(where, f"{field}.content", f"must be text or bytes, got {type(content).__name__}")
+    return None
+
+
+def _filename(filename: Any, where: str, field: str, problems: _Problems) -> Optional[str]:
+    """A file drop's ``filename``: a non-empty string without NUL."""
+    if not isinstance(filename, str) or not filename or "\x00" in filename:
+        problems.add(where, f"{field}.filename", f"must be a non-empty string, got {show(filename)}")
+        return None
+    return filename
+
+
+def _drop_item(raw: Mapping[str, Any], where: str, field: str, problems: _Problems) -> Optional[DataItem]:
+    """``{location, content, executable}`` or ``{location, filename, executable}``."""
+    location = _location(raw, where, field, problems)
+    if location is None:
+        return None
+    executable = _drop_executable(raw, where, field, problems)
+    if executable is None:
+        return None
+    if "content" in raw:  # the shape check let exactly one of content/filename through
+        content = _content_bytes(raw["content"], where, field, problems)
+        return None if content is None else ContentDrop(location, content, executable)
+    filename = _filename(raw["filename"], where, field, problems)
+    return None if filename is None else FileDrop(location, filename, executable)
+
+
+def _transfer_item(raw: Mapping[str, Any], where: str, field: str, problems: _Problems) -> Optional[DataItem]:
     """``{location, interval, destination}``: ``interval`` null or 0 is once (the reference loops
     only on a truthy interval), else a number > 0."""
+    location = _location(raw, where, field, problems)
+    if location is None:
+        return None
     interval_raw = raw.get("interval")
     interval = None if interval_raw is None else parse_number(interval_raw)
     if interval_raw is not None and (interval is None or not math.isfinite(interval) or interval < 0):
@@ -126,13 +215,22 @@ def _transfer_item(
     return TransferOut(location, interval, destination)
 
 
-def _data_item(raw: Any, where: str, pos: int, problems: _Problems) -> Optional[DataItem]:
-    field = f"data[{pos}]"
-    if not isinstance(raw, Mapping):
-        problems.add(where, field, f"must be a mapping, got {type(raw).__name__}")
-        return None
+_ItemCheck = Callable[[Mapping[str, Any], str, str, _Problems], Optional[DataItem]]
+
+#: Data shape (its discriminating key, see :data:`_SHAPES`) -> its validator.
+_SHAPE_CHECKS: Dict[str, _ItemCheck] = {
+    "content": _drop_item,
+    "filename": _drop_item,
+    "interval": _transfer_item,
+    "pause_duration": _pause_item,
+    "resume": _resume_item,
+}
+
+
+def _shape_of(raw: Mapping[str, Any], where: str, field: str, problems: _Problems) -> Optional[str]:
+    """The one data shape ``raw`` has, with exactly its required and allowed keys, else None."""
     keys = set(raw)
-    discriminators = [k for k in ("content", "filename", "pause_duration", "resume") if k in keys]
+    discriminators: List[str] = [k for k in ("content", "filename", "pause_duration", "resume") if k in keys]
     if not discriminators and keys & {"interval", "destination"}:
         discriminators = ["interval"]
     if len(discriminators) != 1:
@@ -156,132 +254,136 @@ def _data_item(raw: Any, where: str, pos: int, problems: _Problems) -> Optional[
             detail.append(f"unknown {_names(extra)}")
         problems.add(where, field, f"{shape} item: {', '.join(detail)}")
         return None
-    if shape == "pause_duration":
-        duration = parse_number(raw["pause_duration"])
-        if duration is None or math.isnan(duration) or duration < 0:
-            problems.add(
-                where,
-                f"{field}.pause_duration",
-                f"must be a number >= 0 or inf, got {show(raw['pause_duration'])}",
-            )
-            return None
-        return PauseSpec(duration)
-    if shape == "resume":
-        if raw["resume"] is not True:
-            problems.add(where, f"{field}.resume", f"must be true (a RESUME), got {show(raw['resume'])}")
-            return None
-        return ResumeMark()
-    location = raw["location"]
-    if not isinstance(location, str) or not location or "\x00" in location:
-        problems.add(where, f"{field}.location", f"must be a non-empty path string, got {show(location)}")
-        return None
-    executable = raw.get("executable", False)
-    if executable is None:
-        executable = False
-    if shape in ("content", "filename") and not isinstance(executable, bool):
-        problems.add(where, f"{field}.executable", f"must be true/false, got {show(executable)}")
-        return None
-    if shape == "content":
-        content = raw["content"]
-        if isinstance(content, str):
-            return ContentDrop(location, content.encode("utf-8"), executable)
-        if isinstance(content, (bytes, bytearray)):
-            return ContentDrop(location, bytes(content), executable)
-        problems.add(where, f"{field}.content", f"must be text or bytes, got {type(content).__name__}")
-        return None
-    if shape == "filename":
-        filename = raw["filename"]
-        if not isinstance(filename, str) or not filename or "\x00" in filename:
-            problems.add(where, f"{field}.filename", f"must be a non-empty string, got {show(filename)}")
-            return None
-        return FileDrop(location, filename, executable)
-    return _transfer_item(raw, location, where, field, problems)
+    return shape
 
 
-def _check_resume(
-    where: str, start: float, data: List[DataItem], executable: Any, is_pause: bool, problems: _Problems
-) -> None:
-    """A stored RESUME entry is exactly what ``firewheel vm resume`` appends: ``ScheduleEntry(-inf)``
-    with data ``[{"resume": True}]`` and nothing else (reference ``lib/experiment_utils.py``)."""
-    if start != -math.inf:
-        problems.add(
-            where,
-            "start_time",
-            f"a RESUME entry ({{resume: true}}) must be at -inf, as `firewheel vm resume` writes it, got "
-            f"{show(start)}; to end a hold at a set time use a pause with a finite duration",
-        )
-    if len(data) != 1:
-        problems.add(where, "data", f"a RESUME entry carries only {{resume: true}}, found {len(data)} items")
-    if executable or is_pause:
-        problems.add(
-            where, "executable" if executable else "pause", "a RESUME entry cannot run a program or pause"
+def _data_item(raw: Any, where: str, pos: int, problems: _Problems) -> Optional[DataItem]:
+    """Item ``pos`` of an entry's ``data`` list, or None (one problem reported)."""
+    field = f"data[{pos}]"
+    if not isinstance(raw, Mapping):
+        problems.add(where, field, f"must be a mapping, got {type(raw).__name__}")
+        return None
+    shape = _shape_of(raw, where, field, problems)
+    if shape is None:
+        return None
+    return _SHAPE_CHECKS[shape](raw, where, field, problems)
+
+
+# ---------------------------------------------------------------------------- entries
+@dataclasses.dataclass
+class _Draft:
+    """One raw entry under validation: the fields checked so far, and where problems go.
+
+    The field checks (:data:`_FIELD_CHECKS`) fill it in order; later checks read what the
+    earlier ones found (``is_pause``, ``data``, ``executable``).
+    """
+
+    index: int
+    record: Mapping[str, Any]
+    where: str
+    strict_fields: bool
+    problems: _Problems
+    data: List[DataItem] = dataclasses.field(default_factory=list)
+    is_pause: bool = False
+    executable: Optional[str] = None
+    arguments: str = ""
+    start: Optional[float] = None
+
+    def add(self, name: str, message: str) -> None:
+        """Report a problem with the entry's field ``name``."""
+        self.problems.add(self.where, name, message)
+
+    def entry(self, start: float) -> ScheduleEntry:
+        """The validated entry (call only when no check found a problem)."""
+        return ScheduleEntry(
+            index=self.index,
+            start_time=start,
+            executable=self.executable,
+            arguments=self.arguments,
+            ignore_failure=bool(self.record.get("ignore_failure") or False),
+            data=tuple(self.data),
+            pause=self.is_pause,
+            on_host=bool(self.record.get("on_host") or False),
         )
 
 
-def validate_record(
-    index: int, record: Mapping[str, Any], *, strict_fields: bool, problems: _Problems, warnings: List[str]
-) -> Optional[ScheduleEntry]:
-    """Validate one raw entry; append problems/warnings; return the entry or None if invalid."""
-    where = _where(index, record)
-    unknown = set(record) - ENTRY_FIELDS - (SHORTHAND_FIELDS if strict_fields else frozenset())
-    if unknown:
-        if strict_fields:
-            problems.add(
-                where,
-                _names(unknown)[0],
-                f"unknown field(s) {_names(unknown)}; known: {sorted(ENTRY_FIELDS)}",
-            )
-        else:
-            warnings.append(f"{where}: ignored extra attribute(s) {_names(unknown)}")
-    count_before = len(problems.items)
-
-    # pause / data
-    pause_raw = record.get("pause", False)
-    if pause_raw is None:
-        pause_raw = False
-    if not isinstance(pause_raw, bool):
-        problems.add(where, "pause", f"must be true/false, got {show(pause_raw)}")
-        pause_raw = False
-    data_raw = record.get("data", [])
-    if data_raw is None:
-        data_raw = []
-    data: List[DataItem] = []
-    if not isinstance(data_raw, (list, tuple)):
-        problems.add(where, "data", f"must be a list of mappings, got {type(data_raw).__name__}")
+def _unknown_fields(draft: _Draft, warnings: List[str]) -> None:
+    """Unknown fields: an error in YAML/JSON, a warning (ignored attributes) in pickles."""
+    shorthand = SHORTHAND_FIELDS if draft.strict_fields else frozenset()
+    unknown = set(draft.record) - ENTRY_FIELDS - shorthand
+    if not unknown:
+        return
+    if draft.strict_fields:
+        draft.add(_names(unknown)[0], f"unknown field(s) {_names(unknown)}; known: {sorted(ENTRY_FIELDS)}")
     else:
-        for pos, raw in enumerate(data_raw):
-            item = _data_item(raw, where, pos, problems)
-            if item is not None:
-                data.append(item)
-    if strict_fields and "pause_duration" in record:
-        duration = parse_number(record["pause_duration"])
-        if duration is None or math.isnan(duration) or duration < 0:
-            problems.add(
-                where, "pause_duration", f"must be a number >= 0 or inf, got {show(record['pause_duration'])}"
-            )
-        else:
-            data.append(PauseSpec(duration))
-    # count pause_duration items as written (an invalid one is already reported above)
-    pause_items = (
-        sum(1 for raw in data_raw if isinstance(raw, Mapping) and "pause_duration" in raw)
-        if isinstance(data_raw, (list, tuple))
-        else 0
-    )
-    pause_items += 1 if strict_fields and "pause_duration" in record else 0
-    is_pause = pause_raw or pause_items > 0
-    if is_pause and pause_items != 1:
-        problems.add(where, "data", f"a pause entry needs exactly one pause_duration, found {pause_items}")
+        warnings.append(f"{draft.where}: ignored extra attribute(s) {_names(unknown)}")
 
-    is_resume = any(isinstance(item, ResumeMark) for item in data)
 
-    # executable / arguments
-    executable = record.get("executable")
+def _pause_flag(draft: _Draft) -> bool:
+    """``pause``: true/false or null (false)."""
+    pause_raw = draft.record.get("pause", False)
+    if pause_raw is None:
+        return False
+    if not isinstance(pause_raw, bool):
+        draft.add("pause", f"must be true/false, got {show(pause_raw)}")
+        return False
+    return pause_raw
+
+
+def _data_list(draft: _Draft) -> int:
+    """``data``: a list of items (null is empty). Returns how many are written as pause items."""
+    data_raw = draft.record.get("data", [])
+    if data_raw is None:
+        return 0
+    if not isinstance(data_raw, (list, tuple)):
+        draft.add("data", f"must be a list of mappings, got {type(data_raw).__name__}")
+        return 0
+    for pos, raw in enumerate(data_raw):
+        item = _data_item(raw, draft.where, pos, draft.problems)
+        if item is not None:
+            draft.data.append(item)
+    # count pause_duration items as written (an invalid one is already reported)
+    return sum(1 for raw in data_raw if isinstance(raw, Mapping) and "pause_duration" in raw)
+
+
+def _shorthand_pause(draft: _Draft) -> int:
+    """YAML/JSON top-level ``pause_duration``. Returns 1 if written, else 0."""
+    if not (draft.strict_fields and "pause_duration" in draft.record):
+        return 0
+    duration = _duration(draft.record["pause_duration"])
+    if duration is None:
+        draft.add(
+            "pause_duration", f"must be a number >= 0 or inf, got {show(draft.record['pause_duration'])}"
+        )
+    else:
+        draft.data.append(PauseSpec(duration))
+    return 1
+
+
+def _pause_and_data(draft: _Draft) -> None:
+    """``pause``, ``data`` and the shorthand; a pause entry has exactly one pause_duration."""
+    pause_flag = _pause_flag(draft)
+    pause_items = _data_list(draft)
+    pause_items += _shorthand_pause(draft)
+    draft.is_pause = pause_flag or pause_items > 0
+    if draft.is_pause and pause_items != 1:
+        draft.add("data", f"a pause entry needs exactly one pause_duration, found {pause_items}")
+
+
+def _executable(draft: _Draft) -> None:
+    """``executable``: a non-empty string without NUL, or null; never on a pause entry."""
+    executable = draft.record.get("executable")
     if executable is not None and (not isinstance(executable, str) or not executable or "\x00" in executable):
-        problems.add(where, "executable", f"must be a non-empty string or null, got {show(executable)}")
+        draft.add("executable", f"must be a non-empty string or null, got {show(executable)}")
         executable = None
-    if is_pause and executable:
-        problems.add(where, "executable", "a pause/break entry cannot run a program")
-    arguments_raw = record.get("arguments", "")
+    draft.executable = executable
+    if draft.is_pause and executable:
+        draft.add("executable", "a pause/break entry cannot run a program")
+
+
+def _arguments(draft: _Draft) -> None:
+    """``arguments``: a string, a list of strings (joined with spaces, as the reference does) or null."""
+    arguments_raw = draft.record.get("arguments", "")
     arguments = ""
     if arguments_raw is None:
         arguments = ""
@@ -290,53 +392,99 @@ def validate_record(
     elif isinstance(arguments_raw, (list, tuple)) and all(isinstance(a, str) for a in arguments_raw):
         arguments = " ".join(arguments_raw)  # the reference joins lists with spaces
     else:
-        problems.add(where, "arguments", f"must be a string or a list of strings, got {show(arguments_raw)}")
+        draft.add("arguments", f"must be a string or a list of strings, got {show(arguments_raw)}")
     if "\x00" in arguments:
-        problems.add(where, "arguments", "must not contain NUL bytes")
+        draft.add("arguments", "must not contain NUL bytes")
+    draft.arguments = arguments
 
+
+def _flags(draft: _Draft) -> None:
+    """``ignore_failure`` and ``on_host``: true/false or null."""
     for flag in ("ignore_failure", "on_host"):
-        value = record.get(flag, False)
+        value = draft.record.get(flag, False)
         if value is not None and not isinstance(value, bool):
-            problems.add(where, flag, f"must be true/false, got {show(value)}")
+            draft.add(flag, f"must be true/false, got {show(value)}")
 
-    # start_time
-    start_raw = record.get("start_time")
-    start = parse_number(start_raw) if "start_time" in record else None
-    if start is None:
-        problems.add(
-            where,
+
+def _check_resume(draft: _Draft, start: float) -> None:
+    """A stored RESUME entry is exactly what ``firewheel vm resume`` appends: ``ScheduleEntry(-inf)``
+    with data ``[{"resume": True}]`` and nothing else (reference ``lib/experiment_utils.py``)."""
+    if start != -math.inf:
+        draft.add(
             "start_time",
-            f"must be a number, got {show(start_raw)}" if "start_time" in record else "is missing",
+            f"a RESUME entry ({{resume: true}}) must be at -inf, as `firewheel vm resume` writes it, got "
+            f"{show(start)}; to end a hold at a set time use a pause with a finite duration",
         )
-    elif math.isnan(start):
-        problems.add(where, "start_time", "must not be NaN")
-    elif is_resume:
-        _check_resume(where, start, data, executable, is_pause, problems)
-    elif is_pause:
-        if 0 < start <= _FLOAT_TRICK_LIMIT:
-            start = 0.0  # the reference's pause "at 0" (0 + sys.float_info.min)
-        if start == math.inf or (start < 0 and start != -math.inf):
-            problems.add(
-                where, "start_time", f"a pause/break may only be at -inf, 0 or > 0, got {show(start)}"
-            )
-    else:
-        if not math.isfinite(start):
-            problems.add(where, "start_time", f"must be a finite number, got {show(start)}")
-        elif start == 0:
-            problems.add(where, "start_time", "0 is the experiment barrier; normal entries need < 0 or > 0")
+    if len(draft.data) != 1:
+        draft.add("data", f"a RESUME entry carries only {{resume: true}}, found {len(draft.data)} items")
+    if draft.executable or draft.is_pause:
+        draft.add(
+            "executable" if draft.executable else "pause", "a RESUME entry cannot run a program or pause"
+        )
 
-    if len(problems.items) != count_before or start is None:
+
+def _pause_start(draft: _Draft, start: float) -> None:
+    """A pause/break is at -inf, 0 (also the reference's ``0 + sys.float_info.min``) or > 0."""
+    if 0 < start <= _FLOAT_TRICK_LIMIT:
+        draft.start = start = 0.0  # the reference's pause "at 0" (0 + sys.float_info.min)
+    if start == math.inf or (start < 0 and start != -math.inf):
+        draft.add("start_time", f"a pause/break may only be at -inf, 0 or > 0, got {show(start)}")
+
+
+def _normal_start(draft: _Draft, start: float) -> None:
+    """A program/data entry is at a finite time other than 0 (the experiment barrier)."""
+    if not math.isfinite(start):
+        draft.add("start_time", f"must be a finite number, got {show(start)}")
+    elif start == 0:
+        draft.add("start_time", "0 is the experiment barrier; normal entries need < 0 or > 0")
+
+
+def _start_time(draft: _Draft) -> None:
+    """``start_time``: required, a number, not NaN; then the rules of the entry's kind."""
+    if "start_time" not in draft.record:
+        draft.add("start_time", "is missing")
+        return
+    start_raw = draft.record["start_time"]
+    start = parse_number(start_raw)
+    if start is None:
+        draft.add("start_time", f"must be a number, got {show(start_raw)}")
+        return
+    draft.start = start
+    if math.isnan(start):
+        draft.add("start_time", "must not be NaN")
+    elif any(isinstance(item, ResumeMark) for item in draft.data):
+        _check_resume(draft, start)
+    elif draft.is_pause:
+        _pause_start(draft, start)
+    else:
+        _normal_start(draft, start)
+
+
+#: The field checks, in the order their problems are reported (tests compare that order).
+_FIELD_CHECKS: Tuple[Callable[[_Draft], None], ...] = (
+    _pause_and_data,
+    _executable,
+    _arguments,
+    _flags,
+    _start_time,
+)
+
+
+def validate_record(
+    index: int, record: Mapping[str, Any], *, strict_fields: bool, problems: _Problems, warnings: List[str]
+) -> Optional[ScheduleEntry]:
+    """Validate one raw entry; append problems/warnings; return the entry or None if invalid.
+
+    ``strict_fields``: unknown fields are problems (YAML/JSON) rather than warnings (pickles).
+    """
+    draft = _Draft(index, record, _where(index, record), strict_fields, problems)
+    _unknown_fields(draft, warnings)
+    count_before = len(problems.items)
+    for check in _FIELD_CHECKS:
+        check(draft)
+    if len(problems.items) != count_before or draft.start is None:
         return None
-    return ScheduleEntry(
-        index=index,
-        start_time=start,
-        executable=executable,
-        arguments=arguments,
-        ignore_failure=bool(record.get("ignore_failure") or False),
-        data=tuple(data),
-        pause=is_pause,
-        on_host=bool(record.get("on_host") or False),
-    )
+    return draft.entry(draft.start)
 
 
 def validate_records(
