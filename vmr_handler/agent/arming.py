@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from vmr_handler.agent.journal import Journal
@@ -24,6 +25,7 @@ from vmr_handler.core.timeline import Plan, PlannedEntry
 FireFn = Callable[[float, List[ScheduleEntry]], None]
 
 
+@dataclass
 class PositiveTimers:
     """The armed timers of positive time.
 
@@ -40,24 +42,15 @@ class PositiveTimers:
         pending: ``("entry"|"hold"|"hold_end", index)`` of every armed, not yet run, timer.
     """
 
-    def __init__(
-        self,
-        schedule: Schedule,
-        journal: Journal,
-        clock: Clock,
-        emit: Callable[..., object],
-        fire: FireFn,
-        wake: Callable[[], None],
-    ) -> None:
-        self.schedule = schedule
-        self.journal = journal
-        self.clock = clock
-        self._emit = emit
-        self._fire = fire
-        self._wake = wake
-        self.plan: Optional[Plan] = None
-        self.pending: Set[Tuple[str, int]] = set()
-        self._timers: List[Timer] = []
+    schedule: Schedule
+    journal: Journal
+    clock: Clock
+    emit: Callable[..., object]
+    fire: FireFn
+    wake: Callable[[], None]
+    plan: Optional[Plan] = field(default=None, init=False)
+    pending: Set[Tuple[str, int]] = field(default_factory=set, init=False)
+    _timers: List[Timer] = field(default_factory=list, init=False)
 
     def cancel(self) -> None:
         """Disarm every timer."""
@@ -90,12 +83,12 @@ class PositiveTimers:
         for fire_at, entries in groups.items():
             self.pending.update(("entry", e.index) for e in entries)
             self._timers.append(self.clock.call_at(start + fire_at, self._fire_group, fire_at, entries))
-        self._wake()
+        self.wake()
 
     def _fire_group(self, fire_at: float, entries: List[ScheduleEntry]) -> None:
         for entry in entries:
             self.pending.discard(("entry", entry.index))
-        self._fire(fire_at, entries)
+        self.fire(fire_at, entries)
 
     def _milestone(self, what: str, p: PlannedEntry) -> None:
         """Timer callback: a pause/break takes effect (``hold``) or a pause ends (``hold_end``)."""
@@ -106,15 +99,15 @@ class PositiveTimers:
         duration = self.schedule.entries[p.index].pause_duration or 0.0
         assert p.fire_at is not None
         if what == "hold_end":
-            self._emit(EventType.PAUSE_ENDED, index=p.index, at=p.fire_at + duration, duration=duration)
+            self.emit(EventType.PAUSE_ENDED, index=p.index, at=p.fire_at + duration, duration=duration)
         elif p.kind is EntryKind.BREAK:
-            self._emit(
+            self.emit(
                 EventType.BREAK_STARTED, index=p.index, at=p.fire_at, details="schedule held until RESUME"
             )
         else:
             until = p.fire_at + duration
-            self._emit(EventType.PAUSE_STARTED, index=p.index, at=p.fire_at, duration=duration, until=until)
-        self._wake()
+            self.emit(EventType.PAUSE_STARTED, index=p.index, at=p.fire_at, duration=duration, until=until)
+        self.wake()
 
     def upcoming(self, plan: Plan, start: float, now: float, limit: int = 5) -> List[Dict[str, float]]:
         """The next ``limit`` unfired positive entries of ``plan``: index, ``fire_at`` (experiment

@@ -21,7 +21,6 @@ import logging
 import os
 import shlex
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Dict, List, Optional, Tuple, Union
@@ -29,6 +28,7 @@ from typing import Awaitable, Callable, Dict, List, Optional, Tuple, Union
 import psutil
 
 from vmr_handler.core.errors import EntryError
+from vmr_handler.core.fsutil import write_temp
 from vmr_handler.core.schedule.commands import target_path
 from vmr_handler.core.schedule.model import ContentDrop, FileDrop, ScheduleEntry
 
@@ -107,28 +107,21 @@ def _write_no_clobber(path: str, data: bytes, mode: int) -> bool:
         return False  # the common case after a restart: no temp file, no fsync
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".vmr-", dir=directory)
+    tmp = write_temp(directory, data, mode, prefix=".vmr-")
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        if exc.errno not in _NO_HARD_LINKS:
+            raise
+        if os.path.lexists(path):
             return False
-        except OSError as exc:
-            if exc.errno not in _NO_HARD_LINKS:
-                raise
-            if os.path.lexists(path):
-                return False
-            os.replace(tmp, path)
-            return True
-        return True
+        os.replace(tmp, path)
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+    return True
 
 
 _NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EMLINK}

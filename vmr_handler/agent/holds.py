@@ -8,6 +8,7 @@ start the pause again). Each is passed once, in schedule order.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Dict, Optional
 
 from vmr_handler.agent.journal import Journal
@@ -17,6 +18,7 @@ from vmr_handler.core.schedule.model import Schedule, ScheduleEntry
 from vmr_handler.core.timeline import build_plan
 
 
+@dataclass
 class InitialHolds:
     """Waits out the ``-inf`` holds for the engine.
 
@@ -33,24 +35,14 @@ class InitialHolds:
         current: the hold being waited out, for status (``{"index", "kind", "at", "until"}``).
     """
 
-    def __init__(
-        self,
-        schedule: Schedule,
-        journal: Journal,
-        clock: Clock,
-        emit: Callable[..., object],
-        set_phase: Callable[[str], None],
-        wait_woken: Callable[[], Awaitable[None]],
-        sleep_until: Callable[[float], Awaitable[None]],
-    ) -> None:
-        self.schedule = schedule
-        self.journal = journal
-        self.clock = clock
-        self._emit = emit
-        self._set_phase = set_phase
-        self._wait_woken = wait_woken
-        self._sleep_until = sleep_until
-        self.current: Optional[Dict[str, Any]] = None
+    schedule: Schedule
+    journal: Journal
+    clock: Clock
+    emit: Callable[..., object]
+    set_phase: Callable[[str], None]
+    wait_woken: Callable[[], Awaitable[None]]
+    sleep_until: Callable[[float], Awaitable[None]]
+    current: Optional[Dict[str, Any]] = field(default=None, init=False)
 
     async def run(self) -> None:
         """Wait out every ``-inf`` pause and break the journal has not seen passed, in order."""
@@ -67,9 +59,9 @@ class InitialHolds:
             self.journal.save()
 
     async def _break(self, entry: ScheduleEntry) -> None:
-        self._set_phase("break")
+        self.set_phase("break")
         self.current = {"index": entry.index, "kind": "break", "at": "-inf"}
-        self._emit(
+        self.emit(
             EventType.BREAK_STARTED,
             index=entry.index,
             at=-math.inf,
@@ -77,20 +69,20 @@ class InitialHolds:
         )
         # earlier -inf breaks are already resumed, so only this one can block here
         while build_plan(self.schedule.entries, self.journal.resumes).blocked_by == entry.index:
-            await self._wait_woken()
+            await self.wait_woken()
 
     async def _pause(self, entry: ScheduleEntry) -> None:
         duration = entry.pause_duration or 0.0
         began = self.journal.pause_began(entry.index, self.clock.time())
         self.journal.save()
-        self._set_phase("pause")
+        self.set_phase("pause")
         self.current = {"index": entry.index, "kind": "pause", "at": "-inf", "until": began + duration}
-        self._emit(
+        self.emit(
             EventType.PAUSE_STARTED,
             index=entry.index,
             at=-math.inf,
             duration=duration,
             until=began + duration,
         )
-        await self._sleep_until(began + duration)
-        self._emit(EventType.PAUSE_ENDED, index=entry.index, at=-math.inf, duration=duration)
+        await self.sleep_until(began + duration)
+        self.emit(EventType.PAUSE_ENDED, index=entry.index, at=-math.inf, duration=duration)

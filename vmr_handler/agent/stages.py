@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from dataclasses import dataclass
 from typing import Callable, Dict, List
 
 from vmr_handler.agent.entries import Emit, EntryLauncher, Prepared
@@ -24,6 +25,7 @@ from vmr_handler.core.schedule.model import ScheduleEntry
 log = logging.getLogger("vmr_handler.agent.engine")
 
 
+@dataclass
 class StageRunner:
     """Runs stages through the engine's :class:`~vmr_handler.agent.entries.EntryLauncher`.
 
@@ -37,23 +39,13 @@ class StageRunner:
         reboot_command: the shell command that reboots the machine.
     """
 
-    def __init__(
-        self,
-        entries: EntryLauncher,
-        journal: Journal,
-        clock: Clock,
-        processes: Processes,
-        emit: Emit,
-        workdirs: Dict[int, str],
-        reboot_command: str,
-    ) -> None:
-        self.entries = entries
-        self.journal = journal
-        self.clock = clock
-        self.processes = processes
-        self.emit = emit
-        self.workdirs = workdirs
-        self.reboot_command = reboot_command
+    entries: EntryLauncher
+    journal: Journal
+    clock: Clock
+    processes: Processes
+    emit: Emit
+    workdirs: Dict[int, str]
+    reboot_command: str
 
     def recover(self) -> None:
         """After a reboot the requesters run again: their ``reboot`` files and journal states go."""

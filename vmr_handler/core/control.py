@@ -26,32 +26,44 @@ MAX_SOCKET_PATH = 107
 Handler = Callable[[Dict[str, Any]], Dict[str, Any]]
 
 
+def socket_problem(path: str, what: str, shorter: str) -> Optional[str]:
+    """Why ``path`` cannot be a unix socket address (None when it can): the one rule for every
+    socket of both programs (the agent's and the host's control sockets, the host's channels).
+
+    Args:
+        path: an absolute path.
+        what: what the socket is, for the message (``control socket``).
+        shorter: what to shorten, for the message (``--state-dir``).
+    """
+    size = len(path.encode())
+    if size <= MAX_SOCKET_PATH:
+        return None
+    return (
+        f"{what} path {path} is {size} bytes, longer than the unix socket limit of {MAX_SOCKET_PATH}; "
+        f"use a shorter {shorter}"
+    )
+
+
+def checked_socket_path(path: str, shorter: str = "path") -> str:
+    """``path`` made absolute, checked to fit a unix socket address (a control socket).
+
+    Raises:
+        ControlError: the path is too long for a unix socket (the message says what to shorten).
+    """
+    path = os.path.abspath(path)
+    problem = socket_problem(path, "control socket", shorter)
+    if problem is not None:
+        raise ControlError(problem)
+    return path
+
+
 def socket_path(state_dir: str) -> str:
     """Path of the control socket of the agent using ``state_dir``.
 
     Raises:
         ControlError: the path is too long for a unix socket.
     """
-    path = os.path.join(os.path.abspath(state_dir), SOCKET_NAME)
-    if len(path.encode()) > MAX_SOCKET_PATH:
-        raise ControlError(
-            f"control socket path {path} is longer than {MAX_SOCKET_PATH} bytes; use a shorter --state-dir"
-        )
-    return path
-
-
-def checked_socket_path(path: str) -> str:
-    """``path`` made absolute, checked to fit a unix socket address (the host's control socket).
-
-    Raises:
-        ControlError: the path is too long for a unix socket.
-    """
-    path = os.path.abspath(path)
-    if len(path.encode()) > MAX_SOCKET_PATH:
-        raise ControlError(
-            f"control socket path {path} is longer than {MAX_SOCKET_PATH} bytes; use a shorter path"
-        )
-    return path
+    return checked_socket_path(os.path.join(state_dir, SOCKET_NAME), "--state-dir")
 
 
 class ControlServer:

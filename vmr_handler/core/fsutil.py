@@ -10,6 +10,7 @@ One home for what both sides need, so neither imports the other's modules:
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import os
@@ -18,6 +19,27 @@ from typing import Optional
 
 #: Bytes read at a time when hashing.
 HASH_PIECE = 1024 * 1024
+
+
+def write_temp(directory: str, data: bytes, mode: int, prefix: str = ".tmp-") -> str:
+    """A new temp file in ``directory`` holding ``data``, fsynced, with permission bits ``mode``;
+    its path (the caller renames or links it into place and removes it on failure).
+
+    Raises:
+        OSError: it cannot be written (nothing is left behind then).
+    """
+    fd, tmp = tempfile.mkstemp(prefix=prefix, dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return tmp
 
 
 def atomic_write(path: str, data: bytes, mode: int = 0o600) -> None:
@@ -33,13 +55,8 @@ def atomic_write(path: str, data: bytes, mode: int = 0o600) -> None:
             temp file is left behind.
     """
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    tmp = write_temp(directory, data, mode)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         try:

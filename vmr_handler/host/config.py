@@ -10,8 +10,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Optional, Tuple
 
-from vmr_handler.core.control import MAX_SOCKET_PATH
-from vmr_handler.core.errors import ControlError
+from vmr_handler.core.control import checked_socket_path
 from vmr_handler.core.protocol import MAX_FRAME
 
 if TYPE_CHECKING:
@@ -158,10 +157,4 @@ def control_socket_path(logs: str) -> str:
     Raises:
         ControlError: the path is too long for a unix socket.
     """
-    path = os.path.join(os.path.abspath(logs), CONTROL_SOCKET)
-    if len(path.encode()) > MAX_SOCKET_PATH:
-        raise ControlError(
-            f"control socket path {path} is {len(path.encode())} bytes, longer than the unix socket "
-            f"limit of {MAX_SOCKET_PATH}; use a shorter --logs"
-        )
-    return path
+    return checked_socket_path(os.path.join(logs, CONTROL_SOCKET), "--logs")

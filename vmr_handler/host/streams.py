@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
-from vmr_handler.core.control import MAX_SOCKET_PATH
+from vmr_handler.core.control import socket_problem
 from vmr_handler.core.errors import HostSetupError
 from vmr_handler.host.config import HostConfig, Limits
 from vmr_handler.host.session import VmSession
@@ -151,13 +151,11 @@ class StreamChannels:
             HostSetupError: (exit 2) naming the first path that is too long.
         """
         for vm in sorted(self.config.vms):
-            path = channel_path(self.config.channels, vm)
-            if len(path.encode()) > MAX_SOCKET_PATH:
-                raise HostSetupError(
-                    f"channel socket path {path} is {len(path.encode())} bytes, longer than the unix "
-                    f"socket limit of {MAX_SOCKET_PATH}; use a shorter --channels directory",
-                    2,
-                )
+            problem = socket_problem(
+                channel_path(self.config.channels, vm), "channel socket", "--channels directory"
+            )
+            if problem is not None:
+                raise HostSetupError(problem, 2)
 
     def prepare(self) -> None:
         """Create the channels directory (listen mode).
