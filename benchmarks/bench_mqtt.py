@@ -20,8 +20,8 @@ Each run starts, all on this machine and all stopped by PID at the end:
   by ONE manual loop per process (an epoll selector over the clients' sockets with paho's
   socket callbacks, ``loop_read`` / ``loop_write`` / ``loop_misc``; no thread per client).
 
-A simulated agent does what the real agent does on the wire (``vmr_handler/agent/connected.py``,
-``transports/mqtt.py``), minus the clock sync and running anything: MQTT v5, client id
+A simulated agent does what the real agent does on the wire (``vmr_handler/agent/link.py``,
+``transports/mqtt/``), minus the clock sync and running anything: MQTT v5, client id
 ``vmr-<experiment>-<vm>``, username = VM name, ``clean_start=False`` + session expiry, a
 retained ``offline`` last will on ``presence``; on CONNACK it subscribes ``down`` and
 ``start`` (QoS 1), publishes ``presence`` ``online`` (retained) and its ``hello``
@@ -65,7 +65,7 @@ from vmr_handler.core.events import Event  # noqa: E402
 from vmr_handler.core.protocol import encode_message  # noqa: E402
 
 EXPERIMENT = "bench"
-SESSION_EXPIRY = 7 * 24 * 3600  # as transports/mqtt.py
+SESSION_EXPIRY = 7 * 24 * 3600  # as transports/mqtt/bridge.py
 KEEPALIVE = 15  # the agent's default
 HEARTBEAT = 5.0  # the agent's default
 WAIT = 120.0  # bound of every phase wait, seconds
@@ -247,7 +247,7 @@ class SimAgent:
         rec = self.rec
         if t == "hello":
             rec["host_hellos"] = rec.get("host_hellos", 0) + 1
-            # the agent's rule (vmr_handler/agent/connected.py HostLink._dispatch): answer the host's hello
+            # the agent's rule (vmr_handler/agent/link.py HostLink._on_hello): answer the host's hello
             # with a new hello only when already welcomed or when our own is older than the
             # heartbeat (5 s); until 2026-11-23 it was "older than 1 s" (schedules sent twice)
             if "t_welcome" in rec or time.monotonic() - self.hello_mono >= 5.0:

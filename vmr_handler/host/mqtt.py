@@ -91,7 +91,7 @@ class MqttLink:
 
 
 class MqttHost(Protocol):
-    """What :class:`MqttService` needs of the host (:class:`vmr_handler.host.server.HostServer`
+    """What :class:`MqttService` needs of the host (:class:`vmr_handler.host.experiment.Experiment`
     is one): its sessions, barrier and start, and the peer-host hooks of a split experiment."""
 
     config: HostConfig
@@ -125,7 +125,7 @@ class MqttService:
     """Serves every VM of ``server`` over the broker in ``options`` until cancelled.
 
     Args:
-        server: the opened :class:`~vmr_handler.host.server.HostServer` (sessions, barrier).
+        server: the host's :class:`~vmr_handler.host.experiment.Experiment` (sessions, barrier).
         options: broker, experiment and the host's credentials.
         host_id: this host's name in its client id (``vmr-host-<experiment>-<host_id>``).
         reconnect: (initial, max) seconds of the reconnect backoff.
