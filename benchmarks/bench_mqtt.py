@@ -63,6 +63,7 @@ if REPO not in sys.path:
 
 from vmr_handler.core.events import Event  # noqa: E402
 from vmr_handler.core.protocol import encode_message  # noqa: E402
+from vmr_handler.transports.mqtt.topics import Topics  # noqa: E402
 
 EXPERIMENT = "bench"
 SESSION_EXPIRY = 7 * 24 * 3600  # as transports/mqtt/bridge.py
@@ -133,13 +134,9 @@ class SimAgent:
         self.w = worker
         self.index = index
         self.vm = vm_name(index)
-        base = f"vmr/{worker.experiment}/{self.vm}"
-        self.up, self.down, self.presence, self.start_topic = (
-            base + "/up",
-            base + "/down",
-            base + "/presence",
-            base + "/start",
-        )
+        topics = Topics(worker.experiment, self.vm)
+        self.up, self.down = topics.up, topics.down
+        self.presence, self.start_topic = topics.presence, topics.start
         self.boot_id = uuid.uuid4().hex
         self.prefix = self.boot_id[:12]
         self.counter = 0

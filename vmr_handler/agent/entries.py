@@ -257,14 +257,17 @@ class EntryLauncher:
             return None
         result = await running.process.wait()
         self.running.pop(entry.index, None)
+        ended = {  # which entry, and how its process ended: the same in either report
+            "index": entry.index,
+            "executable": entry.executable,
+            "exit_code": result.exit_code,
+            "signal": result.signal,
+        }
         if running.killed:
             # terminated by our own stop: left "running" in the journal so a restart runs it again
             self.ctx.emit(
                 EventType.ENTRY_INTERRUPTED,
-                index=entry.index,
-                executable=entry.executable,
-                exit_code=result.exit_code,
-                signal=result.signal,
+                **ended,
                 details="terminated because the agent stopped; runs again when the agent restarts",
             )
             return result
@@ -287,10 +290,7 @@ class EntryLauncher:
         self.ctx.journal_changed()
         self.ctx.emit(
             EventType.ENTRY_EXITED,
-            index=entry.index,
-            executable=entry.executable,
-            exit_code=result.exit_code,
-            signal=result.signal,
+            **ended,
             duration=result.duration,
             status="success" if ok else "error",
             details=details,

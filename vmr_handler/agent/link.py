@@ -341,15 +341,10 @@ class HostLink:
         except SignatureError as exc:
             log.error("refused %s %s from the host: %s", event.type, event.id, exc)
             if self.report is not None:
-                self.report(
-                    self.events.make(
-                        EventType.CONTROL_REFUSED,
-                        type=event.type,
-                        id=event.id,
-                        status="error",
-                        details=str(exc),
-                    )
+                refused = self.events.make(
+                    EventType.CONTROL_REFUSED, type=event.type, id=event.id, status="error", details=str(exc)
                 )
+                self.report(refused)
             self._answer_later(P.result_data(event.id, False, f"refused: {exc}"))
         except SigningError as exc:  # the replay memory cannot be saved: not applied, host resends
             log.error("cannot check %s %s: %s", event.type, event.id, exc)

@@ -118,9 +118,15 @@ def _read_key_file(path: str) -> bytes:
         raise SigningError(f"cannot read key file {path}: {exc.strerror}") from exc
 
 
-def _require_pem(data: bytes, where: str) -> None:
+def _require_pem(data: bytes, where: str, kind: str) -> None:
+    """Refuse ``data`` (from ``where``) unless it is the PEM text of a ``kind`` key
+    (``"private"`` or ``"public"``): not PEM, or the other kind of key."""
     if not data.lstrip().startswith(b"-----BEGIN "):
         raise SigningError(f"{where} is not a PEM key (no '-----BEGIN' line)")
+    if kind == "private" and b"PUBLIC KEY-----" in data:
+        raise SigningError(f"{where} holds a public key, not a private key")
+    if kind == "public" and b"PRIVATE KEY-----" in data:
+        raise SigningError(f"{where} holds a private key; give the public key (host.pub) instead")
 
 
 def load_private_key(path: str) -> Ed25519PrivateKey:
@@ -141,9 +147,7 @@ def load_private_key(path: str) -> Ed25519PrivateKey:
         )
     data = _read_key_file(path)
     where = f"private key file {path}"
-    _require_pem(data, where)
-    if b"PUBLIC KEY-----" in data:
-        raise SigningError(f"{where} holds a public key, not a private key")
+    _require_pem(data, where, "private")
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except TypeError as exc:  # encrypted PEM without a password
@@ -169,9 +173,7 @@ def load_public_key(source: Union[str, bytes]) -> Ed25519PublicKey:
     else:
         data = _read_key_file(source)
         where = f"public key file {source}"
-    _require_pem(data, where)
-    if b"PRIVATE KEY-----" in data:
-        raise SigningError(f"{where} holds a private key; give the public key (host.pub) instead")
+    _require_pem(data, where, "public")
     try:
         key = serialization.load_pem_public_key(data)
     except (ValueError, UnsupportedAlgorithm) as exc:

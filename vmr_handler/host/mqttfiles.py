@@ -12,7 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence
 
-from vmr_handler.host.mqttlayout import TOPIC_ROOT, VM_TOPICS, MqttLayout, topic
+from vmr_handler.host.mqttlayout import MqttLayout
+from vmr_handler.transports.mqtt.topics import VM_TOPICS, experiment_topics, topic
 
 #: Largest MQTT packet the broker accepts (SPEC §7 size limits): room for a 1 MiB protocol
 #: frame (docs/protocol.md) several times over, far below mosquitto's 256 MiB default.
@@ -29,11 +30,11 @@ PBKDF2_SALT_BYTES = 12
 
 
 def render_acl(experiment: str, host_users: Sequence[str]) -> str:
-    """The mosquitto ACL file: one ``pattern`` line per :data:`VM_TOPICS` leaf (``%u`` is
-    the connecting username, i.e. the VM name), then a ``user`` block per host user with
-    ``topic readwrite vmr/<experiment>/#``. Anything not granted is denied (mosquitto ACL
-    files are allow-lists), so a VM reaches no other VM's topics, no ``_hosts`` topic and
-    no other experiment (SPEC §6).
+    """The mosquitto ACL file: one ``pattern`` line per ``VM_TOPICS`` leaf (the topic tree,
+    :mod:`vmr_handler.transports.mqtt.topics`; ``%u`` is the connecting username, i.e. the VM
+    name), then a ``user`` block per host user with ``topic readwrite vmr/<experiment>/#``.
+    Anything not granted is denied (mosquitto ACL files are allow-lists), so a VM reaches no
+    other VM's topics, no ``_hosts`` topic and no other experiment (SPEC §6).
     """
     lines = [
         f"# mosquitto ACL of vmr experiment {experiment} (vmr-host mqtt-config; docs/mqtt.md).",
@@ -41,7 +42,7 @@ def render_acl(experiment: str, host_users: Sequence[str]) -> str:
         *(f"pattern {access} {topic(experiment, '%u', leaf)}" for leaf, access in VM_TOPICS),
     ]
     for user in host_users:
-        lines += ["", f"user {user}", f"topic readwrite {TOPIC_ROOT}/{experiment}/#"]
+        lines += ["", f"user {user}", f"topic readwrite {experiment_topics(experiment)}"]
     return "\n".join(lines) + "\n"
 
 

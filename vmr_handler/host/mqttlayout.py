@@ -1,7 +1,8 @@
-"""What ``vmr-host mqtt-config`` generates (:mod:`vmr_handler.host.mqttconfig`): the topic tree,
-the command's options and their checked form, :class:`MqttLayout`.
+"""What ``vmr-host mqtt-config`` generates (:mod:`vmr_handler.host.mqttconfig`): the command's
+options and their checked form, :class:`MqttLayout`.
 
-The topic tree (``docs/mqtt.md``) is defined once here: :data:`VM_TOPICS`, :func:`topic`.
+The topic tree (``docs/mqtt.md``) is :mod:`vmr_handler.transports.mqtt.topics`; its names are
+re-exported here for :mod:`~vmr_handler.host.mqttconfig`.
 """
 
 from __future__ import annotations
@@ -17,20 +18,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from vmr_handler.core.errors import UsageError
 from vmr_handler.core.names import name_problem
 from vmr_handler.host.specs import load_specs
+from vmr_handler.transports.mqtt.topics import HOSTS_LEVEL as HOSTS_LEVEL
+from vmr_handler.transports.mqtt.topics import TOPIC_ROOT as TOPIC_ROOT
+from vmr_handler.transports.mqtt.topics import VM_TOPICS as VM_TOPICS
+from vmr_handler.transports.mqtt.topics import topic as topic
 
-#: First level of every topic.
-TOPIC_ROOT = "vmr"
-#: Per-VM topic leaves under ``vmr/<experiment>/<vm>/`` and what the VM itself may do there
-#: (mosquitto ACL access). The host users may read and write all of them.
-VM_TOPICS: Tuple[Tuple[str, str], ...] = (
-    ("up", "write"),  # agent -> host, QoS 1
-    ("down", "read"),  # host -> agent, QoS 1
-    ("presence", "write"),  # retained online/offline, offline is the agent's last will
-    ("start", "read"),  # retained start-time message written by the host
-)
-#: Topic level below ``vmr/<experiment>/`` reserved for host-to-host coordination; VM names
-#: may not start with ``_``, so no VM can ever be named like it.
-HOSTS_LEVEL = "_hosts"
 DEFAULT_HOST_USER = "vmr-host"
 DEFAULT_PORT = 1883
 DEFAULT_TLS_PORT = 8883
@@ -41,11 +33,6 @@ MOSQUITTO_DEFAULT_USER = "mosquitto"
 WILDCARD_BINDS = ("0.0.0.0", "::", "")
 #: A DNS name for the server certificate and the VMs' broker URL.
 HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*$")
-
-
-def topic(experiment: str, vm: str, leaf: str) -> str:
-    """The topic ``vmr/<experiment>/<vm>/<leaf>`` (``docs/mqtt.md``, topic tree)."""
-    return f"{TOPIC_ROOT}/{experiment}/{vm}/{leaf}"
 
 
 # ------------------------------------------------------------------------------- checking

@@ -6,7 +6,6 @@ the same restricted loader as the agent's, and kept as bytes with its sha256.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Dict, Sequence
 
@@ -29,7 +28,8 @@ def load_specs(schedules: str, allow: Sequence[str]) -> Dict[str, VmSpec]:
         names = sorted(os.listdir(schedules))
     except OSError as exc:
         raise UsageError(f"cannot read --schedules {schedules}: {exc.strerror}") from exc
-    from vmr_handler.core.schedule import FileDrop, load_schedule_bytes  # serve only: keeps the CLI quick
+    from vmr_handler.core.schedule import FileDrop  # serve only: keeps the CLI quick
+    from vmr_handler.core.schedule.loader import read_schedule
 
     specs: Dict[str, VmSpec] = {}
     for filename in names:
@@ -46,20 +46,15 @@ def load_specs(schedules: str, allow: Sequence[str]) -> Dict[str, VmSpec]:
         if stem in specs:
             raise UsageError(f"two schedules for VM {stem!r}: {specs[stem].schedule_path} and {path}")
         try:
-            with open(path, "rb") as fh:
-                data = fh.read()
+            data, schedule = read_schedule(path, allow)
         except OSError as exc:
             raise UsageError(f"cannot read {path}: {exc.strerror}") from exc
-        try:
-            schedule = load_schedule_bytes(data, allow)
         except ScheduleError as exc:
             raise UsageError(f"schedule {path} cannot be used: {exc}") from exc
         filenames = frozenset(
             item.filename for e in schedule.entries for item in e.data if isinstance(item, FileDrop)
         )
-        specs[stem] = VmSpec(
-            stem, path, data, hashlib.sha256(data).hexdigest(), schedule.source_format, filenames
-        )
+        specs[stem] = VmSpec(stem, path, data, schedule.digest, schedule.source_format, filenames)
     if not specs:
         raise UsageError(f"no schedules (<vm>{'|'.join(SCHEDULE_SUFFIXES)}) in {schedules}")
     return specs

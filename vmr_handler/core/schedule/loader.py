@@ -10,7 +10,7 @@ import hashlib
 import json
 import os
 import re
-from typing import Any, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
@@ -136,6 +136,19 @@ def _load(data: bytes, allowed_classes: Optional[Iterable[str]]) -> Schedule:
     return Schedule(entries, hashlib.sha256(data).hexdigest(), fmt, warnings)
 
 
+def read_schedule(path: str, allowed_classes: Optional[Iterable[str]] = None) -> Tuple[bytes, Schedule]:
+    """The bytes of the schedule file at ``path`` and the schedule they hold (see
+    :func:`load_schedule_bytes`). The errors do not name ``path``: each caller says it its own way.
+
+    Raises:
+        OSError: the file cannot be read.
+        ScheduleFormatError, UnsafePickleError, ScheduleValidationError: as :func:`load_schedule_bytes`.
+    """
+    with open(path, "rb") as fh:
+        data = fh.read()
+    return data, load_schedule_bytes(data, allowed_classes)
+
+
 def load_schedule(path: str, allowed_classes: Optional[Iterable[str]] = None) -> Schedule:
     """Read and validate the schedule file at ``path`` (see :func:`load_schedule_bytes`).
 
@@ -143,11 +156,8 @@ def load_schedule(path: str, allowed_classes: Optional[Iterable[str]] = None) ->
         ScheduleFormatError: the file cannot be read (message names the path), or as above.
     """
     try:
-        with open(path, "rb") as fh:
-            data = fh.read()
+        return read_schedule(path, allowed_classes)[1]
     except OSError as exc:
         raise ScheduleFormatError(f"cannot read schedule {path}: {exc.strerror or exc}") from exc
-    try:
-        return load_schedule_bytes(data, allowed_classes)
     except ScheduleFormatError as exc:
         raise type(exc)(f"{os.fspath(path)}: {exc}") from exc

@@ -1,15 +1,17 @@
-"""Broker URL, names, the topic tree and the client options of the MQTT transport (``docs/mqtt.md``)."""
+"""Broker URL, names and the client options of the MQTT transport (``docs/mqtt.md``); the topic
+tree is :mod:`vmr_handler.transports.mqtt.topics`."""
 
 from __future__ import annotations
 
 import os
 import ssl
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional
 from urllib.parse import urlsplit
 
 from vmr_handler.core.errors import MqttError
 from vmr_handler.core.names import name_problem
+from vmr_handler.transports.mqtt.topics import Topics as Topics  # re-exported: guest.py imports it here
 
 
 @dataclass(frozen=True)
@@ -57,42 +59,6 @@ def check_name(what: str, value: str) -> str:
     if why:
         raise MqttError(f"{what} {value!r} {why}")
     return value
-
-
-@dataclass(frozen=True)
-class Topics:
-    """The topics of one VM of one experiment (see the module docstring)."""
-
-    experiment: str
-    vm: str
-
-    @property
-    def base(self) -> str:
-        return f"vmr/{self.experiment}/{self.vm}"
-
-    @property
-    def up(self) -> str:
-        return self.base + "/up"
-
-    @property
-    def down(self) -> str:
-        return self.base + "/down"
-
-    @property
-    def presence(self) -> str:
-        return self.base + "/presence"
-
-    @property
-    def start(self) -> str:
-        return self.base + "/start"
-
-
-def vm_of(topic: str, experiment: str) -> Optional[Tuple[str, str]]:
-    """``(vm, leaf)`` of ``vmr/<experiment>/<vm>/<leaf>``, or None for any other topic."""
-    parts = topic.split("/")
-    if len(parts) != 4 or parts[0] != "vmr" or parts[1] != experiment:
-        return None
-    return parts[2], parts[3]
 
 
 @dataclass
