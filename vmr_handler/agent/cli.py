@@ -391,7 +391,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     launch_dir = _setting(args, settings, "launch_dir", DEFAULT_LAUNCH_DIR)
     allow = _setting(args, settings, "allow_class", [])
     if args.local is None:
-        from vmr_handler.agent.connected import AgentConfig, run_connected
+        from vmr_handler.agent.connected import AgentConfig, channel_opener, run_connected
+        from vmr_handler.agent.link import machine_boot_id
         from vmr_handler.transports.virtio_serial import DEFAULT_PORT
 
         agent_config = AgentConfig(
@@ -417,7 +418,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 setattr(agent_config, key, float(settings[key]))
         import asyncio
 
-        return asyncio.run(run_connected(agent_config))
+        boot_id = machine_boot_id()
+        return asyncio.run(run_connected(agent_config, channel_opener(agent_config, boot_id), boot_id))
     schedule = _load(args.local, allow)
     config = EngineConfig(
         launch_dir=launch_dir,

@@ -34,6 +34,7 @@ from vmr_handler.core.events import Event, EventType, describe
 from vmr_handler.core.fsutil import atomic_write
 from vmr_handler.core.schedule import Schedule, load_schedule_bytes
 from vmr_handler.core.schedule.validate import parse_number
+from vmr_handler.transports.base import Opener
 from vmr_handler.transports.virtio_serial import DEFAULT_PORT
 
 if TYPE_CHECKING:
@@ -84,12 +85,14 @@ class AgentConfig:
 class ConnectedAgent:
     """Runs one VM's part of the experiment under a host (``vmr-handler run`` without --local)."""
 
-    def __init__(self, config: AgentConfig, log_stream: Optional[Any] = sys.stderr) -> None:
+    def __init__(
+        self, config: AgentConfig, opener: Opener, boot_id: str, log_stream: Optional[Any] = sys.stderr
+    ) -> None:
         self.config = config
         os.makedirs(config.state_dir, mode=0o700, exist_ok=True)
         self.clock = SystemClock(skew=config.clock_skew)
         self.outbox = Outbox(config.state_dir)
-        self.link = HostLink(config, self.outbox, self.clock, self._on_control)
+        self.link = HostLink(config, opener, boot_id, self.outbox, self.clock, self._on_control)
         self.link.report = self.sink
         self._log = None if config.quiet else log_stream
         self._schedule_ready: asyncio.Future[Schedule] = asyncio.get_running_loop().create_future()
@@ -360,14 +363,31 @@ class ConnectedAgent:
             self._engine.stop(f"signal {name}")
 
 
-async def run_connected(config: AgentConfig) -> int:
+async def run_connected(config: AgentConfig, opener: Opener, boot_id: str) -> int:
     """Entry point of connected mode. Returns the exit code.
+
+    Args:
+        config: the agent's settings.
+        opener: the transport to the host, built by the CLI (:func:`channel_opener`).
+        boot_id: this boot's id (:func:`~vmr_handler.agent.link.machine_boot_id`).
 
     Raises:
         VmrError: the state directory cannot be used.
     """
     try:
-        agent = ConnectedAgent(config)
+        agent = ConnectedAgent(config, opener, boot_id)
     except OSError as exc:
         raise VmrError(f"cannot use state dir {config.state_dir}: {exc}") from exc
     return await agent.run()
+
+
+def channel_opener(config: AgentConfig, boot_id: str) -> Opener:
+    """The transport the configuration names: the MQTT broker when ``config.mqtt`` is set, else
+    ``config.port`` (a virtio-serial device or ``unix:PATH``)."""
+    if config.mqtt is not None:
+        from vmr_handler.transports.mqtt.guest import MqttOpener
+
+        return MqttOpener(config.mqtt, config.vm_name, boot_id)
+    from vmr_handler.transports.virtio_serial import PortOpener
+
+    return PortOpener(config.port)

@@ -25,11 +25,10 @@ from vmr_handler.core import protocol as P
 from vmr_handler.core.clock import SystemClock
 from vmr_handler.core.errors import ChannelClosed, VmrError
 from vmr_handler.core.events import Event, EventFactory, EventType
-from vmr_handler.transports.base import ByteChannel
-from vmr_handler.transports.virtio_serial import open_channel
+from vmr_handler.transports.base import ByteChannel, Opener
 
 if TYPE_CHECKING:
-    from vmr_handler.transports.mqtt import MqttOptions
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +49,12 @@ class LinkConfig(Protocol):
     """The settings :class:`HostLink` reads (those of
     :class:`~vmr_handler.agent.connected.AgentConfig`, which documents them)."""
 
-    port: str
     state_dir: str
     vm_name: str
     heartbeat: float
     peer_timeout: float
     clock_samples: int
     clock_interval: float
-    mqtt: Optional[MqttOptions]
     public_key: Optional[str]
     signature_max_age: float
 
@@ -67,6 +64,9 @@ class HostLink:
 
     Args:
         config: the settings (:class:`~vmr_handler.agent.connected.AgentConfig`).
+        opener: the transport, built by the CLI (a port or the broker); opened again after
+            every loss.
+        boot_id: this boot's id (:func:`machine_boot_id`), told to the host in every hello.
         outbox: reports to deliver.
         clock: the agent's reference clock; its ``offset`` is set from clock sync.
         on_event: called for each control event from the host (``schedule``, ``start_time``,
@@ -76,16 +76,19 @@ class HostLink:
     def __init__(
         self,
         config: LinkConfig,
+        opener: Opener,
+        boot_id: str,
         outbox: Outbox,
         clock: SystemClock,
         on_event: Callable[[Event], Awaitable[Optional[Dict[str, Any]]]],
     ) -> None:
         self.config = config
+        self.opener = opener
         self.outbox = outbox
         self.clock = clock
         self._on_event = on_event
         self.events = EventFactory(clock.time)
-        self.boot_id = _boot_id()
+        self.boot_id = boot_id
         self.welcomed = asyncio.Event()
         self.synced = asyncio.Event()  # the clock offset to the host has been estimated once
         self.on_clock: Optional[Callable[[], None]] = None
@@ -134,7 +137,7 @@ class HostLink:
     async def run(self) -> None:
         """Keep a channel open and a session running on it, forever (cancel to stop)."""
         while True:
-            channel = await _connect(self.config, self.boot_id)
+            channel = await _connect(self.opener)
             self._channel = channel
             try:
                 await self._session(channel)
@@ -152,7 +155,7 @@ class HostLink:
     @property
     def where(self) -> str:
         """The channel in words (port or broker URL)."""
-        return _where(self.config)
+        return self.opener.where
 
     async def request(self, type_: str, **data: Any) -> Tuple[str, asyncio.Queue[Event]]:
         """Send a request event; returns its id and the queue its answers (``answers`` = id) go to.
@@ -439,12 +442,7 @@ class HostLink:
             await asyncio.sleep(self.config.clock_interval if good else min(5.0, self.config.clock_interval))
 
 
-def _where(config: LinkConfig) -> str:
-    """The channel in words (port or broker URL)."""
-    return config.mqtt.broker if config.mqtt is not None else config.port
-
-
-async def _connect(config: LinkConfig, boot_id: str) -> ByteChannel:
+async def _connect(opener: Opener) -> ByteChannel:
     """Open the channel, retrying with backoff (tenacity) until it opens.
 
     Not there yet (``OSError``: no port, no broker) is retried quickly (50 ms to 2 s);
@@ -460,7 +458,7 @@ async def _connect(config: LinkConfig, boot_id: str) -> ByteChannel:
     def note(state: Any) -> None:
         exc = state.outcome.exception() if state.outcome else None
         if isinstance(exc, (OSError, ChannelClosed)):
-            log.debug("channel %s not ready: %s", _where(config), exc)
+            log.debug("channel %s not ready: %s", opener.where, exc)
         elif exc is not None and str(exc) not in refused[-1:]:
             log.error("%s", exc)
             refused.append(str(exc))
@@ -476,18 +474,9 @@ async def _connect(config: LinkConfig, boot_id: str) -> ByteChannel:
         before_sleep=note,
     ):
         with attempt:
-            channel = await _open(config, boot_id)
+            channel = await opener.open()
     assert channel is not None
     return channel
-
-
-async def _open(config: LinkConfig, boot_id: str) -> ByteChannel:
-    """Open the configured channel. Raises OSError (retry soon) or VmrError (refused)."""
-    if config.mqtt is not None:
-        from vmr_handler.transports.mqtt import MqttChannel
-
-        return await MqttChannel.connect(config.mqtt, config.vm_name, boot_id)
-    return await open_channel(config.port)
 
 
 def _journal_summary(state_dir: str) -> Dict[str, Any]:
@@ -508,7 +497,8 @@ def _journal_summary(state_dir: str) -> Dict[str, Any]:
     return journal
 
 
-def _boot_id() -> str:
+def machine_boot_id() -> str:
+    """This boot's id (the kernel's ``boot_id``; a random one where there is none)."""
     try:
         with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
             return fh.read().strip()

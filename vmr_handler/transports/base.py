@@ -21,9 +21,11 @@ one suite over every transport.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from vmr_handler.core.errors import ChannelClosed
 
-__all__ = ["ByteChannel", "ChannelClosed"]
+__all__ = ["ByteChannel", "ChannelClosed", "Opener"]
 
 
 class ByteChannel:
@@ -52,3 +54,22 @@ class ByteChannel:
 
     def close(self) -> None:
         """Release the channel."""
+
+
+class Opener(Protocol):
+    """How the agent reaches the host: the CLI builds one from the configuration and hands it
+    to the agent, which opens a new channel with it after every loss (with backoff).
+
+    Attributes:
+        where: the channel in words, for logs and status (a port path, a broker URL).
+    """
+
+    where: str
+
+    async def open(self) -> ByteChannel:
+        """A new open channel.
+
+        Raises:
+            OSError: not there yet (no port, no broker): retry soon.
+            VmrError: refused for good (credentials, TLS, names): retry slowly.
+        """

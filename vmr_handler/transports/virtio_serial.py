@@ -133,3 +133,14 @@ async def open_channel(spec: str) -> ByteChannel:
     if os.path.exists(spec) and not stat.S_ISCHR(os.stat(spec).st_mode):
         raise OSError(errno.ENODEV, f"{spec} is not a character device (use unix:PATH for a socket)")
     return await CharDeviceChannel.open(spec)
+
+
+class PortOpener:
+    """Opens ``--port``: a virtio-serial device or ``unix:PATH`` (:func:`open_channel`)."""
+
+    def __init__(self, port: str) -> None:
+        self.where = port
+
+    async def open(self) -> ByteChannel:
+        """The port, opened. Raises OSError when it is not there (yet)."""
+        return await open_channel(self.where)

@@ -81,3 +81,23 @@ class MqttChannel(ByteChannel):
                 self.topics.presence, presence_payload("offline", vm=self.topics.vm), qos=1, retain=True
             )
         bridge.close()
+
+
+class MqttOpener:
+    """Connects the agent to the broker as VM ``vm`` (:meth:`MqttChannel.connect`).
+
+    Args:
+        options: broker, experiment, credentials.
+        vm: this VM's name (its MQTT username and topic level).
+        boot_id: this boot's id, in the retained presence message.
+    """
+
+    def __init__(self, options: MqttOptions, vm: str, boot_id: str) -> None:
+        self.options = options
+        self.vm = vm
+        self.boot_id = boot_id
+        self.where = options.broker
+
+    async def open(self) -> ByteChannel:
+        """A connected :class:`MqttChannel`. Raises OSError (retry soon) or MqttError (refused)."""
+        return await MqttChannel.connect(self.options, self.vm, self.boot_id)
