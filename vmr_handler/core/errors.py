@@ -15,6 +15,7 @@ raise one re-export its name (``vmr_handler.host.store.TransferRefused`` is this
      +-- SigningError             an Ed25519 key or the replay memory cannot be used (signing.py)
      |    +-- SignatureError         a control message is refused: unsigned, bad signature, stale...
      +-- ProtocolError            a frame or message breaks the protocol (never fatal to a peer)
+     +-- PayloadError             an event's ``data`` is malformed for its type (payloads.py)
      +-- ChannelClosed            a transport's connection is gone for good; reconnect to go on
      +-- MqttError                a broker URL, name or credential that cannot be used
      +-- FetchRefused             an HTTP resource fetch refused for good (4xx, wrong file)
@@ -118,6 +119,23 @@ class UsageError(VmrError):
 
 class ProtocolError(VmrError):
     """A frame or message breaks the protocol; ``details`` says how (never fatal to a peer)."""
+
+
+class PayloadError(VmrError):
+    """An event's ``data`` is malformed for its type (:mod:`vmr_handler.core.payloads`); the
+    consumer counts the event and drops it.
+
+    Attributes:
+        event_type: the event's ``type``.
+        field: the field (``data`` for the whole object, ``journal.digest`` for a nested one).
+        problem: what is wrong, e.g. ``"must be a string, got int"``.
+    """
+
+    def __init__(self, event_type: str, field: str, problem: str) -> None:
+        super().__init__(f"malformed {event_type} event: {field!r} {problem}")
+        self.event_type = event_type
+        self.field = field
+        self.problem = problem
 
 
 class ChannelClosed(VmrError):

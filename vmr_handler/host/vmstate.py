@@ -1,35 +1,46 @@
 """What the host knows of one VM apart from its connection: what its agent said in its
 ``hello``, what its stored reports tell (schedule accepted, stages, configured, failures;
 rebuilt from the ``.jsonl`` at host start, then live) and the :class:`Counters` of what was
-refused. :meth:`VmState.apply` dispatches a report on its type through a table.
+refused. :meth:`VmState.apply` parses a report (:mod:`vmr_handler.core.payloads`) and
+dispatches its typed payload through a table.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Optional, Tuple, Type, TypeVar
 
-from vmr_handler.core.events import Event, EventType
-from vmr_handler.core.protocol import RESULT, DecoderStats
+from vmr_handler.core.events import Event
+from vmr_handler.core.payloads import (
+    Configured,
+    EntryExited,
+    EntryFailed,
+    EntryStarted,
+    Hello,
+    Payload,
+    Result,
+    ScheduleComplete,
+    StageFinished,
+    StageStarted,
+    VmFailed,
+    parse_payload,
+)
+from vmr_handler.core.protocol import DecoderStats
 from vmr_handler.host.logtext import printable
 from vmr_handler.host.sessionapi import ReportHost
 
-
-def finite(value: Any) -> Optional[float]:
-    """``value`` as a float when it is a finite number (not a bool), else None."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
+_P = TypeVar("_P", bound=Payload)
+_Apply = Callable[[Any, float], None]
 
 
-def short(value: Any, limit: int = 128) -> Optional[str]:
-    """A guest string made printable and cut to ``limit`` characters; None when not a string."""
-    return printable(value, limit) if isinstance(value, str) else None
+def short(text: Optional[str], limit: int = 128) -> Optional[str]:
+    """A guest string made printable and cut to ``limit`` characters; None stays None."""
+    return printable(text, limit) if text is not None else None
 
 
-def _int(value: Any) -> Optional[int]:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+def _on(kind: Type[_P], apply: Callable[[_P, float], None]) -> Tuple[str, _Apply]:
+    """A row of :class:`VmState`'s table: ``kind``'s event type and what applies it."""
+    return kind.TYPE, apply
 
 
 def add_stats(base: DecoderStats, more: DecoderStats) -> DecoderStats:
@@ -70,6 +81,7 @@ class Counters:
     resources_refused: int = 0
     unstorable: int = 0
     hello_flood: int = 0
+    malformed_payloads: int = 0
 
     def refused(self) -> Dict[str, int]:
         """The ``refused`` member of the VM's status."""
@@ -82,6 +94,7 @@ class Counters:
             "write_overflow": self.write_overflow,
             "unstorable": self.unstorable,
             "hello_flood": self.hello_flood,
+            "malformed_payloads": self.malformed_payloads,
         }
 
 
@@ -119,27 +132,29 @@ class VmState:
         self.max_lateness: Optional[float] = None
         self.failures = 0
         self.start_acked = False
-        #: report type -> what it changes (``data``, host UTC received)
-        self._appliers: Dict[str, Callable[[Mapping[str, Any], float], None]] = {
-            EventType.STAGE_STARTED.value: self._stage_started,
-            EventType.STAGE_FINISHED.value: self._stage_finished,
-            EventType.CONFIGURED.value: self._configured_report,
-            EventType.VM_FAILED.value: self._vm_failed,
-            EventType.SCHEDULE_COMPLETE.value: self._schedule_complete,
-            EventType.ENTRY_STARTED.value: self._entry_started,
-            EventType.ENTRY_FAILED.value: self._entry_failed,
-            EventType.ENTRY_EXITED.value: self._entry_exited,
-            RESULT: self._result,
-        }
+        #: report type -> what its typed payload changes (payload, host UTC received)
+        self._appliers: Dict[str, _Apply] = dict(
+            [
+                _on(StageStarted, self._stage_started),
+                _on(StageFinished, self._stage_finished),
+                _on(Configured, self._configured_report),
+                _on(VmFailed, self._vm_failed),
+                _on(ScheduleComplete, self._schedule_complete),
+                _on(EntryStarted, self._entry_started),
+                _on(EntryFailed, self._entry_failed),
+                _on(EntryExited, self._entry_exited),
+                _on(Result, self._result),
+            ]
+        )
 
     # ------------------------------------------------------------------ from the agent
-    def hello(self, data: Mapping[str, Any]) -> None:
+    def hello(self, hello: Hello) -> None:
         """Take what the agent says of itself in its ``hello`` (``vm``, ``agent_version``,
-        ``boot_id``, ``unacked``; odd values are kept as None)."""
-        self.claimed_vm = short(data.get("vm"))
-        self.agent_version = short(data.get("agent_version"))
-        self.boot_id = short(data.get("boot_id"))
-        self.unacked = _int(data.get("unacked"))
+        ``boot_id``, ``unacked``; odd values are kept as None, strings cut to 128)."""
+        self.claimed_vm = short(hello.vm)
+        self.agent_version = short(hello.agent_version)
+        self.boot_id = short(hello.boot_id)
+        self.unacked = hello.unacked
 
     def configured(self, at: float) -> None:
         """The VM is configured (seen at host UTC ``at``, the first time kept); the host is told."""
@@ -151,55 +166,55 @@ class VmState:
         """Update this VM's state from a stored report received at host UTC ``received``.
 
         Used live and when the ``.jsonl`` is replayed at host start (so a restarted host
-        shows the same state). Never raises on odd data.
+        shows the same state). Only the types of the table are parsed.
+
+        Raises:
+            PayloadError: the report is malformed (:mod:`vmr_handler.core.payloads`); only
+                ``last_seen`` was updated.
         """
         if self.last_seen is None or received > self.last_seen:
             self.last_seen = received
         applier = self._appliers.get(ev.type)
         if applier is not None:
-            applier(ev.data, received)
+            applier(parse_payload(ev), received)
 
-    def _stage_started(self, d: Mapping[str, Any], received: float) -> None:
-        stage = _int(d.get("stage"))
-        if stage is not None:
-            self.stage = stage
-        self.stage_time = finite(d.get("start_time"))
+    def _stage_started(self, p: StageStarted, received: float) -> None:
+        if p.stage is not None:
+            self.stage = p.stage
+        self.stage_time = p.start_time.value
         self.stage_running = True
 
-    def _stage_finished(self, d: Mapping[str, Any], received: float) -> None:
+    def _stage_finished(self, p: StageFinished, received: float) -> None:
         self.stage_running = False
         self.stages_done += 1
 
-    def _configured_report(self, d: Mapping[str, Any], received: float) -> None:
+    def _configured_report(self, p: Configured, received: float) -> None:
         self.configured(received)
 
-    def _vm_failed(self, d: Mapping[str, Any], received: float) -> None:
-        self.failed = short(d.get("details"), 500) or "vm_failed"
+    def _vm_failed(self, p: VmFailed, received: float) -> None:
+        self.failed = short(p.details.string, 500) or "vm_failed"
         self.failures += 1
 
-    def _schedule_complete(self, d: Mapping[str, Any], received: float) -> None:
+    def _schedule_complete(self, p: ScheduleComplete, received: float) -> None:
         self.complete = True
 
-    def _entry_started(self, d: Mapping[str, Any], received: float) -> None:
-        late = finite(d.get("lateness"))
-        if late is not None and (self.max_lateness is None or late > self.max_lateness):
-            self.max_lateness = late
+    def _entry_started(self, p: EntryStarted, received: float) -> None:
+        if p.lateness is not None and (self.max_lateness is None or p.lateness > self.max_lateness):
+            self.max_lateness = p.lateness
 
-    def _entry_failed(self, d: Mapping[str, Any], received: float) -> None:
+    def _entry_failed(self, p: EntryFailed, received: float) -> None:
         self.failures += 1
 
-    def _entry_exited(self, d: Mapping[str, Any], received: float) -> None:
-        if d.get("status") == "error":
+    def _entry_exited(self, p: EntryExited, received: float) -> None:
+        if p.status == "error":
             self.failures += 1
 
-    def _result(self, d: Mapping[str, Any], received: float) -> None:
-        answers = d.get("answers")
-        if answers == self.schedule_id:
-            ok = d.get("status") == "success"
-            self.schedule_state = "accepted" if ok else "rejected"
-            self.schedule_details = short(d.get("details"), 2000)
-        elif isinstance(answers, str):
-            self.host.on_resume_answer(self.name, answers, d, received)
+    def _result(self, p: Result, received: float) -> None:
+        if p.answers == self.schedule_id:
+            self.schedule_state = "accepted" if p.ok else "rejected"
+            self.schedule_details = short(p.details, 2000)
+        else:
+            self.host.on_resume_answer(self.name, p.answers, p.data, received)
 
     # ------------------------------------------------------------------ status
     def word(self, start_time: Optional[float], now: float, connected: bool, connections: int) -> str:

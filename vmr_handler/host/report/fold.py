@@ -3,27 +3,75 @@
 :class:`ExperimentTimeline` takes host log records (``{"vm", "host_received", "event":
 {"timestamp", "type", "id", "data"}}``, ``docs/host.md``) one at a time and keeps per VM a
 :class:`VmTimeline`: spans, markers and counters, never the output lines themselves. Each event
-type the report shows has one small handler method, found through the table :data:`_FOLD`.
+type the report shows has one small handler method, found through the table :data:`_FOLD`,
+which takes the event's typed payload (:mod:`vmr_handler.core.payloads`).
 
 Every guest is hostile (SPEC section 7): an event time further than :data:`MAX_SKEW` seconds
 from the host's receive time is replaced by the receive time, at most :data:`MAX_ITEMS` spans and
-markers of each kind are kept per VM (the rest are counted), odd shapes are counted as
-unreadable, never fatal.
+markers of each kind are kept per VM (the rest are counted), odd shapes and malformed payloads
+are counted as unreadable, never fatal.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Type, TypeVar
 
-from vmr_handler.core.events import EventType as T
+from vmr_handler.core.errors import PayloadError
+from vmr_handler.core.payloads import (
+    PAYLOADS,
+    AgentStarted,
+    BreakStarted,
+    Configured,
+    ControlRefused,
+    EntryEnded,
+    EntryExited,
+    EntryFailed,
+    EntryInterrupted,
+    EntryStarted,
+    ExperimentStarted,
+    Number,
+    Output,
+    PauseEnded,
+    PauseStarted,
+    Payload,
+    RebootRequested,
+    ResumeReceived,
+    ScheduleComplete,
+    Shown,
+    StageFinished,
+    StageStarted,
+    StartTimeSet,
+    VmFailed,
+)
 from vmr_handler.host.report.facts import EntryRun, Marker, Span
-from vmr_handler.host.report.text import _MAPS, _clean, _num, _num_text
+from vmr_handler.host.report.text import _MAPS, MAX_LABEL, _clean, _num, _num_text
 
 #: Spans and markers of each kind kept per VM; beyond it they are only counted.
 MAX_ITEMS = 5000
 #: An event time further than this from its host receive time (s) is replaced by the latter.
 MAX_SKEW = 86400.0
+
+_P = TypeVar("_P", bound=Payload)
+
+
+def _show(value: Shown, cap: int = MAX_LABEL) -> str:
+    """What the guest sent as printable text of at most ``cap`` characters (as
+    :func:`~vmr_handler.host.report.text._clean` makes it of the value itself)."""
+    return _clean(value.text if value.is_string else value.text[: cap + 1], cap)
+
+
+def _show_number(value: Number) -> str:
+    """A stage or entry start time as written in a schedule (``-20``, ``1.5``, ``?``), as
+    :func:`~vmr_handler.host.report.text._num_text` makes it of the value itself."""
+    if value.value is None and not value.shown.missing:
+        return _show(value.shown, 20)
+    return _num_text(value.value)
+
+
+def _index(index: Optional[int]) -> int:
+    """An entry index; -1 when the event has none."""
+    return index if index is not None else -1
 
 
 @dataclass
@@ -125,33 +173,29 @@ class VmTimeline:
             self.last_seen = received if self.last_seen is None else max(self.last_seen, received)
         if not isinstance(kind, str):
             return
-        try:
-            self._fold(kind, t, data)
-        except (TypeError, ValueError, OverflowError):  # hostile shapes: counted, never fatal
-            self.unreadable += 1
-
-    def _near(self, value: Any, t: float) -> float:
-        """``value`` (UTC) if it is a number within :data:`MAX_SKEW` of ``t``, else ``t``."""
-        v = _num(value)
-        return v if v is not None and abs(v - t) <= MAX_SKEW else t
-
-    def _fold(self, kind: str, t: float, d: Mapping[str, Any]) -> None:
-        """Fold one event of type ``kind`` at UTC ``t`` with data ``d`` (see :data:`_FOLD`)."""
         handler = _FOLD.get(kind)
         if handler is None:  # an event the report does not show: counted in ``events`` only
             return
-        idx = d.get("index")
-        handler(self, t, d, idx if isinstance(idx, int) and not isinstance(idx, bool) else -1)
+        try:
+            payload = PAYLOADS[kind].parse(data)  # as parse_payload does, without making an Event
+        except PayloadError:  # hostile shapes: counted, never fatal
+            self.unreadable += 1
+            return
+        handler(self, t, payload)
 
-    # The handlers of :data:`_FOLD`: ``(t, data, index)``, index -1 when the event has none.
-    def _on_agent_started(self, t: float, d: Mapping[str, Any], index: int) -> None:
+    def _near(self, value: Optional[float], t: float) -> float:
+        """``value`` (UTC) if it is within :data:`MAX_SKEW` of ``t``, else ``t``."""
+        return value if value is not None and abs(value - t) <= MAX_SKEW else t
+
+    # The handlers of :data:`_FOLD`: ``(t, payload)``, the event at UTC ``t``.
+    def _on_agent_started(self, t: float, p: AgentStarted) -> None:
         if self._agent_seen:
             self.restarts += 1
             self._mark(
                 "restart",
                 t,
                 "agent (re)started",
-                "resumed from journal" if d.get("resumed_from_journal") else "",
+                "resumed from journal" if p.resumed_from_journal else "",
             )
         for span in self._open_stage.values():
             span.end = t
@@ -159,168 +203,179 @@ class VmTimeline:
         self._open_stage.clear()
         self._agent_seen = True
 
-    def _on_stage_started(self, t: float, d: Mapping[str, Any], index: int) -> None:
+    def _on_stage_started(self, t: float, p: StageStarted) -> None:
         self.configuring = True
-        key = _clean(d.get("stage"), 20)
-        st = _num_text(d.get("start_time"))
+        key = _show(p.stage_shown, 20)
+        st = _show_number(p.start_time)
         span = Span("stage", t, None, f"stage {st}", [f"stage {st} (#{key})"])
         if self._keep(self.stages, span):
             self._open_stage[key] = span
 
-    def _on_stage_finished(self, t: float, d: Mapping[str, Any], index: int) -> None:
-        key = _clean(d.get("stage"), 20)
+    def _on_stage_finished(self, t: float, p: StageFinished) -> None:
+        key = _show(p.stage_shown, 20)
         span = self._open_stage.pop(key, None)
         if span is None:
-            duration = _num(d.get("duration")) or 0.0
-            st = _num_text(d.get("start_time"))
+            duration = p.duration or 0.0
+            st = _show_number(p.start_time)
             span = Span("stage", t - min(max(duration, 0.0), MAX_SKEW), None, f"stage {st}", [f"stage {st}"])
             if not self._keep(self.stages, span):
                 return
         span.end = t
 
-    def _on_entry_started(self, t: float, d: Mapping[str, Any], index: int) -> None:
+    def _on_entry_started(self, t: float, p: EntryStarted) -> None:
+        index = _index(p.index)
         old = self._open_run.pop(index, None)
         if old is not None:
             old.end, old.status = t, "interrupted"
-        scheduled = _num(d.get("scheduled"))
         run = EntryRun(
             index,
-            _clean(d.get("executable")),
-            self._near(d.get("spawned_at"), t),
-            positive=scheduled is not None or (_num(d.get("start_time")) or 0) > 0,
-            lateness=_num(d.get("lateness")),
+            _show(p.executable),
+            self._near(p.spawned_at, t),
+            positive=p.scheduled is not None or (p.start_time or 0) > 0,
+            lateness=p.lateness,
         )
         if self._keep(self.runs, run):
             self._open_run[index] = run
             self._last_run[index] = run
 
-    def _ended_run(self, t: float, d: Mapping[str, Any], index: int) -> Optional[EntryRun]:
-        """The run of entry ``index`` that ended at ``t`` (exited, failed or interrupted), with
+    def _ended_run(self, t: float, p: EntryEnded) -> Optional[EntryRun]:
+        """The run of entry ``p.index`` that ended at ``t`` (exited, failed or interrupted), with
         its end, exit code and details set; a run is made up when its start was not seen. None:
         over :data:`MAX_ITEMS`, not kept."""
+        index = _index(p.index)
         run = self._open_run.pop(index, None)
         if run is None:
-            duration = min(max(_num(d.get("duration")) or 0.0, 0.0), MAX_SKEW)
-            run = EntryRun(index, _clean(d.get("executable")), t - duration)
+            duration = min(max(p.duration or 0.0, 0.0), MAX_SKEW)
+            run = EntryRun(index, _show(p.executable), t - duration)
             if not self._keep(self.runs, run):
                 return None
             self._last_run[index] = run
         run.end = max(t, run.start)
-        code = d.get("exit_code")
-        run.exit_code = code if isinstance(code, int) and not isinstance(code, bool) else None
-        run.details = _clean(d.get("details"))
+        run.exit_code = p.exit_code
+        run.details = _show(p.details)
         return run
 
-    def _on_entry_exited(self, t: float, d: Mapping[str, Any], index: int) -> None:
-        run = self._ended_run(t, d, index)
+    def _on_entry_exited(self, t: float, p: EntryExited) -> None:
+        run = self._ended_run(t, p)
         if run is not None:
-            run.status = "success" if d.get("status") == "success" else "error"
+            run.status = "success" if p.status == "success" else "error"
             if run.status == "error":
                 self.failures += 1
 
-    def _on_entry_failed(self, t: float, d: Mapping[str, Any], index: int) -> None:
-        run = self._ended_run(t, d, index)
+    def _on_entry_failed(self, t: float, p: EntryFailed) -> None:
+        run = self._ended_run(t, p)
         if run is not None:
             run.status = "failed"
             self.failures += 1
 
-    def _on_entry_interrupted(self, t: float, d: Mapping[str, Any], index: int) -> None:
-        run = self._ended_run(t, d, index)
+    def _on_entry_interrupted(self, t: float, p: EntryInterrupted) -> None:
+        run = self._ended_run(t, p)
         if run is not None:
             run.status = "interrupted"
 
-    def _on_output(self, t: float, d: Mapping[str, Any], index: int) -> None:
+    def _on_output(self, t: float, p: Output) -> None:
         self.output_lines += 1
-        last = self._last_run.get(index)
+        last = self._last_run.get(_index(p.index))
         if last is not None:
             last.output += 1
 
-    def _on_reboot_requested(self, t: float, d: Mapping[str, Any], index: int) -> None:
-        self._mark("reboot", t, "reboot requested", f"requesters {_clean(d.get('requesters'))}")
+    def _on_reboot_requested(self, t: float, p: RebootRequested) -> None:
+        self._mark("reboot", t, "reboot requested", f"requesters {_show(p.requesters)}")
 
-    def _on_configured(self, t: float, d: Mapping[str, Any], index: int) -> None:
-        self.configured_at = self._near(d.get("at"), t)
+    def _on_configured(self, t: float, p: Configured) -> None:
+        self.configured_at = self._near(p.at, t)
         self._mark("configured", self.configured_at, "configured (time 0 reached on this VM)")
 
-    def _on_start_time_set(self, t: float, d: Mapping[str, Any], index: int) -> None:
-        start = _num(d.get("start_time"))
+    def _on_start_time_set(self, t: float, p: StartTimeSet) -> None:
+        start = p.start_time
         if start is not None and abs(start - t) <= MAX_SKEW:
             self.vm_start = start
 
-    def _on_experiment_started(self, t: float, d: Mapping[str, Any], index: int) -> None:
+    def _on_experiment_started(self, t: float, p: ExperimentStarted) -> None:
         self.started = True
 
-    def _on_pause_started(self, t: float, d: Mapping[str, Any], index: int) -> None:
+    def _on_pause_started(self, t: float, p: PauseStarted) -> None:
+        index = _index(p.index)
         if index in self._open_pause:
             return  # reported again after an agent restart: the first one stands
-        at, dur = _num_text(d.get("at")), _num_text(d.get("duration"))
+        at, dur = _show_number(p.at), _show_number(p.duration)
         span = Span("pause", t, None, f"pause {dur} s", [f"pause at t={at} for {dur} s (entry #{index})"])
         if self._keep(self.pauses, span):
             self._open_pause[index] = span
 
-    def _on_break_started(self, t: float, d: Mapping[str, Any], index: int) -> None:
+    def _on_break_started(self, t: float, p: BreakStarted) -> None:
+        index = _index(p.index)
         if index in self._open_break:
             return  # reported again after an agent restart: the first one stands
-        at = _num_text(d.get("at"))
+        at = _show_number(p.at)
         span = Span("break", t, None, "break", [f"break at t={at} (entry #{index})", "held until a RESUME"])
         if self._keep(self.breaks, span):
             self._open_break[index] = span
 
-    def _on_pause_ended(self, t: float, d: Mapping[str, Any], index: int) -> None:
-        span = self._open_pause.pop(index, None)
+    def _on_pause_ended(self, t: float, p: PauseEnded) -> None:
+        span = self._open_pause.pop(_index(p.index), None)
         if span is not None:
             span.end = t
 
-    def _on_resume_received(self, t: float, d: Mapping[str, Any], index: int) -> None:
-        ended = d.get("ended_break")
-        brk = ended if isinstance(ended, int) and not isinstance(ended, bool) else None
+    def _on_resume_received(self, t: float, p: ResumeReceived) -> None:
+        brk = p.ended_break
         span = self._open_break.pop(brk, None) if brk is not None else None
         if span is not None:
             span.end = t
-            span.tip.append(f"ended by a RESUME stamped t={_num_text(d.get('at'))}")
-        elif d.get("ignored") is True or brk is None:
-            self._mark("ignored", t, "RESUME ignored (no active break)", _clean(d.get("details")))
+            span.tip.append(f"ended by a RESUME stamped t={_show_number(p.at)}")
+        elif p.ignored or brk is None:
+            self._mark("ignored", t, "RESUME ignored (no active break)", _show(p.details))
 
-    def _on_vm_failed(self, t: float, d: Mapping[str, Any], index: int) -> None:
+    def _on_vm_failed(self, t: float, p: VmFailed) -> None:
         self.failed = True
-        self._mark("failed", t, f"VM failed (entry #{index})", _clean(d.get("details")))
+        self._mark("failed", t, f"VM failed (entry #{_index(p.index)})", _show(p.details))
 
-    def _on_control_refused(self, t: float, d: Mapping[str, Any], index: int) -> None:
+    def _on_control_refused(self, t: float, p: ControlRefused) -> None:
         self.refused += 1
         self._mark(
             "refused",
             t,
-            f"control message refused: {_clean(d.get('type'), 30)}",
-            _clean(d.get("details")),
+            f"control message refused: {_show(p.refused_type, 30)}",
+            _show(p.details),
         )
 
-    def _on_schedule_complete(self, t: float, d: Mapping[str, Any], index: int) -> None:
+    def _on_schedule_complete(self, t: float, p: ScheduleComplete) -> None:
         self.complete = True
 
 
-#: Event type -> the :class:`VmTimeline` method that folds it ``(timeline, t, data, index)``;
-#: the report ignores every other type.
-_FOLD: Dict[str, Callable[[VmTimeline, float, Mapping[str, Any], int], None]] = {
-    T.AGENT_STARTED.value: VmTimeline._on_agent_started,
-    T.STAGE_STARTED.value: VmTimeline._on_stage_started,
-    T.STAGE_FINISHED.value: VmTimeline._on_stage_finished,
-    T.ENTRY_STARTED.value: VmTimeline._on_entry_started,
-    T.ENTRY_EXITED.value: VmTimeline._on_entry_exited,
-    T.ENTRY_FAILED.value: VmTimeline._on_entry_failed,
-    T.ENTRY_INTERRUPTED.value: VmTimeline._on_entry_interrupted,
-    T.OUTPUT.value: VmTimeline._on_output,
-    T.REBOOT_REQUESTED.value: VmTimeline._on_reboot_requested,
-    T.CONFIGURED.value: VmTimeline._on_configured,
-    T.START_TIME_SET.value: VmTimeline._on_start_time_set,
-    T.EXPERIMENT_STARTED.value: VmTimeline._on_experiment_started,
-    T.PAUSE_STARTED.value: VmTimeline._on_pause_started,
-    T.BREAK_STARTED.value: VmTimeline._on_break_started,
-    T.PAUSE_ENDED.value: VmTimeline._on_pause_ended,
-    T.RESUME_RECEIVED.value: VmTimeline._on_resume_received,
-    T.VM_FAILED.value: VmTimeline._on_vm_failed,
-    T.CONTROL_REFUSED.value: VmTimeline._on_control_refused,
-    T.SCHEDULE_COMPLETE.value: VmTimeline._on_schedule_complete,
-}
+_Fold = Callable[[VmTimeline, float, Any], None]
+
+
+def _on(kind: Type[_P], fold: Callable[[VmTimeline, float, _P], None]) -> Tuple[str, _Fold]:
+    """A row of :data:`_FOLD`: ``kind``'s event type and the method that folds its payload."""
+    return kind.TYPE, fold
+
+
+#: Event type -> the :class:`VmTimeline` method that folds its typed payload
+#: ``(timeline, t, payload)``; the report ignores (and does not parse) every other type.
+_FOLD: Dict[str, _Fold] = dict(
+    [
+        _on(AgentStarted, VmTimeline._on_agent_started),
+        _on(StageStarted, VmTimeline._on_stage_started),
+        _on(StageFinished, VmTimeline._on_stage_finished),
+        _on(EntryStarted, VmTimeline._on_entry_started),
+        _on(EntryExited, VmTimeline._on_entry_exited),
+        _on(EntryFailed, VmTimeline._on_entry_failed),
+        _on(EntryInterrupted, VmTimeline._on_entry_interrupted),
+        _on(Output, VmTimeline._on_output),
+        _on(RebootRequested, VmTimeline._on_reboot_requested),
+        _on(Configured, VmTimeline._on_configured),
+        _on(StartTimeSet, VmTimeline._on_start_time_set),
+        _on(ExperimentStarted, VmTimeline._on_experiment_started),
+        _on(PauseStarted, VmTimeline._on_pause_started),
+        _on(BreakStarted, VmTimeline._on_break_started),
+        _on(PauseEnded, VmTimeline._on_pause_ended),
+        _on(ResumeReceived, VmTimeline._on_resume_received),
+        _on(VmFailed, VmTimeline._on_vm_failed),
+        _on(ControlRefused, VmTimeline._on_control_refused),
+        _on(ScheduleComplete, VmTimeline._on_schedule_complete),
+    ]
+)
 
 
 class ExperimentTimeline:

@@ -1,0 +1,514 @@
+"""Typed payloads of the events that consumers read, parsed in one place (``docs/events.md``).
+
+An :class:`~vmr_handler.core.events.Event`'s ``data`` comes from a guest, which may be hostile:
+any field may be missing, of the wrong type, NaN/inf or huge. Each class below holds the part of
+one event type's ``data`` that a consumer reads (the host's ``VmState`` and session, the
+report's fold), and its ``parse(data)`` applies the rules the consumers used to apply by hand:
+
+* a number is an int or a float, not a bool, and finite: NaN, inf or a non-number is None
+  (the field is ignored, the event is not);
+* an integer is an int, not a bool (else None); a flag is any true value (``ignored``: only
+  JSON true);
+* a string is kept whole (the frame limit bounds it): a consumer cuts it where it shows it;
+* a value a consumer only shows (``details``, ``executable``...) may be any JSON value: a
+  :class:`Shown` (a :class:`Number` when it is shown as a number);
+* fields nobody reads and extra fields are ignored.
+
+An event is malformed (:class:`~vmr_handler.core.errors.PayloadError`, naming the event type,
+the field and what is wrong) when its ``data`` is not an object, a number field holds a number
+no float can hold (an integer beyond 1.8e308), a value has no JSON text, a ``result``
+has no string ``answers`` or an ``ack`` no ``ids`` list. The consumer counts it and drops it.
+
+:func:`parse_payload` parses an event; :data:`PAYLOADS` maps an event type to its class (the
+report's fold, which reads log records rather than events, parses through it directly).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, ClassVar, Dict, Mapping, Optional, Tuple, Type, TypeVar, get_type_hints
+
+from vmr_handler.core.errors import PayloadError
+from vmr_handler.core.events import Event
+from vmr_handler.core.events import EventType as T
+from vmr_handler.core.protocol import ACK, CLOCK_REQ, HELLO, PROTOCOL_VERSION, RESULT
+
+#: The JSON text of a value that is not a string is cut to this many characters (consumers
+#: show at most 80 characters of it).
+MAX_JSON_TEXT = 1000
+
+_P = TypeVar("_P", bound="Payload")
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A guest value that consumers only show: any JSON value (guests are hostile).
+
+    Attributes:
+        text: the string itself when the guest sent a string (whole), else the value's JSON
+            text (``json.dumps(value, default=str)``, ``null`` when absent) cut to
+            :data:`MAX_JSON_TEXT` characters.
+        is_string: whether the guest sent a string.
+    """
+
+    text: str
+    is_string: bool
+
+    @property
+    def string(self) -> Optional[str]:
+        """The string the guest sent, or None when it sent anything else."""
+        return self.text if self.is_string else None
+
+    @property
+    def missing(self) -> bool:
+        """True when the field was absent or null."""
+        return not self.is_string and self.text == "null"
+
+
+_NULL = Shown("null", False)
+
+
+@dataclass(frozen=True)
+class Number:
+    """A guest value shown as a number (``at``, ``duration``, a stage's ``start_time``).
+
+    Attributes:
+        value: the value when it is a finite number (float), else None.
+        shown: what the guest sent (for showing a value that is not a finite number).
+    """
+
+    value: Optional[float]
+    shown: Shown
+
+
+class _Fields:
+    """Reads one event's ``data`` by the rules of this module; errors name the type and field."""
+
+    __slots__ = ("data", "prefix", "type")
+
+    def __init__(self, event_type: str, data: Any, prefix: str = "") -> None:
+        if type(data) is not dict and not isinstance(data, Mapping):
+            raise PayloadError(
+                event_type, prefix.rstrip(".") or "data", f"must be an object, got {type(data).__name__}"
+            )
+        self.type = event_type
+        self.data: Mapping[str, Any] = data
+        self.prefix = prefix
+
+    def fail(self, name: str, problem: str) -> PayloadError:
+        return PayloadError(self.type, self.prefix + name, problem)
+
+    def integer(self, name: str) -> Optional[int]:
+        value = self.data.get(name)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def finite(self, name: str) -> Optional[float]:
+        value = self.data.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None
+        try:
+            number = float(value)
+        except OverflowError:
+            raise self.fail(name, "is a number no float can hold") from None
+        return number if math.isfinite(number) else None
+
+    def shown(self, name: str) -> Shown:
+        value = self.data.get(name)
+        if isinstance(value, str):
+            return Shown(value, True)
+        if value is None:
+            return _NULL
+        try:
+            text = json.dumps(value, default=str)
+        except (ValueError, TypeError, RecursionError) as exc:
+            raise self.fail(name, f"has no JSON text ({type(exc).__name__})") from None
+        return Shown(text[:MAX_JSON_TEXT], False)
+
+    def number(self, name: str) -> Number:
+        return Number(self.finite(name), self.shown(name))
+
+    def string(self, name: str) -> Optional[str]:
+        value = self.data.get(name)
+        return value if isinstance(value, str) else None
+
+    def given(self, name: str) -> bool:
+        return self.data.get(name) is not None
+
+    def truthy(self, name: str) -> bool:
+        return bool(self.data.get(name))
+
+    def is_true(self, name: str) -> bool:
+        return self.data.get(name) is True
+
+    def nested(self, name: str) -> _Fields:
+        """The object ``name`` (an empty one when it is not an object)."""
+        value = self.data.get(name)
+        return _Fields(self.type, value if isinstance(value, Mapping) else {}, f"{self.prefix}{name}.")
+
+
+_Rule = Callable[[_Fields, str], Any]
+
+#: A payload field's type -> the rule that reads it (a field's ``metadata`` may name another
+#: ``rule`` and the data member it is read from, ``key``; by default the field's name).
+_RULES: Dict[Any, _Rule] = {
+    Optional[int]: _Fields.integer,
+    Optional[float]: _Fields.finite,
+    Optional[str]: _Fields.string,
+    Shown: _Fields.shown,
+    Number: _Fields.number,
+    bool: _Fields.truthy,
+}
+
+
+@dataclass(frozen=True)
+class Payload:
+    """Base of every typed payload; ``TYPE`` is the event type it is parsed from. Each field
+    is read from ``data`` by the rule of its type (:data:`_RULES`)."""
+
+    TYPE: ClassVar[str] = ""
+    _PLAN: ClassVar[Optional[Tuple[Tuple[_Rule, str], ...]]] = None
+
+    @classmethod
+    def parse(cls: Type[_P], data: Mapping[str, Any]) -> _P:
+        """``data`` of a ``TYPE`` event as this class (rules: the module's docstring).
+
+        Raises:
+            PayloadError: the data is malformed (naming the event type, field and problem).
+        """
+        f = _Fields(cls.TYPE, data)
+        plan = cls.__dict__.get("_PLAN")
+        if plan is None:
+            return cls._read(f)
+        return cls(*[rule(f, key) for rule, key in plan])
+
+    @classmethod
+    def _read(cls: Type[_P], f: _Fields) -> _P:
+        """The first parse of a class without a reader of its own: make its plan (each field's
+        rule and data member, from its type and metadata), then read by it."""
+        hints = get_type_hints(cls)
+        cls._PLAN = plan = tuple(
+            (d.metadata.get("rule") or _RULES[hints[d.name]], d.metadata.get("key", d.name))
+            for d in fields(cls)
+        )
+        return cls(*[rule(f, key) for rule, key in plan])
+
+
+# ---------------------------------------------------------------------------- agent lifecycle
+@dataclass(frozen=True)
+class AgentStarted(Payload):
+    """``agent_started``: ``resumed_from_journal`` (any true value counts)."""
+
+    TYPE = T.AGENT_STARTED.value
+    resumed_from_journal: bool
+
+
+@dataclass(frozen=True)
+class VmFailed(Payload):
+    """``vm_failed``: the entry ``index`` (None when not an integer) and its ``details``."""
+
+    TYPE = T.VM_FAILED.value
+    index: Optional[int]
+    details: Shown
+
+
+@dataclass(frozen=True)
+class ControlRefused(Payload):
+    """``control_refused``: the refused message's type (``type``) and ``details``."""
+
+    TYPE = T.CONTROL_REFUSED.value
+    refused_type: Shown = field(metadata={"key": "type"})
+    details: Shown
+
+
+@dataclass(frozen=True)
+class ScheduleComplete(Payload):
+    """``schedule_complete`` (no field is read)."""
+
+    TYPE = T.SCHEDULE_COMPLETE.value
+
+
+# ---------------------------------------------------------------------------- stages and barrier
+@dataclass(frozen=True)
+class StageStarted(Payload):
+    """``stage_started``: ``stage`` as an integer (None when not one) and as sent
+    (``stage_shown``), its ``start_time`` (schedule seconds)."""
+
+    TYPE = T.STAGE_STARTED.value
+    stage: Optional[int]
+    stage_shown: Shown = field(metadata={"key": "stage"})
+    start_time: Number
+
+
+@dataclass(frozen=True)
+class StageFinished(Payload):
+    """``stage_finished``: ``stage`` as sent, its ``start_time``, ``duration`` (s, finite or None)."""
+
+    TYPE = T.STAGE_FINISHED.value
+    stage_shown: Shown = field(metadata={"key": "stage"})
+    start_time: Number
+    duration: Optional[float]
+
+
+@dataclass(frozen=True)
+class RebootRequested(Payload):
+    """``reboot_requested``: the ``requesters`` (shown only)."""
+
+    TYPE = T.REBOOT_REQUESTED.value
+    requesters: Shown
+
+
+@dataclass(frozen=True)
+class Configured(Payload):
+    """``configured``: ``at`` (UTC, finite or None)."""
+
+    TYPE = T.CONFIGURED.value
+    at: Optional[float]
+
+
+@dataclass(frozen=True)
+class StartTimeSet(Payload):
+    """``start_time_set``: ``start_time`` (UTC, finite or None)."""
+
+    TYPE = T.START_TIME_SET.value
+    start_time: Optional[float]
+
+
+@dataclass(frozen=True)
+class ExperimentStarted(Payload):
+    """``experiment_started`` (no field is read)."""
+
+    TYPE = T.EXPERIMENT_STARTED.value
+
+
+# ---------------------------------------------------------------------------- entries
+@dataclass(frozen=True)
+class EntryStarted(Payload):
+    """``entry_started``: ``index`` (None when not an integer), ``executable`` (shown), and as
+    finite numbers or None: ``spawned_at``, ``scheduled`` (UTC), ``start_time`` (schedule
+    seconds), ``lateness`` (s)."""
+
+    TYPE = T.ENTRY_STARTED.value
+    index: Optional[int]
+    executable: Shown
+    spawned_at: Optional[float]
+    scheduled: Optional[float]
+    start_time: Optional[float]
+    lateness: Optional[float]
+
+
+@dataclass(frozen=True)
+class EntryEnded(Payload):
+    """What ``entry_exited``, ``entry_failed`` and ``entry_interrupted`` share: ``index``,
+    ``executable`` and ``details`` (shown), ``duration`` (s, finite or None), ``exit_code``
+    (an integer or None)."""
+
+    index: Optional[int]
+    executable: Shown
+    duration: Optional[float]
+    exit_code: Optional[int]
+    details: Shown
+
+
+@dataclass(frozen=True)
+class EntryExited(EntryEnded):
+    """``entry_exited``: :class:`EntryEnded` and ``status`` (the string sent, else None)."""
+
+    TYPE = T.ENTRY_EXITED.value
+    status: Optional[str]
+
+
+@dataclass(frozen=True)
+class EntryFailed(EntryEnded):
+    """``entry_failed``: :class:`EntryEnded`."""
+
+    TYPE = T.ENTRY_FAILED.value
+
+
+@dataclass(frozen=True)
+class EntryInterrupted(EntryEnded):
+    """``entry_interrupted``: :class:`EntryEnded`."""
+
+    TYPE = T.ENTRY_INTERRUPTED.value
+
+
+@dataclass(frozen=True)
+class Output(Payload):
+    """``output``: the entry ``index`` (None when not an integer); the line is not read."""
+
+    TYPE = T.OUTPUT.value
+    index: Optional[int]
+
+
+# ---------------------------------------------------------------------------- pause, break, RESUME
+@dataclass(frozen=True)
+class PauseStarted(Payload):
+    """``pause_started``: ``index``, ``at`` (experiment seconds) and ``duration`` (s)."""
+
+    TYPE = T.PAUSE_STARTED.value
+    index: Optional[int]
+    at: Number
+    duration: Number
+
+
+@dataclass(frozen=True)
+class PauseEnded(Payload):
+    """``pause_ended``: ``index`` (None when not an integer)."""
+
+    TYPE = T.PAUSE_ENDED.value
+    index: Optional[int]
+
+
+@dataclass(frozen=True)
+class BreakStarted(Payload):
+    """``break_started``: ``index`` and ``at`` (experiment seconds)."""
+
+    TYPE = T.BREAK_STARTED.value
+    index: Optional[int]
+    at: Number
+
+
+@dataclass(frozen=True)
+class ResumeReceived(Payload):
+    """``resume_received``: ``ended_break`` (an integer or None), ``at`` (the RESUME's
+    experiment seconds), ``ignored`` (True only for JSON true), ``details`` (shown)."""
+
+    TYPE = T.RESUME_RECEIVED.value
+    ended_break: Optional[int]
+    at: Number
+    ignored: bool = field(metadata={"rule": _Fields.is_true})
+    details: Shown
+
+
+# ---------------------------------------------------------------------------- protocol (docs/protocol.md)
+@dataclass(frozen=True)
+class Result(Payload):
+    """``result`` (agent -> host): ``answers`` (the id of the request answered: required),
+    ``ok`` (``status`` is ``success``), ``details`` (the string sent, else None), and ``data``:
+    the whole data, handed unchanged to the host's ``on_resume_answer`` (which records what the
+    VM answered a RESUME as sent)."""
+
+    TYPE = RESULT
+    answers: str
+    ok: bool
+    details: Optional[str]
+    data: Mapping[str, Any]
+
+    @classmethod
+    def _read(cls, f: _Fields) -> Result:
+        answers = f.data.get("answers")
+        if not isinstance(answers, str):
+            raise f.fail("answers", f"must be a string, got {type(answers).__name__}")
+        return cls(answers, f.data.get("status") == "success", f.string("details"), f.data)
+
+
+@dataclass(frozen=True)
+class Hello(Payload):
+    """``hello`` (agent -> host), what the agent says of itself.
+
+    Attributes:
+        supported: ``protocol`` equals :data:`~vmr_handler.core.protocol.PROTOCOL_VERSION`.
+        protocol: the ``repr`` of the ``protocol`` sent when not supported (for the refusal).
+        vm: the VM name it claims (whole), None when not a string; vm_given: ``vm`` not null.
+        agent_version, boot_id: strings or None. unacked: an integer or None.
+        journal_digest: ``journal.digest`` (a string or None).
+        journal_configured_at: ``journal.configured_at`` (finite or None).
+    """
+
+    TYPE = HELLO
+    supported: bool
+    protocol: str
+    vm: Optional[str]
+    vm_given: bool
+    agent_version: Optional[str]
+    boot_id: Optional[str]
+    unacked: Optional[int]
+    journal_digest: Optional[str]
+    journal_configured_at: Optional[float]
+
+    @classmethod
+    def _read(cls, f: _Fields) -> Hello:
+        sent = f.data.get("protocol")
+        supported = sent == PROTOCOL_VERSION
+        try:
+            protocol = "" if supported else repr(sent)
+        except RecursionError:
+            raise f.fail("protocol", "is nested too deep") from None
+        journal = f.nested("journal")
+        return cls(
+            supported,
+            protocol,
+            f.string("vm"),
+            f.given("vm"),
+            f.string("agent_version"),
+            f.string("boot_id"),
+            f.integer("unacked"),
+            journal.string("digest"),
+            journal.finite("configured_at"),
+        )
+
+
+@dataclass(frozen=True)
+class Ack(Payload):
+    """``ack``: the string ``ids`` acknowledged (required: a list; other members are skipped)."""
+
+    TYPE = ACK
+    ids: Tuple[str, ...]
+
+    @classmethod
+    def _read(cls, f: _Fields) -> Ack:
+        ids = f.data.get("ids")
+        if not isinstance(ids, list):
+            raise f.fail("ids", f"must be a list, got {type(ids).__name__}")
+        return cls(tuple(i for i in ids if isinstance(i, str)))
+
+
+@dataclass(frozen=True)
+class ClockReq(Payload):
+    """``clock_req``: ``t1`` (the agent's send time, UTC; None when not a finite number)."""
+
+    TYPE = CLOCK_REQ
+    t1: Optional[float]
+
+
+#: Event type -> its payload class (every type a consumer reads).
+PAYLOADS: Dict[str, Type[Payload]] = {
+    cls.TYPE: cls
+    for cls in (
+        AgentStarted,
+        VmFailed,
+        ControlRefused,
+        ScheduleComplete,
+        StageStarted,
+        StageFinished,
+        RebootRequested,
+        Configured,
+        StartTimeSet,
+        ExperimentStarted,
+        EntryStarted,
+        EntryExited,
+        EntryFailed,
+        EntryInterrupted,
+        Output,
+        PauseStarted,
+        PauseEnded,
+        BreakStarted,
+        ResumeReceived,
+        Result,
+        Hello,
+        Ack,
+        ClockReq,
+    )
+}
+
+
+def parse_payload(event: Event) -> Optional[Payload]:
+    """``event``'s typed payload (an instance of ``PAYLOADS[event.type]``), or None for a type
+    no consumer reads.
+
+    Raises:
+        PayloadError: its ``data`` is malformed (naming the event type, field and problem).
+    """
+    cls = PAYLOADS.get(event.type)
+    return cls.parse(event.data) if cls is not None else None
