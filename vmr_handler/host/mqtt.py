@@ -2,14 +2,16 @@
 
 One paho client (its own network thread; everything else on the host's event loop)
 subscribes to ``vmr/E/+/up`` and ``vmr/E/+/presence`` and hands each VM's frames to that
-VM's :class:`~vmr_handler.host.session.VmSession`, exactly as a virtio-serial connection
-does: the session layer, the barrier, the logs and the de-duplication by event id are the
-same code. What differs (``docs/mqtt.md``):
+VM's channel (:class:`~vmr_handler.transports.mqtt.host.VmTopicsChannel`), served as a unix
+socket connection is (:mod:`vmr_handler.host.links`: the same link, reader, session layer,
+barrier, logs and de-duplication by event id). What differs (``docs/mqtt.md``):
 
 * a VM is *connected* while its retained presence says ``online`` (or it talks);
-  ``offline`` (its last will, or a clean stop) detaches it;
+  ``offline`` (its last will, or a clean stop) detaches it once what it sent before is read;
 * frames to a VM are published on ``vmr/E/V/down`` (QoS 1; the broker queues them while
-  the VM is away, since every client keeps a persistent session);
+  the VM is away, since every client keeps a persistent session), paced per VM
+  (:data:`DOWN_RATE`); a VM over its byte rate has its ``up`` messages dropped (one
+  connection carries every VM: reading cannot pause for one);
 * the start time is also published **retained** on ``vmr/E/V/start``, so a late or rebooted
   VM learns it from the broker even while this host is away; a host that starts an
   experiment with no start time yet clears those retained messages first;
@@ -38,12 +40,17 @@ from vmr_handler.core.protocol import encode_message
 from vmr_handler.core.ratelimit import TokenBucket
 from vmr_handler.host.barrier import Barrier
 from vmr_handler.host.config import HostConfig
+from vmr_handler.host.links import ChannelLink, SessionReader
 from vmr_handler.host.session import VmSession
 from vmr_handler.transports.mqtt import MqttOptions, PahoBridge, Topics, check_name, vm_of
+from vmr_handler.transports.mqtt.host import VmTopicsChannel
+from vmr_handler.transports.mqtt.topics import EVERY_VM, PRESENCE, UP, hosts_topic, topic
 
 log = logging.getLogger("vmr_handler.host")
 
-#: Bytes per second streamed to one VM (resource chunks) and the burst before pacing starts.
+#: Bytes per second streamed to one VM (resource chunks) and the burst before pacing starts:
+#: the broker accepts whatever is published and queues it for the VM, so a VM that asks for
+#: large resources and never reads them cannot make the host stream them into its memory at once.
 DOWN_RATE = 16 * 1024 * 1024
 DOWN_BURST = 8 * 1024 * 1024
 #: Largest presence payload read (a guest controls it).
@@ -55,39 +62,6 @@ MAX_HOST_MESSAGE = 16 * 1024 * 1024
 START_REFRESH = 60.0
 #: Seconds a signed retained start lives in the broker (the agents' default signature age).
 SIGNED_START_EXPIRY = 300
-
-
-class MqttLink:
-    """A VM's connection as the session layer sees it (:class:`~vmr_handler.host.session.Link`).
-
-    The broker accepts whatever is published and queues it for the VM, so :meth:`drain`
-    paces what goes to one VM (:data:`DOWN_RATE`): a VM that asks for large resources and
-    never reads them cannot make the host stream them into the broker's memory at once.
-    """
-
-    def __init__(self, bridge: PahoBridge, topics: Topics) -> None:
-        self._bridge = bridge
-        self.topics = topics
-        self._closed = False
-        self._budget = TokenBucket(DOWN_RATE, DOWN_BURST)
-        self._unpaced = 0
-
-    @property
-    def closed(self) -> bool:
-        return self._closed or self._bridge.closed
-
-    def send_bytes(self, data: bytes) -> None:
-        if not self.closed and not self._bridge.publish_nowait(self.topics.down, data):
-            self._closed = True
-        self._unpaced += len(data)
-
-    async def drain(self) -> None:
-        wait = self._budget.spend(time.monotonic(), self._unpaced)
-        self._unpaced = 0
-        await asyncio.sleep(min(wait, 5.0))
-
-    def close(self) -> None:
-        self._closed = True
 
 
 class MqttHost(Protocol):
@@ -144,7 +118,9 @@ class MqttService:
         self.host_id = check_name("host id", host_id or socket.gethostname())
         self.reconnect = reconnect
         self.bridge: Optional[PahoBridge] = None
-        self.links: Dict[str, MqttLink] = {}
+        #: VM name -> its current channel (fed by :meth:`_on_message`)
+        self.channels: Dict[str, VmTopicsChannel] = {}
+        self._serving: Dict[str, asyncio.Task[None]] = {}  # VM name -> its latest channel's task
         self.unknown = 0
         self.connected = asyncio.Event()
 
@@ -197,11 +173,7 @@ class MqttService:
                 if refresh is not None:
                     refresh.cancel()
                 self.connected.clear()
-                now = time.time()
-                for vm, link in list(self.links.items()):
-                    link.close()
-                    self.server.sessions[vm].detach(link, now, "broker connection lost")
-                self.links.clear()
+                await self._end_all("broker connection lost")
                 bridge.close()
                 self.bridge = None
             await asyncio.sleep(initial)
@@ -228,10 +200,10 @@ class MqttService:
 
     def hosts_topic(self, leaf: str) -> str:
         """``vmr/E/_hosts/<leaf>`` (host-to-host topics; VMs have no access)."""
-        return f"vmr/{self.experiment}/_hosts/{leaf}"
+        return hosts_topic(self.experiment, leaf)
 
     def _subscriptions(self) -> List[Tuple[str, int]]:
-        subs = [(f"vmr/{self.experiment}/+/up", 1), (f"vmr/{self.experiment}/+/presence", 1)]
+        subs = [(topic(self.experiment, EVERY_VM, leaf), 1) for leaf in (UP, PRESENCE)]
         if self.role == "coordinator":
             subs.append((self.hosts_topic("+/state"), 1))
         elif self.role == "member":
@@ -266,7 +238,6 @@ class MqttService:
             self._on_host_message(topic, payload)
             return
         parsed = vm_of(topic, self.experiment)
-        now = time.time()
         session = self.server.sessions.get(parsed[0]) if parsed else None
         if parsed is None or session is None:
             self.unknown += 1
@@ -274,40 +245,67 @@ class MqttService:
                 log.warning("message on %s from no VM of this experiment ignored (x%d)", topic, self.unknown)
             return
         vm, leaf = parsed
-        if leaf == "presence":
+        if leaf == PRESENCE:
             state = _presence_state(payload)
             if state == "online":
-                self._attach(bridge, vm, now)
+                self._channel(bridge, vm)
             elif state == "offline":
-                link = self.links.pop(vm, None)
-                if link is not None:
-                    link.close()
-                    session.detach(link, now, "VM offline (presence)")
+                channel = self.channels.pop(vm, None)
+                if channel is not None:
+                    channel.end("VM offline (presence)")
             return
-        if leaf != "up":
+        if leaf != UP:
             return
         if session.over_byte_rate(len(payload)):  # a flooding VM must not hold up the others
             return
-        link = self.links.get(vm)
-        if link is None or link.closed:
-            self._attach(bridge, vm, now)
-        session.feed(payload, now)
+        self._channel(bridge, vm).deliver(payload)
 
-    def _attach(self, bridge: PahoBridge, vm: str, now: float) -> None:
-        """Attach ``vm`` (its presence said online, or it talks) unless it is attached."""
-        session = self.server.sessions[vm]
-        old = self.links.get(vm)
-        if old is not None and not old.closed:
+    def _channel(self, bridge: PahoBridge, vm: str) -> VmTopicsChannel:
+        """``vm``'s channel (its presence said online, or it talks): a new one, attached once
+        the VM's previous one is detached, unless the current one is still live."""
+        old = self.channels.get(vm)
+        if old is not None and old.live:
             # already attached: a new connection of the agent says hello itself (and frames
             # are whole per message, so no decoder state to reset); re-attaching on every
             # "online" let a VM flooding its presence churn handshakes and grow its log
-            return
+            return old
         if old is not None:
-            old.close()
-            session.detach(old, now, "VM reconnected to the broker")
-        link = MqttLink(bridge, self.topics(vm))
-        if session.attach(link, now):
-            self.links[vm] = link
+            old.end("VM reconnected to the broker")
+        channel = VmTopicsChannel(bridge, self.topics(vm))
+        self.channels[vm] = channel
+        self._serving[vm] = asyncio.ensure_future(self._serve_vm(vm, channel, self._serving.get(vm)))
+        return channel
+
+    async def _serve_vm(
+        self, vm: str, channel: VmTopicsChannel, previous: Optional[asyncio.Task[None]]
+    ) -> None:
+        """One connection of ``vm`` over ``channel``: attach, feed, and detach with the reason
+        the channel was ended for (a closed link stays attached, as not connected, until then)."""
+        if previous is not None:
+            await asyncio.gather(previous, return_exceptions=True)
+        session = self.server.sessions[vm]
+        link = ChannelLink.of(session, channel, TokenBucket(DOWN_RATE, DOWN_BURST))
+        if not session.attach(link, time.time()):
+            link.close()
+            return
+        reader = SessionReader(session, channel, link)
+        try:
+            await reader.run()
+            link.close()
+            await channel.wait_ended()
+        finally:
+            session.detach(link, time.time(), channel.ended or reader.reason)
+            link.close()
+
+    async def _end_all(self, reason: str) -> None:
+        """End every VM's channel for ``reason``; return once each is detached."""
+        for channel in self.channels.values():
+            channel.end(reason)
+        self.channels.clear()
+        serving = list(self._serving.values())
+        self._serving.clear()
+        if serving:
+            await asyncio.gather(*serving, return_exceptions=True)
 
     async def _refresh_start(self) -> None:
         """Re-sign and re-publish the retained start time (a signed one goes stale)."""

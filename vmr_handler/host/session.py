@@ -2,10 +2,11 @@
 machine, independent of how bytes move.
 
 A :class:`VmSession` lives for the whole host run; connections come and go
-(:meth:`VmSession.attach` / :meth:`VmSession.detach`). The server feeds it the bytes read
-from the VM's channel (:meth:`VmSession.feed`) and it answers through a :class:`Link`
-(one frame per :meth:`Link.send`). What the session needs from the experiment as a whole
-(start time, RESUMEs, the barrier) it asks of a :class:`HostApi`.
+(:meth:`VmSession.attach` / :meth:`VmSession.detach`). It is fed the bytes read from the
+VM's channel (:meth:`VmSession.feed`) and answers through a :class:`Link` (one frame per
+:meth:`Link.send_bytes`); :mod:`vmr_handler.host.links` does both over any
+:class:`~vmr_handler.transports.base.ByteChannel`. What the session needs from the experiment
+as a whole (start time, RESUMEs, the barrier) it asks of a :class:`HostApi`.
 
 Per connection: the host sends ``\\n`` + ``hello``; the agent's ``hello`` is answered with
 ``welcome`` and whatever the agent is missing (``schedule`` when its digest differs,
@@ -18,18 +19,21 @@ log, then acknowledged. What the reports tell is kept in a
 Hostile guests: frames over the size limit and malformed frames are dropped and counted by
 the :class:`~vmr_handler.core.protocol.FrameDecoder`; messages over the per-VM rate or with too
 many events are dropped and counted; host-only event types coming from a guest are counted
-as protocol errors. The VM's identity is its channel: the ``vm`` name a guest claims is
-only compared and logged. Nothing here raises into the server on bad input.
+as protocol errors; a malformed payload (:mod:`vmr_handler.core.payloads`) is counted in
+``refused.malformed_payloads`` and dropped. The VM's identity is its channel: the ``vm``
+name a guest claims is only compared and logged. Nothing here raises into the server on bad input.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, TypeVar
 
 from vmr_handler import __version__
+from vmr_handler.core.errors import PayloadError
 from vmr_handler.core.events import Event
+from vmr_handler.core.payloads import Ack, ClockReq, Hello
 from vmr_handler.core.protocol import (
     ACK,
     CLOCK_REQ,
@@ -59,11 +63,12 @@ from vmr_handler.host.intake import TRANSFER_TYPES, take_transfer
 from vmr_handler.host.resources import ResourceStore
 from vmr_handler.host.sessionapi import HostApi, HostEvents, Link
 from vmr_handler.host.store import TransferStore, VmLog
-from vmr_handler.host.vmstate import Counters, VmState, add_stats, finite, frames_status
+from vmr_handler.host.vmstate import Counters, VmState, add_stats, frames_status
 
 __all__ = ["HELLO_BURST", "HELLO_RATE", "HOST_ONLY", "UNSTORED", "HostApi", "HostEvents", "Link", "VmSession"]
 
 log = logging.getLogger("vmr_handler.host")
+_T = TypeVar("_T")
 
 #: Event types only the host sends; a guest sending one breaks the protocol.
 HOST_ONLY = frozenset({WELCOME, SCHEDULE, CLOCK_RESP, RESOURCE_CHUNK, START_TIME, RESUME})
@@ -310,8 +315,19 @@ class VmSession:
 
     def apply(self, ev: Event, received: float) -> None:
         """Update this VM's state from a stored report received at host UTC ``received``
-        (:meth:`VmState.apply`; also used to replay the ``.jsonl`` at host start)."""
-        self.state.apply(ev, received)
+        (:meth:`VmState.apply`; also used to replay the ``.jsonl`` at host start). A malformed
+        report stays stored but is not applied (:meth:`_payload`)."""
+        self._payload(lambda: self.state.apply(ev, received), received)
+
+    def _payload(self, parse: Callable[[], _T], now: float) -> Optional[_T]:
+        """``parse()``, or None when it raises ``PayloadError``: the one place a malformed payload
+        is counted (``refused.malformed_payloads``) and logged (rate-limited); it is dropped."""
+        try:
+            return parse()
+        except PayloadError as exc:
+            self.counters.malformed_payloads += 1
+            self.warn("payload", f"{exc}: dropped", now)
+            return None
 
     # ------------------------------------------------------------------ handlers
     def _on_heartbeat(self, ev: Event, now: float) -> None:
@@ -322,9 +338,9 @@ class VmSession:
         self.warn("host-only", f"guest sent a host-only {ev.type!r} event: ignored", now)
 
     def _on_ack(self, ev: Event, now: float) -> None:
-        ids = ev.data.get("ids")
+        ack = self._payload(lambda: Ack.parse(ev.data), now)
         start = self.host.start_event()
-        if isinstance(ids, list) and start is not None and start.id in ids:
+        if ack is not None and start is not None and start.id in ack.ids:
             self.state.start_acked = True
 
     def _on_hello_limited(self, ev: Event, now: float) -> None:
@@ -335,26 +351,25 @@ class VmSession:
             self.warn("hello", "hello ignored: more than 2 handshakes per second", now)
 
     def _on_hello(self, ev: Event, now: float) -> None:
-        d = ev.data
-        if d.get("protocol") != PROTOCOL_VERSION:
+        hello = self._payload(lambda: Hello.parse(ev.data), now)
+        if hello is None:
+            return
+        if not hello.supported:
             self.counters.protocol_errors += 1
-            self.warn("protocol", f"hello with unsupported protocol {d.get('protocol')!r}", now)
-            details = f"unsupported protocol {d.get('protocol')!r}; this host speaks {PROTOCOL_VERSION}"
+            self.warn("protocol", f"hello with unsupported protocol {hello.protocol}", now)
+            details = f"unsupported protocol {hello.protocol}; this host speaks {PROTOCOL_VERSION}"
             self.refuse(ev.id, details)
             return
-        self.state.hello(d)
-        claimed = d.get("vm")
-        if claimed is not None and claimed != self.name:
+        self.state.hello(hello)
+        if hello.vm_given and hello.vm != self.name:
             self.counters.vm_mismatch += 1
             self.warn(
                 "vm",
                 f"agent says it is {self.state.claimed_vm!r}; this channel is {self.name!r} (channel wins)",
                 now,
             )
-        journal = d.get("journal")
-        journal = journal if isinstance(journal, dict) else {}
-        digest = journal.get("digest")
-        if finite(journal.get("configured_at")) is not None and digest == self.spec.digest:
+        digest = hello.journal_digest
+        if hello.journal_configured_at is not None and digest == self.spec.digest:
             # the agent configured earlier but its `configured` report never reached this host
             self.state.configured(now)
         start = self.host.start_event()
@@ -391,14 +406,16 @@ class VmSession:
             self.state.schedule_state = "sent"
 
     def _on_clock_req(self, ev: Event, recv_time: float) -> None:
-        t1 = finite(ev.data.get("t1"))
-        if t1 is None:
+        req = self._payload(lambda: ClockReq.parse(ev.data), recv_time)
+        if req is None:
+            return
+        if req.t1 is None:
             self.counters.protocol_errors += 1
             self.warn("clock", "clock_req without a finite t1", recv_time)
             return
         t3 = time.time()
         resp = Event(
-            CLOCK_RESP, t3, self.events.next_id(), {"answers": ev.id, "t1": t1, "t2": recv_time, "t3": t3}
+            CLOCK_RESP, t3, self.events.next_id(), {"answers": ev.id, "t1": req.t1, "t2": recv_time, "t3": t3}
         )
         self._send([resp])
 

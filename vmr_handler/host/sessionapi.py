@@ -1,7 +1,8 @@
 """The interfaces a :class:`~vmr_handler.host.session.VmSession` works through.
 
-* :class:`Link`: where its frames go (a unix stream: :class:`~vmr_handler.host.streams.StreamLink`;
-  a broker: :class:`~vmr_handler.host.mqtt.MqttLink`);
+* :class:`Link`: where its frames go (whatever the transport:
+  :class:`~vmr_handler.host.links.ChannelLink` over a
+  :class:`~vmr_handler.transports.base.ByteChannel`);
 * :class:`ReportHost` / :class:`HostApi`: what it asks of the experiment as a whole (start
   time, RESUMEs, the barrier, signing; :class:`~vmr_handler.host.experiment.Experiment`);
 * :class:`HostEvents`: the maker of the host's own events (ids, timestamps).
@@ -18,7 +19,7 @@ from vmr_handler.core.events import Event, json_safe
 
 
 class Link(Protocol):
-    """Where a session's frames go (the server wraps a stream writer)."""
+    """Where a session's frames go (:class:`~vmr_handler.host.links.ChannelLink`)."""
 
     @property
     def closed(self) -> bool:
@@ -28,7 +29,11 @@ class Link(Protocol):
         """Queue raw bytes (never blocks; may close the link when the peer does not read)."""
 
     async def drain(self) -> None:
-        """Wait until the queued bytes are handed to the kernel (back-pressure)."""
+        """Wait until the queued bytes are written to the transport (back-pressure).
+
+        Raises:
+            ConnectionError: the link is closed, or closes before they are written.
+        """
 
     def close(self) -> None:
         """Close the connection."""

@@ -7,9 +7,10 @@
   connects to the socket and reconnects with exponential backoff (``tenacity``) whenever
   the socket is absent or the connection drops.
 
-Either way each connection is a :class:`StreamLink` attached to the VM's
-:class:`~vmr_handler.host.session.VmSession`, which is fed the bytes read
-(:func:`serve_connection`).
+Either way each connection is a :class:`~vmr_handler.transports.stream.UnixChannel` served by
+:func:`~vmr_handler.host.links.serve_channel`: its :class:`~vmr_handler.host.links.ChannelLink`
+is attached to the VM's :class:`~vmr_handler.host.session.VmSession`, which is fed the bytes
+read.
 """
 
 from __future__ import annotations
@@ -19,108 +20,23 @@ import logging
 import os
 import socket
 import stat
-import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
 from vmr_handler.core.control import socket_problem
 from vmr_handler.core.errors import HostSetupError
-from vmr_handler.host.config import HostConfig, Limits
+from vmr_handler.host.config import HostConfig
+from vmr_handler.host.links import serve_channel
 from vmr_handler.host.session import VmSession
+from vmr_handler.transports.stream import UnixChannel
 
 log = logging.getLogger("vmr_handler.host")
-
-READ_SIZE = 64 * 1024
 
 
 def channel_path(channels: str, vm: str) -> str:
     """``<channels>/<vm>.sock`` as an absolute path."""
     return os.path.join(os.path.abspath(channels), vm + ".sock")
-
-
-class StreamLink:
-    """A :class:`~vmr_handler.host.session.Link` over an asyncio stream writer.
-
-    Args:
-        writer: the connection's writer.
-        limit: bytes queued towards a peer that does not read before the link closes itself.
-        on_overflow: called once when that happens.
-    """
-
-    def __init__(self, writer: asyncio.StreamWriter, limit: int, on_overflow: Callable[[], None]) -> None:
-        self.writer = writer
-        self.limit = limit
-        self.on_overflow = on_overflow
-        self._closed = False
-
-    @property
-    def closed(self) -> bool:
-        """True once closed (by either side)."""
-        return self._closed or self.writer.is_closing()
-
-    def send_bytes(self, data: bytes) -> None:
-        """Queue ``data``; close the link if the peer lets more than ``limit`` bytes pile up."""
-        if self.closed:
-            return
-        self.writer.write(data)
-        if self.writer.transport.get_write_buffer_size() > self.limit:
-            self.on_overflow()
-            self.close()
-
-    async def drain(self) -> None:
-        """Wait for the write buffer to drain (raises ConnectionError when the peer is gone)."""
-        if self.closed:
-            raise ConnectionResetError("link closed")
-        await self.writer.drain()
-
-    def close(self) -> None:
-        """Close the connection (idempotent)."""
-        if not self._closed:
-            self._closed = True
-            self.writer.close()
-
-
-async def serve_connection(
-    session: VmSession, limits: Limits, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-) -> None:
-    """Serve one connection of ``session``'s VM until it ends: attach it (or refuse a second
-    one), feed the session what is read (pausing while the VM is over its rates), detach."""
-    vm = session.name
-
-    def overflow() -> None:
-        session.counters.write_overflow += 1
-        log.warning("%s: peer does not read; %d bytes queued: connection dropped", vm, limits.write_buffer)
-
-    link = StreamLink(writer, limits.write_buffer, overflow)
-    if not session.attach(link, time.time()):
-        link.close()
-        return
-    log.info("%s: connected", vm)
-    reason = "closed by peer"
-    try:
-        while not link.closed:
-            data = await reader.read(READ_SIZE)
-            if not data:
-                break
-            session.feed(data, time.time())
-            pause = session.read_pause(len(data))
-            if pause > 0:
-                await asyncio.sleep(min(pause, 1.0))
-        if link.closed and reason == "closed by peer":
-            reason = "closed by host"
-    except (ConnectionError, OSError) as exc:
-        reason = f"error: {exc}"
-    except asyncio.CancelledError:
-        reason = "host stopping"
-        raise
-    except Exception as exc:  # a bug must not take the host (or other VMs) down
-        reason = f"internal error: {type(exc).__name__}: {exc}"
-        log.exception("%s: internal error handling input; connection dropped", vm)
-    finally:
-        session.detach(link, time.time(), reason)
-        link.close()
-        log.info("%s: disconnected (%s)", vm, reason)
 
 
 class StreamChannels:
@@ -200,7 +116,7 @@ class StreamChannels:
         _clear_stale_socket(path)
 
         async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await serve_connection(self.sessions[vm], self.config.limits, reader, writer)
+            await serve_channel(self.sessions[vm], UnixChannel(reader, writer))
 
         old_umask = os.umask(0o117)
         try:
@@ -237,7 +153,7 @@ class StreamChannels:
                 with attempt:
                     reader, writer = await asyncio.open_unix_connection(path)
             assert reader is not None and writer is not None
-            await serve_connection(self.sessions[vm], self.config.limits, reader, writer)
+            await serve_channel(self.sessions[vm], UnixChannel(reader, writer))
             await asyncio.sleep(initial)
 
 
