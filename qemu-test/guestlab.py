@@ -224,7 +224,7 @@ SPEC = REPO / "packaging" / "vmr-handler.spec"
 def agent_lacks_ssl() -> bool:
     """The frozen agent of ``packaging/vmr-handler.spec`` is built without ``ssl``.
 
-    ``vmr_handler.transports.mqtt`` imports ``ssl`` at module level, so such an agent cannot
+    ``vmr_handler.transports.mqtt.options`` imports ``ssl`` at module level, so such an agent cannot
     use the MQTT transport at all (not even ``mqtt://``): ``ModuleNotFoundError: ssl``.
     The spec keeps ``ssl`` since the MQTT transport; this names the failure if that regresses.
     """

@@ -56,7 +56,7 @@ def mqtt_guest(request: pytest.FixtureRequest) -> Dict[str, Any]:
     if agent_lacks_ssl():
         pytest.fail(
             "packaging/vmr-handler.spec excludes ssl: the frozen agent cannot import "
-            "vmr_handler.transports.mqtt (it imports ssl at module level)"
+            "vmr_handler.transports.mqtt.options (it imports ssl at module level)"
         )
     return request.getfixturevalue("guest")
 

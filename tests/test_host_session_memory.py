@@ -35,7 +35,8 @@ from vmr_handler.host.resources import ResourceStore
 from vmr_handler.host.session import HostEvents, VmSession
 from vmr_handler.host.store import TransferStore, VmLog
 from vmr_handler.transports.memory import MemoryChannel, memory_pair
-from vmr_handler.transports.mqtt import MqttOptions, Topics
+from vmr_handler.transports.mqtt.options import MqttOptions
+from vmr_handler.transports.mqtt.topics import Topics
 
 WAIT = 10.0  # bound of every wait, seconds (a bound, not a speed assertion)
 SCHEDULE = yaml.safe_dump(

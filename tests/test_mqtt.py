@@ -164,7 +164,8 @@ def test_bridge_works_with_a_socket_above_fd_1024(tmp_path) -> None:
     import resource
 
     from tests.broker import Broker
-    from vmr_handler.transports.mqtt import MqttOptions, PahoBridge
+    from vmr_handler.transports.mqtt.bridge import PahoBridge
+    from vmr_handler.transports.mqtt.options import MqttOptions
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = 1400

@@ -694,7 +694,7 @@ def test_generated_files_are_valid_transport_settings(tmp_path: Path) -> None:
     ``host/<user>.yaml`` as ``--credentials`` (without client certificates: see docs/mqtt.md).
     """
     from vmr_handler.agent.cli import load_config
-    from vmr_handler.transports.mqtt import options_from
+    from vmr_handler.transports.mqtt.options import options_from
 
     out = generate(
         tmp_path / "cfg", "--experiment", "e1", "--vms", "vm1", "--tls", "--broker-host", "10.0.2.2"

@@ -21,7 +21,10 @@ from tests.broker import Broker
 from vmr_handler.core.errors import ChannelClosed
 from vmr_handler.transports.base import ByteChannel
 from vmr_handler.transports.memory import memory_pair
-from vmr_handler.transports.mqtt import MqttChannel, MqttOptions, PahoBridge, Topics
+from vmr_handler.transports.mqtt.bridge import PahoBridge
+from vmr_handler.transports.mqtt.guest import MqttChannel
+from vmr_handler.transports.mqtt.options import MqttOptions
+from vmr_handler.transports.mqtt.topics import Topics
 from vmr_handler.transports.stream import UnixChannel
 from vmr_handler.transports.virtio_serial import CharDeviceChannel
 

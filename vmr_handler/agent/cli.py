@@ -439,7 +439,7 @@ def _mqtt_options(args: argparse.Namespace, settings: Dict[str, Any], vm_name: s
     Raises:
         VmrError (MqttError): options the MQTT transport cannot use (named).
     """
-    from vmr_handler.transports.mqtt import OPTION_KEYS, options_from
+    from vmr_handler.transports.mqtt.options import OPTION_KEYS, options_from
 
     merged = {k: settings[k] for k in OPTION_KEYS if k in settings}
     for key in OPTION_KEYS:

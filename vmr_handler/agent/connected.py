@@ -38,7 +38,7 @@ from vmr_handler.transports.base import Opener
 from vmr_handler.transports.virtio_serial import DEFAULT_PORT
 
 if TYPE_CHECKING:
-    from vmr_handler.transports.mqtt import MqttOptions
+    from vmr_handler.transports.mqtt.options import MqttOptions
 
 log = logging.getLogger(__name__)
 

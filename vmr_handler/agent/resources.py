@@ -26,7 +26,7 @@ from vmr_handler.core.fsutil import atomic_write, sha256_file
 from vmr_handler.core.schedule import FileDrop, Schedule
 
 if TYPE_CHECKING:
-    from vmr_handler.transports.mqtt import MqttOptions
+    from vmr_handler.transports.mqtt.options import MqttOptions
 
 RESOURCES_DIR = "resources"
 

@@ -330,7 +330,7 @@ def build_config(args: argparse.Namespace) -> HostConfig:
 
 
 def mqtt_options(args: argparse.Namespace) -> Any:
-    """:class:`~vmr_handler.transports.mqtt.MqttOptions` from ``--credentials`` and flags.
+    """:class:`~vmr_handler.transports.mqtt.options.MqttOptions` from ``--credentials`` and flags.
 
     Raises:
         UsageError: unreadable credentials file, or options the MQTT transport cannot use.
@@ -338,7 +338,7 @@ def mqtt_options(args: argparse.Namespace) -> Any:
     import yaml
 
     from vmr_handler.core.errors import MqttError
-    from vmr_handler.transports.mqtt import options_from
+    from vmr_handler.transports.mqtt.options import options_from
 
     settings: Dict[str, Any] = {}
     source = "command line"

@@ -14,7 +14,7 @@ from vmr_handler.core.control import checked_socket_path
 from vmr_handler.core.protocol import MAX_FRAME
 
 if TYPE_CHECKING:
-    from vmr_handler.transports.mqtt import MqttOptions
+    from vmr_handler.transports.mqtt.options import MqttOptions
 
 
 @dataclass(frozen=True)

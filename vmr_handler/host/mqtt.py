@@ -42,9 +42,10 @@ from vmr_handler.host.barrier import Barrier
 from vmr_handler.host.config import HostConfig
 from vmr_handler.host.links import ChannelLink, SessionReader
 from vmr_handler.host.session import VmSession
-from vmr_handler.transports.mqtt import MqttOptions, PahoBridge, Topics, check_name, vm_of
+from vmr_handler.transports.mqtt.bridge import PahoBridge
 from vmr_handler.transports.mqtt.host import VmTopicsChannel
-from vmr_handler.transports.mqtt.topics import EVERY_VM, PRESENCE, UP, hosts_topic, topic
+from vmr_handler.transports.mqtt.options import MqttOptions, check_name
+from vmr_handler.transports.mqtt.topics import EVERY_VM, PRESENCE, UP, Topics, hosts_topic, topic, vm_of
 
 log = logging.getLogger("vmr_handler.host")
 

@@ -24,62 +24,12 @@ only place it is spelled), ``options`` (broker URL, names, client options), ``br
 client bridged into asyncio), and the agent's ``guest`` :class:`MqttChannel`. paho-mqtt 2.x
 does the MQTT protocol work, keep-alives and the network thread; nothing MQTT is written by hand.
 
-Only ``topics`` is imported with the package: ``vmr-host``'s command line reads the topic tree
-(``mqtt-config``'s ACL) and must start quickly, so the other modules (asyncio, ssl) are
-imported when one of their names is first used (:func:`__getattr__`).
+The package imports nothing itself: import from its modules (``topics`` is cheap, so
+``vmr-host``'s quick commands read the topic tree without loading asyncio or ssl)::
+
+    topics.py   the topic tree: Topics, vm_of, the leaves, the hosts level, wildcards
+    options.py  broker URL, names, MqttOptions, options_from (a config mapping)
+    bridge.py   PahoBridge: a paho-mqtt client driven by the asyncio loop (both sides)
+    guest.py    the agent's MqttChannel and MqttOpener
+    host.py     the host's per-VM channel, fed by its one bridge (VmTopicsChannel)
 """
-
-import importlib
-from typing import TYPE_CHECKING, Any, Dict
-
-from vmr_handler.core.errors import MqttError
-from vmr_handler.transports.mqtt.topics import Topics, vm_of
-
-if TYPE_CHECKING:
-    from vmr_handler.transports.mqtt.bridge import MAX_INFLIGHT, SESSION_EXPIRY, PahoBridge
-    from vmr_handler.transports.mqtt.guest import MqttChannel, presence_payload
-    from vmr_handler.transports.mqtt.options import (
-        OPTION_KEYS,
-        BrokerUrl,
-        MqttOptions,
-        check_name,
-        options_from,
-        parse_broker,
-    )
-
-#: The names imported on first use, and their module.
-_LAZY: Dict[str, str] = {
-    **dict.fromkeys(("MAX_INFLIGHT", "SESSION_EXPIRY", "PahoBridge"), "bridge"),
-    **dict.fromkeys(("MqttChannel", "presence_payload"), "guest"),
-    **dict.fromkeys(
-        ("OPTION_KEYS", "BrokerUrl", "MqttOptions", "check_name", "options_from", "parse_broker"), "options"
-    ),
-}
-
-
-def __getattr__(name: str) -> Any:
-    """``from vmr_handler.transports.mqtt import PahoBridge`` etc.: the names of :data:`_LAZY`."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-__all__ = [
-    "MAX_INFLIGHT",
-    "OPTION_KEYS",
-    "SESSION_EXPIRY",
-    "BrokerUrl",
-    "MqttChannel",
-    "MqttError",
-    "MqttOptions",
-    "PahoBridge",
-    "Topics",
-    "check_name",
-    "options_from",
-    "parse_broker",
-    "presence_payload",
-    "vm_of",
-]

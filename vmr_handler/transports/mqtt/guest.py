@@ -8,7 +8,8 @@ from typing import Any
 from vmr_handler.core.errors import ChannelClosed
 from vmr_handler.transports.base import ByteChannel
 from vmr_handler.transports.mqtt.bridge import PahoBridge
-from vmr_handler.transports.mqtt.options import MqttOptions, Topics, check_name
+from vmr_handler.transports.mqtt.options import MqttOptions, check_name
+from vmr_handler.transports.mqtt.topics import Topics
 
 
 def presence_payload(state: str, **info: Any) -> bytes:

@@ -11,7 +11,6 @@ from urllib.parse import urlsplit
 
 from vmr_handler.core.errors import MqttError
 from vmr_handler.core.names import name_problem
-from vmr_handler.transports.mqtt.topics import Topics as Topics  # re-exported: guest.py imports it here
 
 
 @dataclass(frozen=True)
