@@ -19,21 +19,20 @@ import time
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional
+from typing import Any, Awaitable, Callable, List, Optional
 
 import pytest
 import yaml
 
+from tests.hostfakes import make_session
 from vmr_handler.core.errors import ChannelClosed
 from vmr_handler.core.events import Event
 from vmr_handler.core.protocol import FrameDecoder, encode_message
 from vmr_handler.core.ratelimit import TokenBucket
-from vmr_handler.host.config import Limits, VmSpec
+from vmr_handler.host.config import Limits
 from vmr_handler.host.links import ChannelLink, serve_channel
 from vmr_handler.host.mqtt import MqttService
-from vmr_handler.host.resources import ResourceStore
-from vmr_handler.host.session import HostEvents, VmSession
-from vmr_handler.host.store import TransferStore, VmLog
+from vmr_handler.host.session import VmSession
 from vmr_handler.transports.memory import MemoryChannel, memory_pair
 from vmr_handler.transports.mqtt.options import MqttOptions
 from vmr_handler.transports.mqtt.topics import Topics
@@ -43,42 +42,6 @@ SCHEDULE = yaml.safe_dump(
     [{"start_time": -10, "executable": "/bin/true"}, {"start_time": 5, "executable": "/bin/true"}]
 ).encode()
 DIGEST = hashlib.sha256(SCHEDULE).hexdigest()
-
-
-class FakeExperiment:
-    """The ``HostApi`` a session asks: no start yet, no RESUMEs, no signing."""
-
-    signs = False
-
-    def __init__(self) -> None:
-        self.configured: Dict[str, float] = {}
-
-    def start_event(self) -> Optional[Event]:
-        return None
-
-    def pending_resumes(self, vm: str) -> List[Event]:
-        return []
-
-    def sign_for(self, vm: str, event: Event) -> Event:
-        return event
-
-    def on_configured(self, vm: str, at: float) -> None:
-        self.configured.setdefault(vm, at)
-
-    def on_resume_answer(self, vm: str, resume_id: str, data: Mapping[str, Any], at: float) -> None:
-        pass
-
-
-def make_session(logs: Path, limits: Limits) -> VmSession:
-    spec = VmSpec("vm1", str(logs / "vm1.yaml"), SCHEDULE, DIGEST, "yaml")
-    vmlog = VmLog(str(logs), "vm1", limits.log_quota)
-    transfers = TransferStore(str(logs), "vm1", limits.transfer_file, limits.transfer_total)
-    session = VmSession(
-        spec, True, limits, vmlog, transfers, ResourceStore(None), FakeExperiment(), HostEvents(), {}
-    )
-    transfers.open()
-    vmlog.open(replay=session.apply)
-    return session
 
 
 class ScriptedAgent:
@@ -140,7 +103,7 @@ Body = Callable[[ScriptedAgent, VmSession, "asyncio.Task[None]"], Awaitable[None
 
 def run(tmp_path: Path, body: Body, limits: Optional[Limits] = None, pair_limit: int = 1 << 20) -> VmSession:
     """Serve the host end of a fresh pair to a new session and run ``body`` with the agent end."""
-    session = make_session(tmp_path, limits or Limits())
+    session = make_session(tmp_path, SCHEDULE, limits or Limits())
 
     async def main() -> None:
         agent_end, host_end = memory_pair(pair_limit)
@@ -333,7 +296,7 @@ class FakeBridge:
 def test_the_broker_channel_feeds_what_came_before_offline_then_detaches(tmp_path: Path) -> None:
     """The service hands each VM's messages to that VM's channel, served by the same link and
     reader: what the VM sent before its ``offline`` is stored and acknowledged, then it detaches."""
-    session = make_session(tmp_path, Limits())
+    session = make_session(tmp_path, SCHEDULE, Limits())
     topics = Topics("e1", "vm1")
     agent = ScriptedAgent(memory_pair()[0])  # only its event maker is used
     hello = agent.event("hello", protocol=1, agent_version="scripted", boot_id="b1", vm="vm1", journal={})

@@ -5,7 +5,6 @@ malformed report from a VM counted and dropped by the host's session (stored, no
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import typing
@@ -14,14 +13,12 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Type
 
 import pytest
 
+from tests.hostfakes import FakeExperiment, make_session
 from vmr_handler.core import payloads as P
 from vmr_handler.core.errors import PayloadError, VmrError
 from vmr_handler.core.events import Event, EventType
 from vmr_handler.core.protocol import ACK, CLOCK_REQ, HEARTBEAT, HELLO, RESULT, encode_message
-from vmr_handler.host.config import Limits, VmSpec
-from vmr_handler.host.resources import ResourceStore
-from vmr_handler.host.session import HostEvents, VmSession
-from vmr_handler.host.store import TransferStore, VmLog
+from vmr_handler.host.config import Limits
 from vmr_handler.host.vmstate import VmState
 
 T0 = 1_800_000_000.0
@@ -330,32 +327,8 @@ def test_ack_and_result_rules() -> None:
 
 
 # ------------------------------------------------------------------------------ the host
-class _Host:
-    def __init__(self) -> None:
-        self.configured: List[str] = []
-        self.answers: List[Tuple[str, Mapping[str, Any]]] = []
-
-    def on_configured(self, vm: str, at: float) -> None:
-        self.configured.append(vm)
-
-    def on_resume_answer(self, vm: str, resume_id: str, data: Mapping[str, Any], at: float) -> None:
-        self.answers.append((resume_id, data))
-
-    # the rest of HostApi, for a VmSession
-    signs = False
-
-    def start_event(self) -> Optional[Event]:
-        return None
-
-    def pending_resumes(self, vm: str) -> List[Event]:
-        return []
-
-    def sign_for(self, vm: str, event: Event) -> Event:
-        return event
-
-
 def test_vmstate_raises_on_a_malformed_report_after_noting_it_was_seen() -> None:
-    state = VmState("vm1", "d", "sched-1", _Host())  # type: ignore[arg-type]
+    state = VmState("vm1", "d", "sched-1", FakeExperiment())  # type: ignore[arg-type]
     with pytest.raises(PayloadError):
         state.apply(Event("entry_started", T0, "e1", {"lateness": HUGE_INT}), T0 + 1)
     assert state.last_seen == T0 + 1 and state.max_lateness is None
@@ -381,20 +354,11 @@ class _Link:
         self.closed = True
 
 
-def _session(logs: Path) -> VmSession:
-    schedule = b"- {start_time: 1, executable: /bin/true}\n"
-    spec = VmSpec("vm1", str(logs / "vm1.yaml"), schedule, hashlib.sha256(schedule).hexdigest(), "yaml")
-    limits = Limits()
-    vmlog = VmLog(str(logs), "vm1", limits.log_quota)
-    transfers = TransferStore(str(logs), "vm1", limits.transfer_file, limits.transfer_total)
-    session = VmSession(spec, True, limits, vmlog, transfers, ResourceStore(None), _Host(), HostEvents(), {})
-    transfers.open()
-    vmlog.open(replay=session.apply)
-    return session
+ONE_ENTRY = b"- {start_time: 1, executable: /bin/true}\n"
 
 
 def test_a_malformed_report_from_a_vm_is_stored_counted_and_not_applied(tmp_path: Path) -> None:
-    session = _session(tmp_path)
+    session = make_session(tmp_path, ONE_ENTRY, Limits())
     link = _Link()
     assert session.attach(link, T0)  # type: ignore[arg-type]
     reports = [
@@ -416,7 +380,8 @@ def test_a_malformed_report_from_a_vm_is_stored_counted_and_not_applied(tmp_path
     assert "'answers' must be a string, got int" in log
     session.log.close()
 
-    again = _session(tmp_path)  # a restarted host replays the log: no crash, the same state
+    # a restarted host replays the log: no crash, the same state
+    again = make_session(tmp_path, ONE_ENTRY, Limits())
     replayed = again.status(None, T0 + 5)
     assert replayed["refused"]["malformed_payloads"] == 3
     assert replayed["max_lateness"] == 0.25 and replayed["failures"] == 0
@@ -424,7 +389,7 @@ def test_a_malformed_report_from_a_vm_is_stored_counted_and_not_applied(tmp_path
 
 
 def test_malformed_control_events_are_counted_like_reports(tmp_path: Path) -> None:
-    session = _session(tmp_path)
+    session = make_session(tmp_path, ONE_ENTRY, Limits())
     assert session.attach(_Link(), T0)  # type: ignore[arg-type]
     events = [
         Event("ack", T0, "c-1", {"ids": "start"}),
