@@ -367,10 +367,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Run the host controller until SIGTERM/SIGINT (exit 0), or fail at set-up (1/2)."""
     import asyncio
 
+    from vmr_handler.host.channels import open_channels
     from vmr_handler.host.server import HostServer
 
     config = build_config(args)
-    server = HostServer(config)
+    server = HostServer(config, open_channels)
     server.open()
 
     async def main() -> None:

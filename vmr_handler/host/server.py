@@ -25,12 +25,12 @@ import contextlib
 import logging
 import os
 import time
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from vmr_handler import __version__
 from vmr_handler.core.control import ControlServer
 from vmr_handler.core.errors import ControlError, HostSetupError, ResourceRefused
-from vmr_handler.host.channels import channel_mode, open_channels
+from vmr_handler.host.channels import Channels, channel_mode
 from vmr_handler.host.config import HostConfig, VmSpec, control_socket_path
 from vmr_handler.host.control_api import ControlApi
 from vmr_handler.host.experiment import Experiment
@@ -52,15 +52,18 @@ class HostServer:
 
     Args:
         config: what ``vmr-host serve`` was told.
+        channels: makes the guests' channels for the experiment (the CLI hands in
+            :func:`vmr_handler.host.channels.open_channels`: unix sockets or the broker, by
+            ``config``); the server never looks at the transport itself.
     """
 
-    def __init__(self, config: HostConfig) -> None:
+    def __init__(self, config: HostConfig, channels: Callable[[HostConfig, Experiment], Channels]) -> None:
         self.config = config
         self.limits = config.limits
         self.events = HostEvents()
         self.sessions: Dict[str, VmSession] = {}
         self.experiment = Experiment(config, self.sessions)
-        self.channels = open_channels(config, self.experiment)
+        self.channels = channels(config, self.experiment)
         self.resources = ResourceStore(config.resources)
         self.http: Optional[ResourceHttp] = None  # with --http
         self._opened = False
