@@ -15,6 +15,7 @@ import logging
 import math
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Set, Tuple
 
 from vmr_handler import __version__
@@ -37,6 +38,7 @@ MAX_PEER_VMS = 100_000
 STATE_VERSION = 1
 
 
+@dataclass
 class ResumeRecord:
     """A RESUME the operator issued: one id for every target VM.
 
@@ -48,14 +50,11 @@ class ResumeRecord:
         answered: VM name -> the agent's answer (status, details, ended_break, ignored, received).
     """
 
-    def __init__(
-        self, id: str, at: float, issued: float, targets: List[str], answered: Dict[str, Any]
-    ) -> None:
-        self.id = id
-        self.at = at
-        self.issued = issued
-        self.targets = targets
-        self.answered = answered
+    id: str
+    at: float
+    issued: float
+    targets: List[str]
+    answered: Dict[str, Any]
 
     def event(self) -> Event:
         """The ``resume`` event (the same every time it is sent)."""
