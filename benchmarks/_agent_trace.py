@@ -65,15 +65,15 @@ def _wrap(owner: Any, attr: str, name: str) -> bool:
 def _install() -> List[str]:
     traced: List[str] = []
     try:
-        from vmr_handler.agent import engine
+        from vmr_handler.agent import engine, entries
 
-        for attr, name in (
-            ("_fire_group", "fire_group"),
-            ("_prepare", "prepare"),
-            ("_launch_all", "launch_all"),
-            ("_save", "journal_save"),  # full snapshot: json + fsync + rename + dir fsync
+        for owner, attr, name in (
+            (engine.Engine, "_fire_group", "fire_group"),
+            (entries.EntryLauncher, "prepare", "prepare"),
+            (entries.EntryLauncher, "launch_all", "launch_all"),
+            (engine.Engine, "_save", "journal_save"),  # full snapshot: json + fsync + rename + dir fsync
         ):
-            if _wrap(engine.Engine, attr, name):
+            if _wrap(owner, attr, name):
                 traced.append(name)
         # Working dirs made ahead of time; runs in a worker thread, not on the event loop.
         # (A module global looked up at call time, so wrapping the module attribute works.)
