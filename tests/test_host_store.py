@@ -91,6 +91,58 @@ def test_transfer_confine_accepts(location, parts):
     assert TransferStore.confine(location) == parts
 
 
+def test_transfer_confine_refuses_trees_deeper_than_the_limit():
+    from vmr_handler.host.transfers import MAX_LOCATION_DEPTH
+
+    assert len(TransferStore.confine("/".join(["d"] * MAX_LOCATION_DEPTH))) == MAX_LOCATION_DEPTH
+    with pytest.raises(TransferRefused, match=f"{MAX_LOCATION_DEPTH + 1} directory levels"):
+        TransferStore.confine("/".join(["d"] * (MAX_LOCATION_DEPTH + 1)))
+    with pytest.raises(TransferRefused, match="1200 directory levels"):
+        TransferStore.confine("d/" * 1199 + "f")  # 2,400 bytes: within the 4,096-byte limit
+
+
+def _deep_tree(root, depth: int, payload: bytes) -> None:
+    """``root``/d/d/.../d/f, ``depth`` directories deep (made through descriptors: the path is
+    longer than PATH_MAX)."""
+    os.makedirs(root, exist_ok=True)
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        for _ in range(depth):
+            os.mkdir("d", dir_fd=fd)
+            deeper = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = deeper
+        out = os.open("f", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd)
+        os.write(out, payload)
+        os.close(out)
+    finally:
+        os.close(fd)
+
+
+def test_a_tree_deeper_than_the_recursion_limit_does_not_stop_the_host_restarting(tmp_path):
+    # what an older host stored for a hostile guest: 1,200 nested directories (os.walk raised
+    # RecursionError in the start-up scan, so every later `vmr-host serve` on these logs died)
+    store = TransferStore(str(tmp_path), "vm", max_file=1000, max_total=10_000)
+    _deep_tree(store.root, 1200, b"x" * 10)
+    with open(os.path.join(store.root, "top.txt"), "wb") as fh:
+        fh.write(b"y" * 5)
+    store.open()
+    assert store.total == 15
+
+
+def test_walk_files_matches_os_walk_order_and_skips_symlinked_directories(tmp_path):
+    from vmr_handler.core.fsutil import walk_files
+
+    for rel in ("b/2", "a/1", "a/c/3", "z"):
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(rel)
+    os.symlink(tmp_path / "a", tmp_path / "link-to-a")
+    expected = [(d, sorted(f)) for d, _dirs, f in os.walk(tmp_path)]
+    assert [(d, sorted(f)) for d, f in walk_files(str(tmp_path))] == expected
+    assert sum(1 for _ in walk_files(str(tmp_path / "missing"))) == 0
+
+
 def _sha(b: bytes) -> str:
     return hashlib.sha256(b).hexdigest()
 

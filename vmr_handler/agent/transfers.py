@@ -21,7 +21,7 @@ from vmr_handler.agent.outbox import Outbox
 from vmr_handler.agent.resources import HttpJobs
 from vmr_handler.core import protocol as P
 from vmr_handler.core.events import EventType
-from vmr_handler.core.fsutil import atomic_write, sha256_file
+from vmr_handler.core.fsutil import atomic_write, sha256_file, walk_files
 
 TRANSFER_CHUNK = 256 * 1024
 #: Files transferred out at least this large (bytes) are uploaded over HTTP(S) when the host
@@ -219,7 +219,7 @@ def _walk(path: str) -> List[Tuple[str, str]]:
     """``(relative name, full path)`` of a file, or of every file under a directory."""
     if os.path.isdir(path):
         out = []
-        for root, _dirs, files in os.walk(path, followlinks=False):
+        for root, files in walk_files(path):
             for name in sorted(files):
                 full = os.path.join(root, name)
                 if os.path.isfile(full) and not os.path.islink(full):

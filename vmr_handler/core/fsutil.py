@@ -5,6 +5,7 @@ One home for what both sides need, so neither imports the other's modules:
 * :func:`atomic_write` -- the write that never leaves a torn file (the journal, the outbox
   compaction, keys, the host's state and report files);
 * :func:`sha256_file` -- a file's digest, read in 1 MiB pieces;
+* :func:`walk_files` -- a directory tree's files at any depth (no recursion, no symlinks);
 * :func:`utc_text` -- the UTC form every log line and report uses.
 """
 
@@ -15,7 +16,7 @@ import datetime as _dt
 import hashlib
 import os
 import tempfile
-from typing import Optional
+from typing import Iterator, List, Optional, Tuple
 
 #: Bytes read at a time when hashing.
 HASH_PIECE = 1024 * 1024
@@ -94,3 +95,33 @@ def utc_text(ts: Optional[float]) -> str:
     if ts is None:
         return "-"
     return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def walk_files(top: str) -> Iterator[Tuple[str, List[str]]]:
+    """``(directory, file names)`` for ``top`` and every directory below it, as ``os.walk``
+    gives them (top-down, depth-first, in listing order; a symlink to a directory is neither
+    a file nor walked into), but without recursion: a tree of any depth is walked, where
+    Python 3.11's ``os.walk`` raises ``RecursionError`` at about 1,000 levels (a hostile guest
+    can make such a tree, issue 16). Directories that cannot be listed are skipped.
+    """
+    stack = [top]
+    while stack:
+        directory = stack.pop()
+        try:
+            with os.scandir(directory) as it:
+                entries = list(it)
+        except OSError:
+            continue
+        dirs: List[str] = []
+        files: List[str] = []
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                is_dir = False
+            (dirs if is_dir else files).append(entry.name)
+        yield directory, files
+        for name in reversed(dirs):
+            path = os.path.join(directory, name)
+            if not os.path.islink(path):
+                stack.append(path)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from vmr_handler.core.errors import TransferConflict, TransferMismatch, TransferRefused, TransferTooLarge
+from vmr_handler.core.fsutil import walk_files
 from vmr_handler.host.logtext import printable
 
 log = logging.getLogger("vmr_handler.host")
@@ -67,12 +68,18 @@ def _count(value: Any, what: str) -> int:
     return value
 
 
+#: Most path components a transferred file's location may have (a guest's tree that deep is
+#: refused rather than stored: nothing on the host walks it recursively anyway).
+MAX_LOCATION_DEPTH = 256
+
+
 def confine_location(location: Any) -> List[str]:
     """The path components of ``location`` under the root.
 
     Raises:
         TransferRefused: not a string, empty, NUL, a ``..`` component, a component
-            longer than 255 bytes, or more than 4096 bytes in all.
+            longer than 255 bytes, more than :data:`MAX_LOCATION_DEPTH` components, or more
+            than 4096 bytes in all.
     """
     if not isinstance(location, str) or not location:
         raise TransferRefused("location must be a non-empty string")
@@ -87,6 +94,10 @@ def confine_location(location: Any) -> List[str]:
         raise TransferRefused(f"location {printable(location, 200)!r} names no file")
     if any(len(p.encode("utf-8", errors="replace")) > 255 for p in parts):
         raise TransferRefused("a location component is longer than 255 bytes")
+    if len(parts) > MAX_LOCATION_DEPTH:
+        raise TransferRefused(
+            f"location has {len(parts)} directory levels, more than the limit of {MAX_LOCATION_DEPTH}"
+        )
     return parts
 
 
@@ -184,7 +195,7 @@ class TransferStore:
         total = 0
         for top in (self.root, self.staging):
             os.makedirs(top, mode=0o700, exist_ok=True)
-            for dirpath, _dirs, files in os.walk(top):  # os.walk does not follow symlinks
+            for dirpath, files in walk_files(top):  # any depth; symlinks are not followed
                 for name in files:
                     try:
                         total += os.lstat(os.path.join(dirpath, name)).st_size
