@@ -16,3 +16,18 @@ def agents() -> Iterator[List[Agent]]:
     yield made
     for a in made:
         a.close()
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 64 KiB tmpfs (root needed, as in CI and in guests): writing more fills it."""
+    import subprocess
+
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True)
+    if res.returncode != 0:
+        pytest.fail(f"cannot mount a tmpfs for the disk-full test: {res.stderr!r}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)

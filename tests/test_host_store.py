@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 
 import pytest
 
@@ -124,10 +125,13 @@ def test_a_tree_deeper_than_the_recursion_limit_does_not_stop_the_host_restartin
     # RecursionError in the start-up scan, so every later `vmr-host serve` on these logs died)
     store = TransferStore(str(tmp_path), "vm", max_file=1000, max_total=10_000)
     _deep_tree(store.root, 1200, b"x" * 10)
-    with open(os.path.join(store.root, "top.txt"), "wb") as fh:
-        fh.write(b"y" * 5)
-    store.open()
-    assert store.total == 15
+    try:
+        with open(os.path.join(store.root, "top.txt"), "wb") as fh:
+            fh.write(b"y" * 5)
+        store.open()
+        assert store.total == 15
+    finally:  # Python 3.11's shutil.rmtree (pytest's clean-up of old temp dirs) recurses too
+        subprocess.run(["rm", "-rf", store.root], check=True)
 
 
 def test_walk_files_matches_os_walk_order_and_skips_symlinked_directories(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from vmr_handler.agent.outbox import Outbox
+from vmr_handler.core.errors import JournalError
 from vmr_handler.core.events import EventFactory, EventType
 
 
@@ -56,3 +57,28 @@ def test_compaction_keeps_only_pending(tmp_path):
     assert all(box.read(e.id)["data"]["line"] == e.data["line"] for e in evs[45:])
     box.close()
     assert Outbox(str(tmp_path)).ids() == [e.id for e in evs[45:]]
+
+
+def test_a_full_disk_never_leaves_a_torn_record_to_send(full_disk):
+    # tmpfs takes what fits of the last write and says nothing (a short write): the outbox cuts
+    # it off again, so every pending record reads back whole, now and after a restart
+    box = Outbox(str(full_disk))
+    refused = 0
+    added = []
+    for e in _events(400):
+        try:
+            box.add(e)
+            added.append(e.id)
+        except JournalError as exc:
+            refused += 1
+            assert "outbox" in str(exc)
+    assert refused and added
+    assert box.ids() == added
+    for ident in added:
+        assert box.read(ident)["id"] == ident
+    size = (full_disk / "outbox.log").stat().st_size
+    assert (full_disk / "outbox.log").read_bytes().endswith(b"\n")
+    box.close()
+    again = Outbox(str(full_disk))
+    assert again.ids() == added
+    assert (full_disk / "outbox.log").stat().st_size == size

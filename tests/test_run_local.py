@@ -427,19 +427,6 @@ def test_restart_in_positive_time_fires_overdue_entries_once(tmp_path, agents):
     assert b.events("start_time_set")[0]["data"]["start_time"] == start_a  # never changes
 
 
-@pytest.fixture
-def full_disk(tmp_path):
-    """A 64 KiB tmpfs (root needed, as in CI and in guests): writing more fills it."""
-    import subprocess
-
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True)
-    if res.returncode != 0:
-        pytest.fail(f"cannot mount a tmpfs for the disk-full test: {res.stderr!r}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
-
 
 def test_disk_full_drop_fails_clearly_and_keeps_what_was_done(tmp_path, agents, full_disk):
     sched = [

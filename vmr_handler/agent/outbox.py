@@ -12,6 +12,7 @@ File format, one JSON object per line: ``{"e": <event dict>}`` for a report,
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -92,14 +93,22 @@ class Outbox:
         """Append ``event`` (it is sent, and resent, until acked).
 
         Raises:
-            JournalError: the append failed (e.g. disk full); the event is not queued.
+            JournalError: the append failed (e.g. disk full); the event is not queued and the file
+                is as before (a short write is cut off again, so no torn record is ever sent).
         """
         body = json.dumps(event.to_dict(), separators=(",", ":"), allow_nan=False)
         line = ('{"e":' + body + "}\n").encode("utf-8")
         try:
-            os.write(self._fd, line)
+            written = os.write(self._fd, line)
         except OSError as exc:
             raise JournalError(f"cannot append to outbox {self.path}: {exc.strerror or exc}") from exc
+        if written != len(line):  # a full disk takes what fits and says nothing
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self._size)
+            raise JournalError(
+                f"cannot append to outbox {self.path}: only {written} of {len(line)} bytes written "
+                "(disk full?)"
+            )
         self._pending[event.id] = (self._size + 5, len(line) - 7, event.timestamp)
         self._size += len(line)
 
