@@ -9,17 +9,19 @@ Phases, in order, each resumable from the journal:
 3. *Configured* (time 0). In local mode the experiment start time is configured + start
    buffer, an absolute UTC instant journaled once and never changed.
 4. Positive time: every positive entry fires from a timer at ``start + fire_at`` on the
-   monotonic clock (``loop.call_at``; no polling); entries with the same instant fire in one
-   callback after one journal write. A RESUME recomputes the plan (pure
-   :func:`~vmr_handler.core.timeline.build_plan`) and re-arms the timers.
+   engine's clock (``Clock.call_at``: ``loop.call_at`` on the monotonic clock for the
+   system clock; no polling); entries with the same instant fire in one callback. A RESUME
+   recomputes the plan (pure :func:`~vmr_handler.core.timeline.build_plan`) and re-arms the
+   timers.
 
 Inputs: RESUME (:meth:`Engine.resume`), stop (:meth:`Engine.stop`). Outputs: events to a
 sink callable. The engine never knows which transport carries them.
 
 Parts are passed in (:mod:`vmr_handler.agent.ports`): the clock (a
 :class:`~vmr_handler.core.clock.FakeClock` in tests), the process port, the journal and the
-sink. Running entries is :mod:`vmr_handler.agent.entries`; positive-time timers are
-:mod:`vmr_handler.agent.arming`.
+sink. Running entries is :mod:`vmr_handler.agent.entries`, the stages and reboots
+:mod:`vmr_handler.agent.stages`, the ``-inf`` holds :mod:`vmr_handler.agent.holds`, and the
+positive-time timers :mod:`vmr_handler.agent.arming`.
 """
 
 from __future__ import annotations
