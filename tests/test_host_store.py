@@ -42,6 +42,35 @@ def test_vmlog_writes_each_id_once_and_rebuilds_after_restart(tmp_path):
     assert "line 3" in (tmp_path / "vm.log").read_text()
 
 
+def test_vmlog_on_a_full_disk_records_nothing_it_did_not_write(full_disk):
+    # an id counted as seen before its write succeeded made the agent's resends "duplicates"
+    # that were acknowledged and never stored (issue 16): a refused write must leave no trace
+    filler = full_disk / "filler"
+    filler.write_bytes(b"f" * 40_000)
+    log = VmLog(str(full_disk), "vm", quota=1 << 30)
+    log.open()
+    written, refused = [], []
+    for i in range(400):
+        batch = [(_ev(i, line="x" * 300, stream="stdout"), 5.0)]
+        try:
+            log.write(batch)
+            written.append(f"id-{i}")
+        except OSError:
+            refused.append(i)
+            assert not log.seen(f"id-{i}")
+    assert written and refused
+    raw = (full_disk / "vm.jsonl").read_bytes()
+    assert raw.endswith(b"\n") and len(raw) == log.bytes
+    assert [json.loads(x)["event"]["id"] for x in raw.splitlines()] == written
+    filler.unlink()  # space returns: the agent's resends are stored, once
+    again = [(_ev(i, line="x" * 300, stream="stdout"), 6.0) for i in refused[:5]]
+    assert [e.id for e in log.write(again)] == [f"id-{i}" for i in refused[:5]]
+    assert log.write(again) == [] and log.duplicates == 5
+    log.close()
+    lines = (full_disk / "vm.jsonl").read_bytes().splitlines()
+    assert len(lines) == len(written) + 5
+
+
 def test_vmlog_quota_counts_instead_of_storing(tmp_path):
     log = VmLog(str(tmp_path), "vm", quota=400)
     log.open()

@@ -10,9 +10,11 @@ Layout under the logs directory::
     <logs>/uploads/<vm>/<sha256> files uploaded over HTTP(S), staged until their
                                  ``transfer_uploaded`` report puts them in place (``.part``: under way)
 
-Each event is written and flushed *before* the host acknowledges it, and the set of ids
-already written is rebuilt from ``<vm>.jsonl`` at start, so an agent that resends (after
-a channel drop or a ``kill -9`` of the host) never gets an event logged twice.
+Each event is written *before* the host acknowledges it, and the set of ids already written
+is rebuilt from ``<vm>.jsonl`` at start, so an agent that resends (after a channel drop or a
+``kill -9`` of the host) never gets an event logged twice. An id counts as written only once
+its line is on disk: a write the disk refuses leaves no trace and no acknowledgement, so the
+agent's resend is stored when space returns.
 
 The transfer directories are :mod:`vmr_handler.host.transfers` (:class:`TransferStore`,
 re-exported here with the transfer errors, as is :func:`~vmr_handler.host.logtext.printable`).
@@ -20,6 +22,8 @@ re-exported here with the transfer errors, as is :func:`~vmr_handler.host.logtex
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import os
@@ -160,7 +164,8 @@ class VmLog:
                 self.bytes = good
         except FileNotFoundError:
             pass
-        self._jsonl = open(self.jsonl_path, "ab")  # noqa: SIM115 - kept open for the run
+        # unbuffered: a write that fails leaves nothing behind in a buffer to come out later
+        self._jsonl = open(self.jsonl_path, "ab", buffering=0)  # noqa: SIM115 - kept open for the run
         self._log = open(self.log_path, "a", encoding="utf-8", errors="replace")  # noqa: SIM115
 
     def _replay_line(self, line: bytes, replay: Optional[Callable[[Event, float], None]]) -> None:
@@ -183,7 +188,11 @@ class VmLog:
         return event_id in self.ids
 
     def write(self, items: List[Tuple[Event, float]]) -> List[Event]:
-        """Write ``(event, host_received)`` pairs not seen before, then flush both files.
+        """Write ``(event, host_received)`` pairs not seen before, then the readable lines.
+
+        All or nothing: an id counts as received only once its line is on disk, so when the
+        disk refuses the write (full, I/O error) nothing is recorded, the ``.jsonl`` is cut back
+        to its last whole line and the agent's resend is stored when space returns (issue 16).
 
         Returns:
             The events that were new (stored or counted over quota); duplicates are skipped
@@ -192,41 +201,75 @@ class VmLog:
         Raises:
             OSError: the disk refused the write (the caller must not acknowledge).
         """
+        batch: Set[str] = set()
         new: List[Event] = []
         lines: List[bytes] = []
         readable: List[str] = []
+        over_quota = over_bytes = 0
+        size = self.bytes
         for event, received in items:
-            if event.id in self.ids:
+            if event.id in self.ids or event.id in batch:
                 self.duplicates += 1
                 continue
-            try:
-                line = (
-                    json.dumps(
-                        {"host_received": received, "vm": self.vm, "event": json_safe(event.to_dict())},
-                        separators=(",", ":"),
-                        allow_nan=False,
-                        ensure_ascii=False,
-                    ).encode("utf-8", errors="backslashreplace")
-                    + b"\n"
-                )
-            except (ValueError, RecursionError, TypeError):
+            line = self._line(event, received)
+            if line is None:
                 continue  # unencodable (absurd nesting): dropped, counted by the caller
-            self.ids.add(event.id)
+            batch.add(event.id)
             new.append(event)
-            if self.bytes + len(line) > self.quota:
-                self.dropped_events += 1
-                self.dropped_bytes += len(line)
+            if size + len(line) > self.quota:
+                over_quota += 1
+                over_bytes += len(line)
                 continue
-            self.bytes += len(line)
-            self.stored += 1
+            size += len(line)
             lines.append(line)
             readable.append(describe_safe(event))
         if lines:
-            self._jsonl.write(b"".join(lines))
-            self._jsonl.flush()
-            self._log.write("".join(r + "\n" for r in readable))
-            self._log.flush()
+            self._append(b"".join(lines))
+        self.ids.update(batch)
+        self.bytes = size
+        self.stored += len(lines)
+        self.dropped_events += over_quota
+        self.dropped_bytes += over_bytes
+        if readable:
+            try:
+                self._log.write("".join(r + "\n" for r in readable))
+                self._log.flush()
+            except OSError as exc:  # the .jsonl holds the events: the readable copy is best effort
+                log.warning("%s: cannot write the readable log: %s", self.log_path, exc)
         return new
+
+    def _line(self, event: Event, received: float) -> Optional[bytes]:
+        """The ``.jsonl`` line of ``event``, or None when it cannot be encoded."""
+        try:
+            return (
+                json.dumps(
+                    {"host_received": received, "vm": self.vm, "event": json_safe(event.to_dict())},
+                    separators=(",", ":"),
+                    allow_nan=False,
+                    ensure_ascii=False,
+                ).encode("utf-8", errors="backslashreplace")
+                + b"\n"
+            )
+        except (ValueError, RecursionError, TypeError):
+            return None
+
+    def _append(self, data: bytes) -> None:
+        """Append ``data`` to the ``.jsonl`` whole, or cut the file back to :attr:`bytes`.
+
+        Raises:
+            OSError: the disk refused it (a short write is ENOSPC).
+        """
+        view = memoryview(data)
+        try:
+            while view:
+                written = self._jsonl.write(view)
+                if not written:
+                    raise OSError(errno.ENOSPC, "short write: the disk is full")
+                view = view[written:]
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._jsonl.fileno(), self.bytes)
+            raise
 
     def note(self, text: str, now: float) -> None:
         """A host remark in the readable log (connections, refusals, hostile input)."""
