@@ -17,7 +17,15 @@ from tests.hostfakes import FakeExperiment, make_session
 from vmr_handler.core import payloads as P
 from vmr_handler.core.errors import PayloadError, VmrError
 from vmr_handler.core.events import Event, EventType
-from vmr_handler.core.protocol import ACK, CLOCK_REQ, HEARTBEAT, HELLO, RESULT, encode_message
+from vmr_handler.core.protocol import (
+    ACK,
+    CLOCK_REQ,
+    HEARTBEAT,
+    HELLO,
+    RESULT,
+    encode_message,
+    encode_raw_message,
+)
 from vmr_handler.host.config import Limits
 from vmr_handler.host.vmstate import VmState
 
@@ -385,6 +393,37 @@ def test_a_malformed_report_from_a_vm_is_stored_counted_and_not_applied(tmp_path
     replayed = again.status(None, T0 + 5)
     assert replayed["refused"]["malformed_payloads"] == 3
     assert replayed["max_lateness"] == 0.25 and replayed["failures"] == 0
+    again.log.close()
+
+
+def test_a_report_nested_too_deep_to_store_is_kept_as_a_placeholder_and_acked(tmp_path: Path) -> None:
+    # it passed the decoder but could not be written, so it was never acknowledged and an honest
+    # agent would resend it forever (issue 16, item 7)
+    deep: Any = "bottom"
+    for _ in range(600):
+        deep = [deep]
+    session = make_session(tmp_path, ONE_ENTRY, Limits())
+    link = _Link()
+    assert session.attach(link, T0)  # type: ignore[arg-type]
+    reports = [
+        Event("entry_started", T0, "d-1", {"index": 0, "executable": deep, "lateness": 0.5}),
+        Event("output", T0, "d-2", {"index": 0, "line": deep}),
+    ]
+    # a hostile agent writes the bytes itself (our own encoder would refuse such nesting)
+    frame = encode_raw_message([(T0, json.dumps(e.to_dict()).encode()) for e in reports], T0)
+    for attempt in range(2):  # the agent's resend is a duplicate: acked again, stored once
+        session.feed(frame, T0 + 1 + attempt)
+    acked = [i for frame in link.sent for e in _events(frame) if e["type"] == "ack" for i in e["data"]["ids"]]
+    assert acked == ["d-1", "d-2", "d-1", "d-2"]
+    status = session.status(None, T0 + 5)
+    assert status["refused"]["unstorable"] == 2
+    assert status["events"]["stored"] == 2 and status["events"]["duplicates"] == 2
+    lines = [json.loads(x) for x in (tmp_path / "vm1.jsonl").read_text().splitlines()]
+    assert [r["event"]["id"] for r in lines] == ["d-1", "d-2"]
+    assert "nested too deep" in lines[0]["event"]["data"]["unstorable"]
+    session.log.close()
+    again = make_session(tmp_path, ONE_ENTRY, Limits())  # the placeholders replay without a crash
+    assert again.log.seen("d-1") and again.log.seen("d-2")
     again.log.close()
 
 

@@ -301,15 +301,16 @@ class VmSession:
 
     def _store(self, to_store: List[Event], recv_time: float) -> None:
         """Write reports to the log, apply the new ones, acknowledge every one stored."""
+        placeholders = self.log.placeholders
         try:
             new = self.log.write([(e, recv_time) for e in to_store])
         except OSError as exc:
             log.error("%s: cannot write the log (%s): events left unacknowledged", self.name, exc)
             return
+        self.counters.unstorable += self.log.placeholders - placeholders
         for ev in new:
             self.apply(ev, recv_time)
         ids = [e.id for e in to_store if self.log.seen(e.id)]
-        self.counters.unstorable += len(to_store) - len(ids)
         if ids:
             self._send([self.events.make(ACK, {"ids": list(dict.fromkeys(ids))})])
 

@@ -139,6 +139,8 @@ class VmLog:
         self.dropped_events = 0
         self.dropped_bytes = 0
         self.corrupt_lines = 0
+        #: events stored as a placeholder because their data cannot be encoded
+        self.placeholders = 0
         self._jsonl: Any = None
         self._log: Any = None
 
@@ -212,8 +214,9 @@ class VmLog:
                 self.duplicates += 1
                 continue
             line = self._line(event, received)
-            if line is None:
-                continue  # unencodable (absurd nesting): dropped, counted by the caller
+            if line is None:  # data JSON cannot hold (absurd nesting): its id is kept, acked
+                line = self._placeholder(event, received)
+                self.placeholders += 1
             batch.add(event.id)
             new.append(event)
             if size + len(line) > self.quota:
@@ -252,6 +255,25 @@ class VmLog:
             )
         except (ValueError, RecursionError, TypeError):
             return None
+
+    def _placeholder(self, event: Event, received: float) -> bytes:
+        """The line of an event whose ``data`` cannot be encoded: its type and id with
+        ``data = {"unstorable": why}``, so it is stored once and acknowledged (an honest agent
+        would otherwise resend it forever)."""
+        doc = {
+            "host_received": received,
+            "vm": self.vm,
+            "event": {
+                "timestamp": json_safe(event.timestamp),
+                "type": event.type,
+                "id": event.id,
+                "data": {"unstorable": "data nested too deep or not encodable as JSON; not stored"},
+            },
+        }
+        return (
+            json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "backslashreplace")
+            + b"\n"
+        )
 
     def _append(self, data: bytes) -> None:
         """Append ``data`` to the ``.jsonl`` whole, or cut the file back to :attr:`bytes`.
