@@ -83,6 +83,9 @@ def test_oversize_frame_dropped_without_buffering():
         ),
         ({"now": 1, "events": [{"timestamp": 1, "type": "x", "id": "a" * 200}]}, "id"),
         ({"now": 1, "events": [{"timestamp": 1, "type": "x", "id": "a", "data": []}]}, "data"),
+        # integers JSON allows but no float holds (a guest's OverflowError used to end its session)
+        ({"now": 10**400, "events": []}, "now"),
+        ({"now": 1, "events": [{"timestamp": -(10**400), "type": "x", "id": "a"}]}, "timestamp"),
     ],
 )
 def test_bad_messages_name_the_problem(obj, words):

@@ -75,10 +75,15 @@ def encode_raw_message(events: Sequence[Tuple[float, bytes]], now: float) -> byt
 
 
 def _finite(value: Any) -> Optional[float]:
-    """``value`` as a float when it is a finite JSON number, else None."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
+    """``value`` as a float when it is a finite JSON number, else None (an integer too large
+    for a float included: JSON allows it, and ``math.isfinite`` would raise OverflowError)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def parse_message(obj: Any) -> Message:
