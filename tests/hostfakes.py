@@ -9,8 +9,10 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from vmr_handler.core.events import Event
 from vmr_handler.host.config import Limits, VmSpec
 from vmr_handler.host.resources import ResourceStore
-from vmr_handler.host.session import HostEvents, VmSession
-from vmr_handler.host.store import TransferStore, VmLog
+from vmr_handler.host.session import VmSession
+from vmr_handler.host.sessionapi import HostEvents
+from vmr_handler.host.store import VmLog
+from vmr_handler.host.transfers import TransferStore
 
 
 class FakeExperiment:

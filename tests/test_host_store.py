@@ -10,9 +10,12 @@ import subprocess
 
 import pytest
 
+from vmr_handler.core.errors import TransferRefused
 from vmr_handler.core.events import Event
+from vmr_handler.host.logtext import printable
 from vmr_handler.host.resources import ResourceRefused, ResourceStore
-from vmr_handler.host.store import TransferRefused, TransferStore, VmLog, printable
+from vmr_handler.host.store import VmLog
+from vmr_handler.host.transfers import TransferStore
 
 
 def _ev(i: int, type_: str = "output", **data) -> Event:
@@ -261,7 +264,7 @@ def _reader(data: bytes):
 
 
 def test_upload_staged_then_committed_and_counted(tmp_path):
-    from vmr_handler.host.store import TransferConflict, TransferMismatch, TransferTooLarge
+    from vmr_handler.core.errors import TransferConflict, TransferMismatch, TransferTooLarge
 
     t = TransferStore(str(tmp_path), "vm", max_file=1000, max_total=1500)
     t.open()
@@ -325,7 +328,7 @@ def test_a_re_reported_upload_cannot_break_the_per_vm_total(tmp_path) -> None:
     import io
     import os
 
-    from vmr_handler.host.store import TransferStore, TransferTooLarge
+    from vmr_handler.core.errors import TransferTooLarge
 
     s = TransferStore(str(tmp_path), "vm1", max_file=10_000_000, max_total=1_000_000)
     s.open()

@@ -234,7 +234,7 @@ def test_schedule_event_carries_url_and_token_signed(unix_env_factory, tmp_path:
 def test_https_with_the_experiment_ca(unix_env_factory, tmp_path: Path):
     """HTTPS: the agent trusts vmr-host's certificate through ``--http-ca-file`` (a CA made
     like ``vmr-host mqtt-config``'s); an agent without that CA refuses at once, no retries."""
-    from vmr_handler.host.mqttconfig import make_pki
+    from vmr_handler.host.mqtttls import make_pki
 
     pki = make_pki("t", ["127.0.0.1"], 1)
     for name, pem in (

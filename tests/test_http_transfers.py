@@ -208,7 +208,7 @@ def test_https_upload_with_the_ca_and_channel_fallback_without_it(
     """HTTPS uploads: an agent given the CA (config key ``http_ca_file``) uploads a file of
     more than 64 KiB byte-identical, with no ``transfer_chunk``; one without it fails
     certificate verification at once (no retries), says so and sends the file over the channel."""
-    from vmr_handler.host.mqttconfig import make_pki
+    from vmr_handler.host.mqtttls import make_pki
 
     pki = make_pki("t", ["127.0.0.1"], 1)
     for name, pem in (

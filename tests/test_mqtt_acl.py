@@ -31,7 +31,8 @@ import yaml
 from paho.mqtt.enums import CallbackAPIVersion
 
 from tests.broker import Broker, free_port
-from vmr_handler.host import mqttconfig
+from vmr_handler.host import mqttfiles, mqtttls
+from vmr_handler.transports.mqtt import topics
 
 MOSQUITTO_PASSWD = shutil.which("mosquitto_passwd")
 NOT_AUTHORIZED = 0x87
@@ -230,7 +231,7 @@ def exp(tmp_path: Path) -> Iterator[Exp]:
 
 
 def t(vm: str, leaf: str, experiment: str = "e1") -> str:
-    return mqttconfig.topic(experiment, vm, leaf)
+    return topics.topic(experiment, vm, leaf)
 
 
 # ------------------------------------------------------------------------------- the files
@@ -368,7 +369,7 @@ def test_one_experiments_broker_grants_nothing_of_another_experiment(tmp_path: P
     port = free_port()
     out = generate(tmp_path / "cfg", "--experiment", "e1", "--vms", "a", "--port", str(port))
     with open(out / "passwd", "ab") as fh:  # a test-only superuser that writes anywhere
-        fh.write(mqttconfig.render_passwd({"admin": "admin-pw"}, tool=None))
+        fh.write(mqttfiles.render_passwd({"admin": "admin-pw"}, tool=None))
     with open(out / "acl", "a", encoding="utf-8") as fh:
         fh.write("\nuser admin\ntopic readwrite #\n")
     broker = Broker(root=out, config=out / "mosquitto.conf", port=port).start()
@@ -455,7 +456,7 @@ def test_mosquitto_accepts_hashlib_hashes(tmp_path: Path) -> None:
     port = free_port()
     out = generate(tmp_path / "cfg", "--experiment", "e1", "--vms", "a", "--port", str(port))
     password = creds(out, "vms", "a")["password"]
-    (out / "passwd").write_bytes(mqttconfig.render_passwd({"a": password}, tool=None))
+    (out / "passwd").write_bytes(mqttfiles.render_passwd({"a": password}, tool=None))
     broker = Broker(root=out, config=out / "mosquitto.conf", port=port).start()
     try:
         assert Client(port, "a", password).connect() == 0, broker.errors()
@@ -466,12 +467,12 @@ def test_mosquitto_accepts_hashlib_hashes(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(MOSQUITTO_PASSWD is None, reason="mosquitto_passwd not installed")
 def test_hashlib_hash_equals_mosquitto_passwd(tmp_path: Path) -> None:
-    made = mqttconfig.render_passwd({"u": "pa ss!w0rd"}, tool=MOSQUITTO_PASSWD).decode().strip()
+    made = mqttfiles.render_passwd({"u": "pa ss!w0rd"}, tool=MOSQUITTO_PASSWD).decode().strip()
     _, iterations, salt, _ = made.split(":", 1)[1].split("$")[1:]
-    assert made == "u:" + mqttconfig.hash_password("pa ss!w0rd", base64.b64decode(salt), int(iterations))
+    assert made == "u:" + mqttfiles.hash_password("pa ss!w0rd", base64.b64decode(salt), int(iterations))
     for bad in ({"u": "pass:word"}, {"u": "two\nlines"}, {"u:x": "pw"}):
         with pytest.raises(ValueError, match="line break in a password-file entry"):
-            mqttconfig.render_passwd(bad, tool=MOSQUITTO_PASSWD)
+            mqttfiles.render_passwd(bad, tool=MOSQUITTO_PASSWD)
 
 
 # ------------------------------------------------------------------------------------- TLS
@@ -516,7 +517,7 @@ def test_tls_server_verified_with_the_generated_ca(tmp_path: Path) -> None:
             c.until(t("a", "down"), b"over-tls")
             c.close()
             h.close()
-        foreign = mqttconfig.make_pki("someone-else", ["127.0.0.1"], 1)
+        foreign = mqtttls.make_pki("someone-else", ["127.0.0.1"], 1)
         with pytest.raises(ssl.SSLCertVerificationError):
             Client(tls, "a", a["password"], context=context(foreign.ca_cert.decode())).connect()
         # the plain listener has its own (same) auth settings: no anonymous access there either
@@ -560,8 +561,8 @@ def test_tls_client_certificates_required(tmp_path: Path) -> None:
         assert Client(tls, "a", a["password"], context=context(a["ca_pem"], (cert, key))).connect() == 0
         assert creds(out, "host", "vmr-host")["cert_pem"] != a["cert_pem"]
         assert refused(Client(tls, "a", a["password"], context=context(a["ca_pem"])))  # no certificate
-        foreign = mqttconfig.make_pki("someone-else", ["127.0.0.1"], 1)
-        fkey, fcert = mqttconfig.issue(foreign.ca_key, foreign.ca_cert, "a", 1)
+        foreign = mqtttls.make_pki("someone-else", ["127.0.0.1"], 1)
+        fkey, fcert = mqtttls.issue(foreign.ca_key, foreign.ca_cert, "a", 1)
         (tmp_path / "f.crt").write_bytes(fcert)
         (tmp_path / "f.key").write_bytes(fkey)
         ctx = context(a["ca_pem"], (tmp_path / "f.crt", tmp_path / "f.key"))

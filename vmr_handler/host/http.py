@@ -81,7 +81,6 @@ from vmr_handler.host.httpcommon import (
     SERVED,
     SOCKET_TIMEOUT,
     UPLOAD_REFUSED,
-    UPLOADED,
     NoteFn,
     is_count,
 )
@@ -89,20 +88,6 @@ from vmr_handler.host.httpuploads import UploadRequests
 from vmr_handler.host.resources import ResourceStore
 
 log = logging.getLogger("vmr_handler.host.http")
-
-__all__ = [
-    "CHUNK",
-    "INTERRUPTED",
-    "REFUSED",
-    "SERVED",
-    "SOCKET_TIMEOUT",
-    "UPLOADED",
-    "UPLOAD_REFUSED",
-    "NoteFn",
-    "ResourceHttp",
-    "parse_range",
-]
-
 
 def parse_range(header: Optional[str], size: int) -> Optional[Tuple[int, int]]:
     """The byte range ``[start, end]`` (inclusive) a ``Range`` header asks of a ``size``-byte

@@ -36,72 +36,19 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from vmr_handler.core.errors import UsageError
 from vmr_handler.host.mqttfiles import (
-    MAX_PACKET_SIZE,
-    MAX_QUEUED_BYTES,
-    MAX_QUEUED_MESSAGES,
-    PBKDF2_ITERATIONS,
-    PBKDF2_SALT_BYTES,
     BrokerPaths,
-    hash_password,
     render_acl,
     render_conf,
     render_passwd,
 )
 from vmr_handler.host.mqttlayout import (
-    DEFAULT_HOST_USER,
-    DEFAULT_PORT,
-    DEFAULT_TLS_PORT,
     FW_CFG_NAME,
-    HOSTNAME,
-    HOSTS_LEVEL,
     MOSQUITTO_DEFAULT_USER,
-    TOPIC_ROOT,
-    VM_TOPICS,
     WILDCARD_BINDS,
     MqttLayout,
-    add_arguments,
-    check_names,
     layout_from_args,
-    split_list,
-    topic,
 )
 from vmr_handler.host.mqtttls import Pki, issue, make_pki
-
-__all__ = [
-    "DEFAULT_HOST_USER",
-    "DEFAULT_PORT",
-    "DEFAULT_TLS_PORT",
-    "FW_CFG_NAME",
-    "HOSTNAME",
-    "HOSTS_LEVEL",
-    "MAX_PACKET_SIZE",
-    "MAX_QUEUED_BYTES",
-    "MAX_QUEUED_MESSAGES",
-    "MOSQUITTO_DEFAULT_USER",
-    "PBKDF2_ITERATIONS",
-    "PBKDF2_SALT_BYTES",
-    "TOPIC_ROOT",
-    "VM_TOPICS",
-    "WILDCARD_BINDS",
-    "BrokerPaths",
-    "MqttLayout",
-    "Pki",
-    "add_arguments",
-    "broker_owner",
-    "check_names",
-    "cmd_mqtt_config",
-    "generate",
-    "hash_password",
-    "issue",
-    "layout_from_args",
-    "make_pki",
-    "render_acl",
-    "render_conf",
-    "render_passwd",
-    "split_list",
-    "topic",
-    "unreachable_ancestor",
-]
 
 
 def _yaml(doc: Dict[str, Any]) -> bytes:

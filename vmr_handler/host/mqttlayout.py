@@ -1,8 +1,7 @@
 """What ``vmr-host mqtt-config`` generates (:mod:`vmr_handler.host.mqttconfig`): the command's
 options and their checked form, :class:`MqttLayout`.
 
-The topic tree (``docs/mqtt.md``) is :mod:`vmr_handler.transports.mqtt.topics`; its names are
-re-exported here for :mod:`~vmr_handler.host.mqttconfig`.
+The topic tree (``docs/mqtt.md``) is :mod:`vmr_handler.transports.mqtt.topics`.
 """
 
 from __future__ import annotations
@@ -18,10 +17,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from vmr_handler.core.errors import UsageError
 from vmr_handler.core.names import name_problem
 from vmr_handler.host.specs import load_specs
-from vmr_handler.transports.mqtt.topics import HOSTS_LEVEL as HOSTS_LEVEL
-from vmr_handler.transports.mqtt.topics import TOPIC_ROOT as TOPIC_ROOT
-from vmr_handler.transports.mqtt.topics import VM_TOPICS as VM_TOPICS
-from vmr_handler.transports.mqtt.topics import topic as topic
 
 DEFAULT_HOST_USER = "vmr-host"
 DEFAULT_PORT = 1883

@@ -34,10 +34,13 @@ from vmr_handler.host.channels import Channels, channel_mode
 from vmr_handler.host.config import HostConfig, VmSpec, control_socket_path
 from vmr_handler.host.control_api import ControlApi
 from vmr_handler.host.experiment import Experiment
-from vmr_handler.host.http import NoteFn, ResourceHttp
+from vmr_handler.host.http import ResourceHttp
+from vmr_handler.host.httpcommon import NoteFn
 from vmr_handler.host.resources import ResourceStore
-from vmr_handler.host.session import HostEvents, VmSession
-from vmr_handler.host.store import TransferStore, VmLog
+from vmr_handler.host.session import VmSession
+from vmr_handler.host.sessionapi import HostEvents
+from vmr_handler.host.store import VmLog
+from vmr_handler.host.transfers import TransferStore
 
 log = logging.getLogger("vmr_handler.host")
 

@@ -62,10 +62,9 @@ from vmr_handler.host.delivery import ResourceStreams, ScheduleOffer
 from vmr_handler.host.intake import TRANSFER_TYPES, take_transfer
 from vmr_handler.host.resources import ResourceStore
 from vmr_handler.host.sessionapi import HostApi, HostEvents, Link
-from vmr_handler.host.store import TransferStore, VmLog
+from vmr_handler.host.store import VmLog
+from vmr_handler.host.transfers import TransferStore
 from vmr_handler.host.vmstate import Counters, VmState, add_stats, frames_status
-
-__all__ = ["HELLO_BURST", "HELLO_RATE", "HOST_ONLY", "UNSTORED", "HostApi", "HostEvents", "Link", "VmSession"]
 
 log = logging.getLogger("vmr_handler.host")
 _T = TypeVar("_T")

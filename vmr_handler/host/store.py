@@ -16,8 +16,7 @@ is rebuilt from ``<vm>.jsonl`` at start, so an agent that resends (after a chann
 its line is on disk: a write the disk refuses leaves no trace and no acknowledgement, so the
 agent's resend is stored when space returns.
 
-The transfer directories are :mod:`vmr_handler.host.transfers` (:class:`TransferStore`,
-re-exported here with the transfer errors, as is :func:`~vmr_handler.host.logtext.printable`).
+The transfer directories are :mod:`vmr_handler.host.transfers` (:class:`TransferStore`).
 """
 
 from __future__ import annotations
@@ -29,28 +28,9 @@ import logging
 import os
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from vmr_handler.core.errors import TransferConflict, TransferMismatch, TransferRefused, TransferTooLarge
 from vmr_handler.core.events import Event, describe, json_safe
 from vmr_handler.core.fsutil import atomic_write, utc_text
 from vmr_handler.host.logtext import printable
-from vmr_handler.host.transfers import TransferOutcome, TransferStore
-
-__all__ = [
-    "EXPERIMENT_FILE",
-    "JSONL_SUFFIX",
-    "LOG_SUFFIX",
-    "ExperimentStore",
-    "TransferConflict",
-    "TransferMismatch",
-    "TransferOutcome",
-    "TransferRefused",
-    "TransferStore",
-    "TransferTooLarge",
-    "VmLog",
-    "atomic_write_json",
-    "describe_safe",
-    "printable",
-]
 
 log = logging.getLogger("vmr_handler.host")
 
