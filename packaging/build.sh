@@ -1,13 +1,37 @@
 #!/usr/bin/env bash
 # Build the frozen guest agent with a pinned PyInstaller.
 #
-#   packaging/build.sh [DIST_DIR]        (default DIST_DIR: <repo>/dist)
+#   packaging/build.sh [--onedir] [--runtime-tmpdir DIR] [DIST_DIR]   (default DIST_DIR: <repo>/dist)
 #
-# Result: DIST_DIR/vmr-handler/vmr-handler (onedir bundle, see vmr-handler.spec for why).
+# Result: DIST_DIR/vmr-handler, ONE executable file (PyInstaller onefile; see vmr-handler.spec
+# for how it avoids leaking unpacked copies and orphans). --onedir builds the directory
+# bundle DIST_DIR/vmr-handler/vmr-handler (+ _internal/) instead. --runtime-tmpdir DIR bakes
+# the directory the single file unpacks into (absolute, no variables; the bootloader fails
+# when it cannot create it); default: $TMPDIR at run time, else /tmp.
 # Environment: PYTHON (default <repo>/.venv/bin/python; needs a shared libpython),
 # VMR_BUILD_WORK (PyInstaller work dir, default <repo>/build/pyinstaller),
-# VMR_PYI_MODE=onefile (the rejected variant, only to reproduce the comparison).
+# VMR_PYI_MODE=onefile|onedir (the same as the option; the option wins).
 set -euo pipefail
+
+mode=${VMR_PYI_MODE:-onefile}
+runtime_tmpdir=${VMR_RUNTIME_TMPDIR:-}
+while [ $# -gt 0 ]; do
+    case $1 in
+        --onedir) mode=onedir; shift ;;
+        --onefile) mode=onefile; shift ;;
+        --runtime-tmpdir) [ $# -ge 2 ] || { echo "build.sh: --runtime-tmpdir needs a directory" >&2; exit 2; }
+                          runtime_tmpdir=$2; shift 2 ;;
+        -h|--help) sed -n '2,13p' "${BASH_SOURCE[0]}"; exit 0 ;;
+        -*) echo "build.sh: unknown option $1 (see packaging/build.sh --help)" >&2; exit 2 ;;
+        *) break ;;
+    esac
+done
+case $mode in onefile|onedir) ;; *) echo "build.sh: VMR_PYI_MODE must be onefile or onedir, not $mode" >&2; exit 2 ;; esac
+if [ -n "$runtime_tmpdir" ]; then
+    [ "$mode" = onefile ] || { echo "build.sh: --runtime-tmpdir applies to the single file, not --onedir" >&2; exit 2; }
+    case $runtime_tmpdir in /*) ;; *) echo "build.sh: --runtime-tmpdir must be absolute: $runtime_tmpdir" >&2; exit 2 ;; esac
+fi
+export VMR_PYI_MODE=$mode VMR_RUNTIME_TMPDIR=$runtime_tmpdir
 
 PYINSTALLER_VERSION=6.22.3          # keep in sync with the `test` extra in pyproject.toml
 HOOKS_CONTRIB_VERSION=2026.9
@@ -38,6 +62,14 @@ export PYTHONHASHSEED=0
 SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git -C "$repo" log -1 --format=%ct 2>/dev/null || echo 1700000000)}
 export SOURCE_DATE_EPOCH
 
+# A build of the other kind in the same place: a onefile build writes the file
+# DIST_DIR/vmr-handler where a onedir build has its directory, and the reverse.
+if [ "$mode" = onefile ] && [ -d "$dist/vmr-handler" ]; then
+    rm -rf "$dist/vmr-handler"
+elif [ "$mode" = onedir ] && [ -f "$dist/vmr-handler" ]; then
+    rm -f "$dist/vmr-handler"
+fi
+
 cd "$repo"
 if ! "$python" -m PyInstaller --noconfirm --clean --log-level WARN \
         --distpath "$dist" --workpath "$work" "$here/vmr-handler.spec"; then
@@ -46,7 +78,7 @@ if ! "$python" -m PyInstaller --noconfirm --clean --log-level WARN \
     exit 1
 fi
 
-if [ "${VMR_PYI_MODE:-onedir}" = onefile ]; then
+if [ "$mode" = onefile ]; then
     exe=$dist/vmr-handler
 else
     exe=$dist/vmr-handler/vmr-handler

@@ -1,11 +1,14 @@
 """The frozen guest agent: ``packaging/build.sh`` builds it once per session, then every test
-runs the REAL bundle (no Python on its path) against the same inputs as the package.
+runs the REAL single file (no Python on its path) against the same inputs as the package.
+``build.sh --onedir`` (the directory bundle) is built and run too.
 
-The build is bounded and a failure to build fails (never skips) the tests.
+The build is bounded and a failure to build fails (never skips) the tests. SIGKILLs of the
+bootloader and of the agent check that nothing is left behind and nothing runs twice (issue 17).
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -20,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Set
 
+import psutil
 import pytest
 import yaml
 
@@ -28,7 +32,7 @@ import vmr_handler
 REPO = Path(__file__).resolve().parent.parent
 BUILD_TIMEOUT = 300.0
 WAIT = 60.0
-# a PyInstaller *onefile* bundle would unpack itself into a new /tmp/_MEI* on every start
+# the single file unpacks itself into a new $TMPDIR/_MEI* at every start (removed at exit)
 MEI = os.path.join(tempfile.gettempdir(), "_MEI*")
 # the first test's budget includes the session build (bounded by BUILD_TIMEOUT itself)
 pytestmark = pytest.mark.timeout(BUILD_TIMEOUT + 120)
@@ -43,14 +47,13 @@ def mei_before() -> Set[str]:
     return _mei()
 
 
-@pytest.fixture(scope="session")
-def frozen(tmp_path_factory: pytest.TempPathFactory, mei_before: Set[str]) -> Path:
-    out = tmp_path_factory.mktemp("frozen")
+def _build(out: Path, *options: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHON": sys.executable, "VMR_BUILD_WORK": str(out / "work")}
     env.pop("VMR_PYI_MODE", None)
+    env.pop("VMR_RUNTIME_TMPDIR", None)
     try:
         res = subprocess.run(
-            ["bash", str(REPO / "packaging" / "build.sh"), str(out / "dist")],
+            ["bash", str(REPO / "packaging" / "build.sh"), *options, str(out / "dist")],
             capture_output=True,
             text=True,
             timeout=BUILD_TIMEOUT,
@@ -61,6 +64,24 @@ def frozen(tmp_path_factory: pytest.TempPathFactory, mei_before: Set[str]) -> Pa
         pytest.fail(f"packaging/build.sh took more than {BUILD_TIMEOUT} s: {exc.stderr!r}")
     if res.returncode != 0:
         pytest.fail(f"packaging/build.sh failed ({res.returncode}):\n{res.stdout}\n{res.stderr[-4000:]}")
+    return res
+
+
+@pytest.fixture(scope="session")
+def frozen(tmp_path_factory: pytest.TempPathFactory, mei_before: Set[str]) -> Path:
+    """The single file, as ``packaging/build.sh`` makes it by default."""
+    out = tmp_path_factory.mktemp("frozen")
+    res = _build(out)
+    exe = out / "dist" / "vmr-handler"
+    assert exe.is_file() and os.access(exe, os.X_OK), res.stdout
+    return exe
+
+
+@pytest.fixture(scope="session")
+def onedir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The directory bundle of ``build.sh --onedir``, built into the same kind of place."""
+    out = tmp_path_factory.mktemp("onedir")
+    res = _build(out, "--onedir")
     exe = out / "dist" / "vmr-handler" / "vmr-handler"
     assert exe.is_file() and os.access(exe, os.X_OK), res.stdout
     return exe
@@ -82,11 +103,37 @@ def test_pinned_pyinstaller_matches_test_extra() -> None:
     assert f'"pyinstaller=={pinned.group(1)}"' in pyproject
 
 
-def test_bundle_is_onedir_without_host_python(frozen: Path) -> None:
-    internal = frozen.parent / "_internal"
-    assert (internal / "base_library.zip").is_file()  # onedir: nothing unpacked at start
-    assert list(internal.glob("libpython3*.so*")), "libpython is bundled"
+def _archive(exe: Path) -> List[str]:
+    """The names inside a single-file build (PyInstaller's own archive viewer)."""
+    viewer = Path(sys.executable).parent / "pyi-archive_viewer"
+    res = subprocess.run([str(viewer), "-r", "-b", str(exe)], capture_output=True, text=True, timeout=WAIT)
+    assert res.returncode == 0, res.stderr
+    return [line.strip() for line in res.stdout.splitlines()]
+
+
+def test_single_file_without_host_python_or_host_code(frozen: Path) -> None:
+    assert not (frozen.parent / "_internal").exists(), "one file, nothing next to it"
+    names = _archive(frozen)
+    assert any(n.startswith("libpython3") for n in names), "libpython is bundled"
+    assert "vmr_handler.agent.bundle" in names and "vmr_handler.agent.cli" in names
+    assert not [n for n in names if n.startswith("vmr_handler.host")], "vmr-host is not part of the agent"
+
+
+def test_onedir_bundle_runs_without_unpacking(onedir: Path, tmp_path: Path) -> None:
+    internal = onedir.parent / "_internal"
+    assert (internal / "base_library.zip").is_file()
     assert not list(internal.rglob("vmr_handler/host*")), "vmr-host is not part of the agent"
+    unpack = tmp_path / "tmp"
+    unpack.mkdir()
+    res = subprocess.run(
+        [str(onedir), "run", "--local", "examples/demo.yaml", "--start-buffer", "0.5", "--launch-dir",
+         str(tmp_path / "l"), "--state-dir", str(tmp_path / "s"), "--report", str(tmp_path / "r")],
+        capture_output=True, text=True, timeout=90, cwd=REPO,
+        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": str(unpack)},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "schedule_complete" in (tmp_path / "r").read_text()
+    assert list(unpack.iterdir()) == [], "onedir unpacks nothing"
 
 
 def test_version_reports_package_version(frozen: Path) -> None:
@@ -164,21 +211,27 @@ def test_entries_see_the_guests_environment_and_run_firewheel_lines(
     frozen: Path, tmp_path: Path, original: Optional[str]
 ) -> None:
     """Entries must not inherit the bootloader's LD_LIBRARY_PATH (the bundle's libssl would
-    shadow the guest's); a reference pickle with a cd builtin and a missing program runs."""
+    shadow the guest's), its ``_PYI_*`` variables, nor the TMPDIR that only placed the unpack;
+    an entry can run the same file again (``vmr-handler --version``) without touching the
+    agent's copy; a reference pickle with a cd builtin and a missing program runs."""
     from tests import fwhelpers as fw
 
     schedule = tmp_path / "s.pkl"
+    probe = "/; echo LD=${LD_LIBRARY_PATH-unset} PYI=${_PYI_ARCHIVE_FILE-unset} TMP=${TMPDIR-unset} in $PWD"
     schedule.write_bytes(
         fw.firewheel_pickle(
             [
-                fw.run_executable(-2, "cd", "/; echo LD=${LD_LIBRARY_PATH-unset} in $PWD"),
+                fw.run_executable(-2, "cd", probe),
+                fw.run_executable(-1.5, str(frozen), "--version"),
                 fw.run_executable(-1, "no-such-program-xyz"),
                 fw.run_executable(0.1, "/bin/echo", "fired"),
             ]
         )
     )
     report = tmp_path / "report.jsonl"
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    unpack = tmp_path / "unpack"
+    unpack.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": str(unpack)}
     if original is not None:
         env["LD_LIBRARY_PATH"] = original
     args = ["run", "--local", str(schedule), "--start-buffer", "0.2", "--launch-dir", str(tmp_path / "l")]
@@ -189,9 +242,15 @@ def test_entries_see_the_guests_environment_and_run_firewheel_lines(
     lines = [
         e["data"].get("line") for e in events if e["type"] == "output" and e["data"]["stream"] == "stdout"
     ]
-    assert lines == [f"LD={original or 'unset'} in /", "fired"]
+    assert lines == [
+        f"LD={original or 'unset'} PYI=unset TMP=unset in /",
+        f"vmr-handler {vmr_handler.__version__}",
+        "fired",
+    ]
     exited = {e["data"]["index"]: e["data"] for e in events if e["type"] == "entry_exited"}
-    assert exited[1]["exit_code"] == 127 and "'no-such-program-xyz' was not found" in exited[1]["details"]
+    assert exited[1]["exit_code"] == 0
+    assert exited[2]["exit_code"] == 127 and "'no-such-program-xyz' was not found" in exited[2]["details"]
+    assert list(unpack.iterdir()) == [], "the agent's unpacked copy is removed when it ends"
 
 
 def _wait(pred: Any, what: str, procs: List[subprocess.Popen], logs: List[Path]) -> None:
@@ -327,3 +386,101 @@ def test_frozen_agent_over_mqtts_with_signed_control(frozen: Path, lab: Path) ->
                 p.kill()
                 p.wait()
         broker.close()
+
+
+def _ended(proc: psutil.Process) -> bool:
+    """Gone, or a zombie waiting for its new parent to reap it (it runs nothing any more)."""
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+class _Killable:
+    """A single-file agent playing a long entry, with its own temp root for the unpack."""
+
+    def __init__(self, exe: Path, root: Path) -> None:
+        self.exe, self.root = exe, root
+        self.unpack = root / "tmp"
+        self.unpack.mkdir(parents=True, exist_ok=True)
+        self.schedule = root / "s.yaml"
+        self.schedule.write_text(
+            yaml.safe_dump(
+                [
+                    {"start_time": -5, "executable": "/bin/echo", "arguments": "once"},
+                    {"start_time": -4, "executable": "/bin/sleep", "arguments": "300"},
+                ]
+            )
+        )
+
+    def copies(self) -> List[str]:
+        return sorted(p.name for p in self.unpack.glob("_MEI*"))
+
+    def start(self, report: Path) -> subprocess.Popen:
+        cmd = [str(self.exe), "run", "--local", str(self.schedule), "--state-dir", str(self.root / "st"),
+               "--launch-dir", str(self.root / "la"), "--report", str(report), "--quiet"]  # fmt: skip
+        proc = subprocess.Popen(
+            cmd, env={"PATH": "/usr/bin:/bin", "TMPDIR": str(self.unpack)}, stderr=subprocess.PIPE,
+            start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + WAIT
+        while '"index": 1' not in (report.read_text() if report.exists() else "") or "entry_started" not in (
+            report.read_text()
+        ):
+            assert proc.poll() is None and time.monotonic() < deadline, "the agent never started entry 1"
+            time.sleep(0.02)
+        return proc
+
+
+def test_killed_bootloader_ends_the_agent_and_ten_kills_leave_one_copy(frozen: Path, lab: Path) -> None:
+    """SIGKILL of the bootloader parent (a service manager's ``kill -9 <main pid>``): the agent
+    gets SIGTERM from the kernel and ends cleanly (entry interrupted, journal flushed), and the
+    next start removes the copy the dead bootloader could not. Ten times in a row, then one
+    start that proves the journal intact (the finished entry 0 is not run again)."""
+    agent = _Killable(frozen, lab)
+    ended_ms: List[float] = []
+    for round_ in range(10):
+        report = lab / f"r{round_}.jsonl"
+        boot = agent.start(report)
+        children = psutil.Process(boot.pid).children()
+        assert len(children) == 1, "the single file runs as bootloader + agent"
+        os.kill(boot.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        boot.wait()
+        while not _ended(children[0]):
+            assert time.monotonic() - killed < 10, f"round {round_}: the agent outlived its bootloader"
+            time.sleep(0.005)
+        ended_ms.append((time.monotonic() - killed) * 1000)
+        events = _report(report)
+        last = events[-1]
+        assert last["type"] == "agent_stopped" and last["data"]["reason"] == "signal SIGTERM", last
+        assert any(e["type"] == "entry_interrupted" and e["data"]["index"] == 1 for e in events)
+        assert len(agent.copies()) <= 1, f"round {round_}: {agent.copies()}"
+        stderr = boot.stderr.read().decode() if boot.stderr else ""
+        if round_:
+            assert "removed the unpacked copy of a killed instance" in stderr, stderr
+    print(f"agent ended after its bootloader's SIGKILL: {min(ended_ms):.0f}-{max(ended_ms):.0f} ms")
+    final = lab / "final.jsonl"
+    boot = agent.start(final)
+    started = [e["data"]["index"] for e in _report(final) if e["type"] == "entry_started"]
+    assert started == [1], "the finished entry 0 ran again: the journal was not intact"
+    boot.send_signal(signal.SIGTERM)  # forwarded by the bootloader; it removes the copy at exit
+    assert boot.wait(timeout=WAIT) in (0, -signal.SIGTERM, 128 + signal.SIGTERM)
+    assert agent.copies() == [], "a clean stop leaves nothing behind"
+
+
+def test_killed_agent_copy_removed_by_its_bootloader(frozen: Path, lab: Path) -> None:
+    """SIGKILL of the agent itself (the OOM killer's choice): the bootloader sees its child die,
+    removes the unpacked copy and exits; no orphan, nothing left."""
+    agent = _Killable(frozen, lab)
+    boot = agent.start(lab / "r.jsonl")
+    (child,) = psutil.Process(boot.pid).children()
+    assert len(agent.copies()) == 1
+    child.kill()
+    boot.wait(timeout=WAIT)
+    assert agent.copies() == []
+    # the entry's sleep outlives a SIGKILLed agent (as with the package); end it here
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.cwd().startswith(str(lab)):
+                proc.kill()

@@ -36,8 +36,9 @@ from typing import Any, Callable, Dict, List, Optional, Set
 
 from vmr_handler import __version__
 from vmr_handler.agent.arming import PositiveTimers
+from vmr_handler.agent.bundle import child_environment
 from vmr_handler.agent.entries import EntryLauncher, LaunchContext
-from vmr_handler.agent.executor import SystemProcesses, child_environment
+from vmr_handler.agent.executor import SystemProcesses
 from vmr_handler.agent.holds import InitialHolds
 from vmr_handler.agent.journal import Journal, SyncSoon
 from vmr_handler.agent.placement import DataPlacement

@@ -198,26 +198,6 @@ def place_data(entry: ScheduleEntry, workdir: str, resources_dir: str) -> List[P
     return placed
 
 
-def child_environment(env: Optional[Dict[str, str]] = None) -> Optional[Dict[str, str]]:
-    """The environment entries and the reboot command run with (None = this process's own).
-
-    In the frozen agent, PyInstaller's bootloader points ``LD_LIBRARY_PATH`` at the bundle's
-    own libraries (libssl, libcrypto, libz...), which would shadow the guest's in every program
-    an entry runs (a guest's ``python3`` or ``curl`` against the build host's OpenSSL). As the
-    PyInstaller docs advise ("Run-time Information", LD_LIBRARY_PATH considerations), the value
-    from before the bootloader (``LD_LIBRARY_PATH_ORIG``) is restored, or the variable removed.
-    """
-    if not getattr(sys, "frozen", False):
-        return env
-    result = dict(os.environ if env is None else env)
-    original = result.pop("LD_LIBRARY_PATH_ORIG", None)
-    if original is not None:
-        result["LD_LIBRARY_PATH"] = original
-    else:
-        result.pop("LD_LIBRARY_PATH", None)
-    return result
-
-
 def shell_command(shell: str, workdir: str, line: str) -> List[str]:
     """argv that runs ``line`` in ``workdir`` as the reference's ``call_arguments.sh`` does.
 
