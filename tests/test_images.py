@@ -50,6 +50,9 @@ def test_bake_systemd_rootfs_installs_and_enables(tmp_path, binary):
     link = root / "etc/systemd/system/multi-user.target.wants/vmr-handler.service"
     assert link.is_symlink() and os.readlink(link) == "../vmr-handler.service"
     assert stat.S_IMODE((root / "var/lib/vmr-handler").stat().st_mode) == 0o700
+    # where the single file unpacks: the unit's TMPDIR, made by bake too
+    assert stat.S_IMODE((root / "var/lib/vmr-handler/tmp").stat().st_mode) == 0o700
+    assert "Environment=TMPDIR=/var/lib/vmr-handler/tmp" in unit.read_text()
     rule = (root / "etc/udev/rules.d/90-vmr-handler.rules").read_text()
     assert 'ATTR{name}=="org.vmr.handler.0"' in rule and 'ENV{SYSTEMD_WANTS}+="vmr-handler.service"' in rule
     text = unit.read_text()
@@ -123,3 +126,18 @@ def test_bake_onedir_bundle_links_the_agent(tmp_path):
     assert link.is_symlink() and os.readlink(link) == "/opt/vmr-handler/vmr-handler"
     assert (root / "opt/vmr-handler/_internal/libpython.so").read_bytes() == b"\x7fELF"
     assert not (root / "opt/vmr-handler.new").exists()
+
+
+def test_bake_single_file_replaces_an_earlier_onedir_bundle(tmp_path, binary):
+    bundle = tmp_path / "dist" / "vmr-handler"
+    (bundle / "_internal").mkdir(parents=True)
+    (bundle / "vmr-handler").write_text("#!/bin/sh\necho old\n")
+    (bundle / "vmr-handler").chmod(0o755)
+    root = _systemd_root(tmp_path)
+    assert _bake(bundle, root).returncode == 0
+    assert (root / "usr/local/bin/vmr-handler").is_symlink()
+    res = _bake(binary, root)
+    assert res.returncode == 0, res.stderr
+    installed = root / "usr/local/bin/vmr-handler"
+    assert not installed.is_symlink() and installed.read_bytes() == binary.read_bytes()
+    assert not (root / "opt/vmr-handler").exists(), "the old bundle is removed"
