@@ -3,9 +3,10 @@
 # inside a debootstrap'd Debian 11 "bullseye" chroot (glibc 2.31, python3 3.9 with the shared
 # libpython3.9), then report the glibc floor of the result.
 #
-#   packaging/build-old-glibc.sh [DIST_DIR]      (default DIST_DIR: <repo>/dist/bullseye)
+#   packaging/build-old-glibc.sh [--onedir] [DIST_DIR]   (default DIST_DIR: <repo>/dist/bullseye)
 #
-# Result: DIST_DIR/vmr-handler/vmr-handler (onedir bundle). Needs root (debootstrap, chroot,
+# Result: DIST_DIR/vmr-handler, one executable file as build.sh makes it (with --onedir: the
+# bundle DIST_DIR/vmr-handler/vmr-handler). Needs root (debootstrap, chroot,
 # mounts), debootstrap, objdump (binutils) on this machine, and network access to the Debian
 # mirror and PyPI.
 #
@@ -23,8 +24,12 @@
 # `pip install /src` (the project, not editable) and packaging/build.sh, which pins
 # pyinstaller==6.22.3 like every other build; DIST_DIR is bind-mounted at /out. Then
 # `--version` runs in the chroot (glibc 2.31) and the highest GLIBC_ symbol version any file
-# of the bundle references is printed (the loop of packaging/README.md, "glibc floor").
+# of the bundle references is printed (the loop of packaging/README.md, "glibc floor"; for the
+# single file, over the libraries inside it, read with PyInstaller's archive reader).
 set -euo pipefail
+
+mode=onefile
+if [ "${1:-}" = --onedir ]; then mode=onedir; shift; fi
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(dirname "$here")
@@ -106,23 +111,45 @@ chroot "$root" env -i "${envs[@]}" SOURCE_DATE_EPOCH="$sde" bash -euo pipefail -
     /opt/venv/bin/pip install -q /src
     rm -rf /out/vmr-handler
     PYTHON=/opt/venv/bin/python VMR_BUILD_WORK=/tmp/pyi-work PYINSTALLER_CONFIG_DIR=/tmp/pyi-config \
-        bash /src/packaging/build.sh /out
+        VMR_PYI_MODE=$mode bash /src/packaging/build.sh /out
 "
 echo "build in the chroot: $(since "$t") s"
 
 # ------------------------------------------------------------------ it runs on the old glibc
-echo "== --version in the chroot (its own glibc): $(chroot "$root" /out/vmr-handler/vmr-handler --version)"
+if [ -f "$dist/vmr-handler" ]; then exe=/out/vmr-handler; else exe=/out/vmr-handler/vmr-handler; fi
+echo "== --version in the chroot (its own glibc): $(chroot "$root" "$exe" --version)"
 
 # ------------------------------------------------------------------ the glibc floor
 echo "== highest GLIBC_ symbol versions referenced (packaging/README.md, \"glibc floor\")"
-floor=$(cd "$dist/vmr-handler" && find . -type f \( -name '*.so*' -o -name vmr-handler \) -print0 \
+scan=$dist/vmr-handler
+if [ -f "$dist/vmr-handler" ]; then  # the single file: its bootloader + the libraries inside it
+    scan=$(mktemp -d)
+    trap 'rm -rf "$scan"; cleanup' EXIT
+    cp "$dist/vmr-handler" "$scan/vmr-handler"
+    chroot "$root" /opt/venv/bin/python -c "
+import os, sys
+from PyInstaller.archive.readers import CArchiveReader
+archive = CArchiveReader('/out/vmr-handler')
+for name, entry in archive.toc.items():
+    if entry[-1] == 'b':
+        sys.stdout.buffer.write(name.encode() + b'\\0')
+" | while IFS= read -r -d '' name; do
+        mkdir -p "$scan/$(dirname "$name")"
+        chroot "$root" /opt/venv/bin/python -c "
+import sys
+from PyInstaller.archive.readers import CArchiveReader
+sys.stdout.buffer.write(CArchiveReader('/out/vmr-handler').extract(sys.argv[1]))
+" "$name" >"$scan/$name"
+    done
+fi
+floor=$(cd "$scan" && find . -type f \( -name '*.so*' -o -name vmr-handler \) -print0 \
     | while IFS= read -r -d '' f; do
         v=$(objdump -T "$f" 2>/dev/null | grep -o 'GLIBC_2\.[0-9.]*' | sort -uV | tail -1 || true)
         if [ -n "$v" ]; then echo "$v ${f#./}"; fi
     done | sort -V)
 echo "$floor" | tail -3
 top=$(echo "$floor" | tail -1 | cut -d' ' -f1)
-echo "size: $(du -sb "$dist/vmr-handler" | cut -f1) bytes, $(find "$dist/vmr-handler" -type f | wc -l) files"
+echo "size: $(du -sb "$dist/vmr-handler" | cut -f1) bytes, $(find "$dist/vmr-handler" -type f | wc -l) file(s)"
 echo "glibc floor: ${top#GLIBC_} (built against $(chroot "$root" ldd --version | sed -n 1p | grep -o '[0-9.]*$'))"
 echo "total: $(since "$t_start") s"
-echo "built $dist/vmr-handler/vmr-handler"
+echo "built $dist${exe#/out}"

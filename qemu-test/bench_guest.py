@@ -3,10 +3,11 @@ and never fails on slowness (pytest does not collect it: the name does not start
 
     .venv/bin/python qemu-test/bench_guest.py [--runs N] [--host-repeats N] [--json FILE]
 
-Builds the frozen agent and the busybox guest once (``guestlab.build_guest``, as the qemu tests
-do), then measures:
+Builds the frozen agent and the busybox guest twice (``guestlab.build_guest``, as the qemu tests
+do): with the single file ``packaging/build.sh`` makes by default, and with the ``--onedir``
+bundle. Every figure below is measured for both, side by side (runs alternate between them):
 
-- **size** of the onedir bundle (bytes on disk, files, ``.tar.gz``) and of the guest initramfs;
+- **size** of the agent (bytes on disk, files, ``.tar.gz``) and of the guest initramfs;
 - **``vmr-handler --version`` on the host**: warm, and cold (every file of the bundle evicted
   from the page cache with ``posix_fadvise(DONTNEED)`` before each run; glibc stays cached);
   baselines ``python -c pass`` (the interpreter the bundle was built from) and the package's
@@ -136,8 +137,9 @@ def timed(cmd: Sequence[str], repeats: int, before: Optional[Callable[[], None]]
 
 
 def du(root: Path) -> Dict[str, int]:
-    """Bytes (apparent), 512-byte blocks on disk, files, and the ``.tar.gz`` size of ``root``."""
-    files = [p for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
+    """Bytes (apparent), 512-byte blocks on disk, files, and the ``.tar.gz`` size of ``root``
+    (a directory, or one file)."""
+    files = [root] if root.is_file() else [p for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
     with tempfile.TemporaryDirectory(prefix="vhb") as tmp:
         tgz = Path(tmp) / "b.tar.gz"
         with tarfile.open(tgz, "w:gz") as tar:
@@ -155,10 +157,10 @@ def du(root: Path) -> Dict[str, int]:
 class Run:
     """One experiment: vmr-host, 2 guests and the frozen agent on the host; figures in ``fig``."""
 
-    def __init__(self, guest: Dict[str, Any], bundle: Path, vmr_host: str) -> None:
-        """Nothing starts yet (:meth:`go`)."""
+    def __init__(self, guest: Dict[str, Any], exe: Path, vmr_host: str) -> None:
+        """Nothing starts yet (:meth:`go`). ``exe``: the frozen agent (single file or onedir executable)."""
         self.guest = guest
-        self.bundle = bundle
+        self.exe = exe
         self.vmr_host = vmr_host
         self.env = HostEnv({vm: schedule() for vm in (*GUESTS, HOST_VM)}, start_buffer=2.0)
         self.qemus: Dict[str, gl.Qemu] = {}
@@ -196,7 +198,7 @@ class Run:
         with open(env.root / "host-agent.out", "wb") as log:
             self.agent = subprocess.Popen(
                 [
-                    str(self.bundle / "vmr-handler"),
+                    str(self.exe),
                     "run",
                     "--quiet",
                     "--port",
@@ -304,67 +306,57 @@ class Run:
 
 
 # ---------------------------------------------------------------------------- main
+KINDS = ("onefile", "onedir")
+LABEL = {"onefile": "single file", "onedir": "onedir"}
+
+
+def measure_host(exe: Path, repeats: int) -> Dict[str, Any]:
+    """Size and ``--version`` warm/cold on the host for one kind of build."""
+    root = exe.parent if (exe.parent / "_internal").is_dir() else exe  # the bundle dir, or the file
+    cmd = [str(exe), "--version"]
+    timed(cmd, 2)  # warm the cache
+    return {
+        "size": du(root),
+        "host_warm": timed(cmd, repeats),
+        "host_cold": timed(cmd, max(3, repeats // 2), before=lambda: evict(root)),
+    }
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Build, measure, print the table (and ``--json``)."""
+    """Build both kinds, measure, print the table (and ``--json``)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", type=int, default=3, help="experiments (2 guests each), default 3")
+    ap.add_argument("--runs", type=int, default=2, help="experiments per kind (2 guests each), default 2")
     ap.add_argument("--host-repeats", type=int, default=20, help="host --version runs per figure, default 20")
     ap.add_argument("--json", type=Path, help="also write every figure here")
     args = ap.parse_args(argv)
 
     t_all = time.monotonic()
-    builder = gl.build_guest()
-    guest = next(builder)
-    bundle = Path(guest["initrd"]).parents[1] / "dist" / "vmr-handler"  # build_guest's layout
-    if not (bundle / "vmr-handler").exists():
-        raise SystemExit(f"no bundle at {bundle}")
+    builders = {kind: gl.build_guest(onedir=kind == "onedir") for kind in KINDS}
     vmr_host = str(Path(sys.executable).parent / "vmr-host")
-    out: Dict[str, Any] = {"build": guest["timings"], "runs": []}
+    out: Dict[str, Any] = {"runs": 0}
     try:
-        # ------------------------------------------------ size
-        out["size"] = du(bundle)
-        out["initrd_bytes"] = Path(guest["initrd"]).stat().st_size
-        # ------------------------------------------------ host start-up
-        n = args.host_repeats
-        exe = [str(bundle / "vmr-handler"), "--version"]
-        timed(exe, 2)  # warm the cache
-        out["host_warm"] = timed(exe, n)
-        out["host_cold"] = timed(exe, max(3, n // 2), before=lambda: evict(bundle))
-        out["host_python_pass"] = timed([sys.executable, "-c", "pass"], n)
+        guests = {kind: next(builder) for kind, builder in builders.items()}
+        for kind, guest in guests.items():
+            exe = Path(guest["agent"])
+            if not exe.is_file():
+                raise SystemExit(f"no frozen agent at {exe}")
+            fig = measure_host(exe, args.host_repeats)
+            fig.update(build=guest["timings"], initrd_bytes=Path(guest["initrd"]).stat().st_size, runs=[])
+            out[kind] = fig
+            print(f"{LABEL[kind]}: --version on the host warm {fmt(fig['host_warm'], 'ms', 1000)}, "
+                  f"cold {fmt(fig['host_cold'], 'ms', 1000)}", file=sys.stderr, flush=True)  # fmt: skip
+        out["host_python_pass"] = timed([sys.executable, "-c", "pass"], args.host_repeats)
         out["host_package_version"] = timed(
-            [str(Path(sys.executable).parent / "vmr-handler"), "--version"], n
+            [str(Path(sys.executable).parent / "vmr-handler"), "--version"], args.host_repeats
         )
-        print(
-            f"host: --version warm {fmt(out['host_warm'], 'ms', 1000)}, "
-            f"cold {fmt(out['host_cold'], 'ms', 1000)}",
-            file=sys.stderr,
-            flush=True,
-        )
-        # ------------------------------------------------ guests
         for i in range(args.runs):
-            run = Run(guest, bundle, vmr_host)
-            t0 = time.monotonic()
-            try:
-                fig = run.go()
-            except Exception as exc:  # one broken run is reported, the others still count
-                print(f"run {i + 1}: FAILED: {exc}", file=sys.stderr, flush=True)
-                out["runs"].append({"error": str(exc)[:2000]})
-                continue
-            finally:
-                run.close()
-            fig["wall"] = time.monotonic() - t0
-            out["runs"].append(fig)
-            print(
-                f"run {i + 1}/{args.runs}: {fig['wall']:.1f} s; configured "
-                + ", ".join(f"{vm} {v:.1f} s" for vm, v in fig["boot_configured"].items())
-                + f"; spread {fig['spread'] * 1000:.1f} ms; RESUME "
-                + ", ".join(f"{vm} {v * 1000:.0f} ms" for vm, v in fig["resume"].items()),
-                file=sys.stderr,
-                flush=True,
-            )
+            for kind in KINDS:  # alternate, so that the machine's load falls on both alike
+                one_run(out[kind], guests[kind], vmr_host, f"run {i + 1}/{args.runs} {LABEL[kind]}")
+        out["runs"] = args.runs
     finally:
-        for _ in builder:  # removes the build directory
-            pass
+        for builder in builders.values():
+            for _ in builder:  # removes the build directory
+                pass
     out["wall"] = time.monotonic() - t_all
     print_table(out)
     if args.json:
@@ -372,117 +364,97 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-def print_table(out: Dict[str, Any]) -> None:
-    """The figures as a markdown table: measured | baseline."""
-    runs = [r for r in out["runs"] if "error" not in r]
-    failed = len(out["runs"]) - len(runs)
-    sz = out["size"]
+def one_run(into: Dict[str, Any], guest: Dict[str, Any], vmr_host: str, label: str) -> None:
+    """One experiment with ``guest``; its figures (or its error) appended to ``into["runs"]``."""
+    run = Run(guest, Path(guest["agent"]), vmr_host)
+    t0 = time.monotonic()
+    try:
+        fig = run.go()
+    except Exception as exc:  # one broken run is reported, the others still count
+        print(f"{label}: FAILED: {exc}", file=sys.stderr, flush=True)
+        into["runs"].append({"error": str(exc)[:2000]})
+        return
+    finally:
+        run.close()
+    fig["wall"] = time.monotonic() - t0
+    into["runs"].append(fig)
+    print(
+        f"{label}: {fig['wall']:.1f} s; configured "
+        + ", ".join(f"{vm} {v:.1f} s" for vm, v in fig["boot_configured"].items())
+        + f"; spread {fig['spread'] * 1000:.1f} ms; RESUME "
+        + ", ".join(f"{vm} {v * 1000:.0f} ms" for vm, v in fig["resume"].items()),
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+COLD = "`--version` on the host, cold (agent evicted from the page cache)"
+
+
+def kind_rows(k: Dict[str, Any]) -> List[tuple]:
+    """(what, value) rows for one kind of build (its ``out[kind]``)."""
+    runs = [r for r in k["runs"] if "error" not in r]
+    sz = k["size"]
 
     def col(key: str, vm: str) -> List[float]:
         return [r[key][vm] for r in runs if vm in r.get(key, {})]
 
     rows = [
-        (
-            "onedir bundle size",
-            f"{sz['bytes'] / 1e6:.1f} MB ({sz['disk'] / 1e6:.1f} MB on disk), {sz['files']} files; "
-            f".tar.gz {sz['tgz'] / 1e6:.1f} MB",
-            f"initramfs with it: {out['initrd_bytes'] / 1e6:.1f} MB",
-        ),
-        (
-            "`--version` on the host, warm",
-            fmt(out["host_warm"], "ms", 1000, 0),
-            "`python -c pass` " + fmt(out["host_python_pass"], "ms", 1000, 0),
-        ),
-        (
-            "`--version` on the host, cold (bundle evicted)",
-            fmt(out["host_cold"], "ms", 1000, 0),
-            "package `vmr-handler --version` warm " + fmt(out["host_package_version"], "ms", 1000, 0),
-        ),
-        (
-            "`--version` in a TCG guest, cold (first run after boot)",
-            fmt(
-                [r["guest_version"]["cold"] for r in runs if "cold" in r.get("guest_version", {})], "s", 1, 2
-            ),
-            "host cold, above",
-        ),
-        (
-            "`--version` in a TCG guest, warm",
-            fmt(
-                [r["guest_version"]["warm"] for r in runs if "warm" in r.get("guest_version", {})], "s", 1, 2
-            ),
-            "host warm, above",
-        ),
-    ]
+        ("agent size", f"{sz['bytes'] / 1e6:.1f} MB, {sz['files']} file(s); "
+                       f".tar.gz {sz['tgz'] / 1e6:.1f} MB"),
+        ("initramfs with it", f"{k['initrd_bytes'] / 1e6:.1f} MB"),
+        ("`--version` on the host, warm", fmt(k["host_warm"], "ms", 1000, 0)),
+        (COLD, fmt(k["host_cold"], "ms", 1000, 0)),
+        ("`--version` in a TCG guest, cold (first run after boot)",
+         fmt([r["guest_version"]["cold"] for r in runs if "cold" in r.get("guest_version", {})], "s", 1, 2)),
+        ("`--version` in a TCG guest, warm",
+         fmt([r["guest_version"]["warm"] for r in runs if "warm" in r.get("guest_version", {})], "s", 1, 2)),
+    ]  # fmt: skip
     for vm in GUESTS:
         note = " (+`vmr.timing`: 2 x `--version` first)" if vm == TIMING_VM else ""
-        rows.append(
-            (
-                f"QEMU start → host receives `configured`, {vm}{note}",
-                fmt(col("boot_configured", vm), "s"),
-                "QEMU start → `/init` starts the agent (console line seen) " + fmt(col("boot_init", vm), "s"),
-            )
-        )
-    rows.append(
-        (
-            "guest uptime when `/init` starts the agent (guest clock), vm1",
-            fmt(col("uptime_init", "vm1"), "s", 1, 2),
-            "",
-        )
-    )
-    rows.append(
-        (
-            "frozen agent on the host: process start → host receives `configured`",
-            fmt(col("boot_configured", HOST_VM), "s", 1, 2),
-            "",
-        )
-    )
+        rows.append((f"QEMU start → host receives `configured`, {vm}{note}",
+                     fmt(col("boot_configured", vm), "s")))  # fmt: skip
+        rows.append((f"QEMU start → `/init` starts the agent, {vm}", fmt(col("boot_init", vm), "s")))
+    rows.append(("agent on the host: process start → host receives `configured`",
+                 fmt(col("boot_configured", HOST_VM), "s", 1, 2)))  # fmt: skip
     late = [abs(r["lateness"][vm]) for r in runs for vm in GUESTS]
-    rows.append(
-        (
-            "entry at +1: `\\|spawned_at - scheduled\\|` per guest",
-            fmt(late, "ms", 1000),
-            "frozen agent on the host " + fmt([abs(x) for x in col("lateness", HOST_VM)], "ms", 1000),
-        )
-    )
-    rows.append(
-        (
-            "entry at +1: spread of `spawned_at` across the 2 guests",
-            fmt([r["spread"] for r in runs], "ms", 1000),
-            "by host receive time of `entry_started` "
-            + fmt([r["spread_rx"] for r in runs if r["spread_rx"] is not None], "ms", 1000),
-        )
-    )
+    rows.append(("entry at +1: `\\|spawned_at - scheduled\\|` per guest", fmt(late, "ms", 1000)))
+    spread = [r["spread"] for r in runs]
+    rows.append(("entry at +1: spread of `spawned_at` across the 2 guests", fmt(spread, "ms", 1000)))
     rss = [r["rss"][vm]["rss_kb"] / 1024 for r in runs for vm in GUESTS if vm in r["rss"]]
     hwm = [r["rss"][vm]["hwm_kb"] / 1024 for r in runs for vm in GUESTS if r["rss"].get(vm, {}).get("hwm_kb")]
-    host_rss = [r["rss"][HOST_VM]["rss_kb"] / 1024 for r in runs if HOST_VM in r["rss"]]
-    rows.append(
-        (
-            "agent RSS in the guest (VmRSS at +2 s; peak VmHWM)",
-            fmt(rss, "MiB") + "; peak " + fmt(hwm, "MiB"),
-            "frozen agent on the host " + fmt(host_rss, "MiB"),
-        )
-    )
-    rows.append(
-        (
-            "RESUME: `vmr-host resume --all` issued → guest entry forked (`spawned_at`)",
-            fmt([r["resume"][vm] for r in runs for vm in GUESTS], "ms", 1000, 0),
-            "frozen agent on the host "
-            + fmt(col("resume", HOST_VM), "ms", 1000, 0)
-            + "; the CLI process alone "
-            + fmt([r["resume_cli"] for r in runs], "ms", 1000, 0),
-        )
-    )
+    rows.append(("agent RSS in the guest (VmRSS at +2 s; peak VmHWM)",
+                 fmt(rss, "MiB") + "; peak " + fmt(hwm, "MiB")))  # fmt: skip
+    rows.append(("RESUME: `vmr-host resume --all` issued → guest entry forked",
+                 fmt([r["resume"][vm] for r in runs for vm in GUESTS], "ms", 1000, 0)))  # fmt: skip
+    return rows
+
+
+def print_table(out: Dict[str, Any]) -> None:
+    """The figures as a markdown table: single file | onedir | baseline."""
+    baseline = {
+        "`--version` on the host, warm": "`python -c pass` " + fmt(out["host_python_pass"], "ms", 1000, 0),
+        COLD: "package `vmr-handler --version` warm " + fmt(out["host_package_version"], "ms", 1000, 0),
+    }  # fmt: skip
+    columns = {kind: dict(kind_rows(out[kind])) for kind in KINDS}
     print()
+    failed = {kind: sum(1 for r in out[kind]["runs"] if "error" in r) for kind in KINDS}
     print(
-        f"{len(runs)} runs" + (f" ({failed} failed)" if failed else "") + f", {out['wall']:.0f} s in all; "
-        f"agent build {out['build'].get('agent_build', 0):.1f} s, "
-        f"guest build {out['build'].get('guest_build', 0):.1f} s"
+        f"{out['runs']} runs per kind"
+        + "".join(f" ({n} {LABEL[kind]} runs failed)" for kind, n in failed.items() if n)
+        + f", {out['wall']:.0f} s in all; builds: "
+        + ", ".join(
+            f"{LABEL[kind]} agent {out[kind]['build'].get('agent_build', 0):.1f} s + guest "
+            f"{out[kind]['build'].get('guest_build', 0):.1f} s"
+            for kind in KINDS
+        )
     )
     print()
-    print("| what | measured | baseline |")
-    print("| --- | --- | --- |")
-    for what, value, base in rows:
-        print(f"| {what} | {value} | {base} |")
+    print(f"| what | {LABEL['onefile']} | {LABEL['onedir']} | baseline |")
+    print("| --- | --- | --- | --- |")
+    for what in columns["onefile"]:
+        one, dir_ = columns["onefile"][what], columns["onedir"].get(what, "")
+        print(f"| {what} | {one} | {dir_} | {baseline.get(what, '')} |")
 
 
 if __name__ == "__main__":

@@ -5,9 +5,12 @@
 #
 # CACHE_DIR  default <repo>/qemu-test/.cache (git-ignored). Holds the Debian cloud kernel and
 #            its virtio modules, cached by kernel version, and the built guest.
-# AGENT      the frozen agent built by packaging/build.sh: the onedir bundle directory
+# AGENT      the frozen agent built by packaging/build.sh: the single executable file
+#            (DIST/vmr-handler, the default build), or a `build.sh --onedir` bundle directory
 #            (DIST/vmr-handler) or its executable (DIST/vmr-handler/vmr-handler).
 #            Default: $VMR_AGENT, else <repo>/dist/vmr-handler.
+# PYTHON     a Python with PyInstaller (default <repo>/.venv/bin/python): reads the libraries
+#            inside the single file, to copy the glibc parts they need into the guest.
 #
 # Output (paths printed on the last two lines as KERNEL=... and INITRD=...):
 #   CACHE_DIR/guest/vmlinuz         the cloud kernel
@@ -48,12 +51,24 @@ if ldd "$busybox" >/dev/null 2>&1; then
 fi
 
 # ------------------------------------------------------------------ the agent
-if [ -f "$agent" ] && [ -x "$agent" ]; then
+# kind=file: one executable (installed as /usr/local/bin/vmr-handler); kind=dir: an onedir
+# bundle (installed as /opt/vmr-handler, linked from /usr/local/bin)
+if [ -f "$agent" ] && [ -x "$agent" ] && [ -d "$(dirname "$agent")/_internal" ]; then
     agent=$(dirname "$agent")
 fi
-agent=$(cd "$agent" && pwd)
-[ -x "$agent/vmr-handler" ] || { log "no frozen agent at $agent (run packaging/build.sh first)"; exit 1; }
-[ -d "$agent/_internal" ] || log "warning: $agent has no _internal/ (not an onedir bundle?)"
+if [ -f "$agent" ]; then
+    [ -x "$agent" ] || { log "$agent is not executable"; exit 1; }
+    kind="file"
+    agent=$(cd "$(dirname "$agent")" && pwd)/$(basename "$agent")
+elif [ -d "$agent" ]; then
+    kind="dir"
+    agent=$(cd "$agent" && pwd)
+    [ -x "$agent/vmr-handler" ] || { log "no frozen agent in $agent (run packaging/build.sh first)"; exit 1; }
+    [ -d "$agent/_internal" ] || log "warning: $agent has no _internal/ (not an onedir bundle?)"
+else
+    log "no frozen agent at $agent (run packaging/build.sh first)"; exit 1
+fi
+log "agent: $agent ($kind)"
 
 # ------------------------------------------------------------------ kernel (cached by version)
 kpkg=$(apt-cache depends linux-image-cloud-amd64 2>/dev/null \
@@ -132,19 +147,41 @@ else
     devnodes=yes  # non-root: cpio gets the nodes from a gen_init_cpio-like list below
 fi
 
-cp -a "$agent" "$root/opt/vmr-handler"
-ln -s /opt/vmr-handler/vmr-handler "$root/usr/local/bin/vmr-handler"
+if [ "$kind" = file ]; then
+    cp "$agent" "$root/usr/local/bin/vmr-handler"
+    # the libraries inside the single file, to ask ldd what they need from the guest
+    inner=$(mktemp -d "${TMPDIR:-/tmp}/vmr-agent-libs.XXXXXX")
+    trap 'rm -rf "$root" "$inner"' EXIT
+    python=${PYTHON:-$repo/.venv/bin/python}
+    "$python" - "$agent" "$inner" <<'PY' || log "warning: cannot list the libraries inside $agent; copying the usual glibc set only"
+import os, sys
+from PyInstaller.archive.readers import CArchiveReader
+archive, out = CArchiveReader(sys.argv[1]), sys.argv[2]
+for name, entry in archive.toc.items():
+    if entry[-1] == "b" and ".so" in name:  # typecode b: a shared library
+        path = os.path.join(out, os.path.basename(name))
+        with open(path, "wb") as f:
+            f.write(archive.extract(name))
+PY
+    lib_sources=("$root/usr/local/bin/vmr-handler" "$inner")
+    bundled=$inner
+else
+    cp -a "$agent" "$root/opt/vmr-handler"
+    ln -s /opt/vmr-handler/vmr-handler "$root/usr/local/bin/vmr-handler"
+    lib_sources=("$agent/vmr-handler" "$agent")
+    bundled=$agent
+fi
 
-# glibc and friends from this machine: what ldd says the bundle needs + the lab notes' list
-libs=$( { ldd "$agent/vmr-handler"
-          find "$agent" -name '*.so*' -type f -exec ldd {} \; 2>/dev/null
+# glibc and friends from this machine: what ldd says the agent needs + the lab notes' list
+libs=$( { ldd "${lib_sources[0]}"
+          find "${lib_sources[1]}" -name '*.so*' -type f -exec ldd {} \; 2>/dev/null
         } | awk '/=> \//{print $3} /^\t\/lib64\//{print $1}' | sort -u)
 for name in ld-linux-x86-64.so.2 libc.so.6 libm.so.6 libdl.so.2 libpthread.so.0 libz.so.1; do
     p=$(ldconfig -p | awk -v n="$name" '$1 == n && /x86-64/ && !f {print $NF; f = 1}')
     [ -n "$p" ] && libs+=$'\n'$p
 done
 for lib in $(echo "$libs" | sort -u); do
-    case $lib in "$agent"/*) continue ;; esac   # bundled by PyInstaller already
+    case $lib in "$bundled"/*) continue ;; esac   # bundled by PyInstaller already
     real=$(readlink -f "$lib")
     case $lib in
         */ld-linux-x86-64.so.2) cp "$real" "$root/lib64/ld-linux-x86-64.so.2" ;;

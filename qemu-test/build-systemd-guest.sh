@@ -8,8 +8,9 @@
 # CACHE_DIR  default <repo>/qemu-test/.cache (git-ignored). Holds, under systemd/, the .debs
 #            debootstrap fetched and the base root filesystem (debootstrap + kernel modules +
 #            guest settings, no agent), keyed by suite, package list, kernel package and recipe.
-# AGENT      the frozen agent from packaging/build.sh: the onedir bundle directory
-#            (DIST/vmr-handler) or its executable. Default: $VMR_AGENT, else <repo>/dist/vmr-handler.
+# AGENT      the frozen agent from packaging/build.sh: the single executable file (the default
+#            build), or a `build.sh --onedir` bundle directory (DIST/vmr-handler) or its
+#            executable. Default: $VMR_AGENT, else <repo>/dist/vmr-handler. images/bake installs it.
 #
 # Output ($VMR_GUEST_OUT, default CACHE_DIR/systemd-guest), printed on the last three lines as
 # KERNEL=..., INITRD=..., DISK=...:
@@ -63,11 +64,16 @@ fi
 busybox=/bin/busybox
 
 # ------------------------------------------------------------------ the agent
-if [ -f "$agent" ] && [ -x "$agent" ]; then
-    agent=$(dirname "$agent")
+if [ -f "$agent" ] && [ -x "$agent" ] && [ -d "$(dirname "$agent")/_internal" ]; then
+    agent=$(dirname "$agent")   # the executable of an onedir bundle: bake the whole bundle
 fi
-agent=$(cd "$agent" && pwd)
-[ -x "$agent/vmr-handler" ] || { log "no frozen agent at $agent (run packaging/build.sh first)"; exit 1; }
+if [ -f "$agent" ]; then
+    [ -x "$agent" ] || { log "$agent is not executable"; exit 1; }
+    agent=$(cd "$(dirname "$agent")" && pwd)/$(basename "$agent")
+else
+    agent=$(cd "$agent" && pwd)
+    [ -x "$agent/vmr-handler" ] || { log "no frozen agent at $agent (run packaging/build.sh first)"; exit 1; }
+fi
 
 # ------------------------------------------------------------------ kernel package
 resolve_kernel() {

@@ -33,9 +33,11 @@ def say(msg: str) -> None:
     print(f"[qemu-test] {msg}", file=sys.stderr, flush=True)
 
 
-def build_guest() -> Iterator[Dict[str, Any]]:
-    """Build the frozen agent and the guest once: ``{"kernel", "initrd", "timings"}``
-    (the ``guest`` session fixture of conftest.py)."""
+def build_guest(onedir: bool = False) -> Iterator[Dict[str, Any]]:
+    """Build the frozen agent and the guest once: ``{"kernel", "initrd", "agent", "timings"}``
+    (the ``guest`` session fixture of conftest.py). ``agent`` is the single file that
+    ``packaging/build.sh`` makes by default, or with ``onedir`` the executable inside the
+    ``--onedir`` bundle (the benchmark compares the two)."""
     if not shutil.which("apt-get") and not shutil.which("qemu-system-x86_64"):
         pytest.fail("qemu-test needs qemu-system-x86_64 (or apt-get to install it)")
     work = Path(tempfile.mkdtemp(prefix="vmr-qemu-build."))
@@ -47,7 +49,7 @@ def build_guest() -> Iterator[Dict[str, Any]]:
     env["PYINSTALLER_CONFIG_DIR"] = str(work / "pyi-config")
     t0 = time.monotonic()
     res = subprocess.run(
-        ["bash", str(REPO / "packaging" / "build.sh"), str(work / "dist")],
+        ["bash", str(REPO / "packaging" / "build.sh"), *(["--onedir"] if onedir else []), str(work / "dist")],
         capture_output=True,
         text=True,
         timeout=BUILD_TIMEOUT,
@@ -68,7 +70,7 @@ def build_guest() -> Iterator[Dict[str, Any]]:
         capture_output=True,
         text=True,
         timeout=BUILD_TIMEOUT,
-        env={**os.environ, "VMR_GUEST_OUT": str(work / "guest")},
+        env={**os.environ, "VMR_GUEST_OUT": str(work / "guest"), "PYTHON": sys.executable},
         cwd=REPO,
     )
     if res.returncode != 0:
@@ -79,7 +81,9 @@ def build_guest() -> Iterator[Dict[str, Any]]:
         f"agent build {timings['agent_build']:.1f} s, guest build {timings['guest_build']:.1f} s "
         f"({res.stderr.strip().splitlines()[-1] if res.stderr.strip() else ''})"
     )
-    yield {"kernel": out["KERNEL"], "initrd": out["INITRD"], "timings": timings}
+    dist = work / "dist" / "vmr-handler"
+    agent = dist / "vmr-handler" if onedir else dist
+    yield {"kernel": out["KERNEL"], "initrd": out["INITRD"], "agent": str(agent), "timings": timings}
     shutil.rmtree(work, ignore_errors=True)
 
 

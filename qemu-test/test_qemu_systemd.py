@@ -54,6 +54,8 @@ echo "active $(systemctl is-active vmr-handler.service)"
 echo "started $(journalctl -b -o cat -u vmr-handler.service | grep -c '^Started vmr-handler.service')"
 echo "agent_start_us $(systemctl show -p ExecMainStartTimestampMonotonic --value vmr-handler.service)"
 echo "uptime $(cut -d' ' -f1 /proc/uptime)"
+echo "copies $(ls -d /var/lib/vmr-handler/tmp/_MEI* 2>/dev/null | wc -l)"
+echo "tmpdir ${TMPDIR-unset}"
 """
 
 
@@ -80,7 +82,7 @@ def _schedule() -> List[Dict[str, Any]]:
 
 
 def _agent_dir(guest: Dict[str, Any]) -> Path:
-    """The onedir bundle the session fixture built (``guestlab.build_guest`` puts it next to the guest)."""
+    """The single file the session fixture built (``guestlab.build_guest`` puts it next to the guest)."""
     if guest.get("agent"):
         return Path(guest["agent"])
     return Path(guest["kernel"]).resolve().parent.parent / "dist" / "vmr-handler"
@@ -92,7 +94,7 @@ def systemd_guest(guest: Dict[str, Any]) -> Iterator[Dict[str, Any]]:
     if os.geteuid() != 0:
         pytest.skip("build-systemd-guest.sh needs root (debootstrap, chroot); CI runs as root")
     agent = _agent_dir(guest)
-    if not (agent / "vmr-handler").is_file():
+    if not agent.is_file():
         pytest.fail(f"no frozen agent at {agent} (guestlab.build_guest's layout changed?)")
     work = Path(tempfile.mkdtemp(prefix="vmr-qemu-sd."))
     t0 = time.monotonic()
@@ -313,6 +315,8 @@ def test_systemd_unit_and_udev_rule_start_the_agent(systemd_guest: Dict[str, Any
         assert re.fullmatch(r"/dev/vport\d+p1", boot_probe.get("port", "")), boot_probe  # made by udev
         assert boot_probe.get("wants") == "vmr-handler.service", boot_probe  # the rule matched the port
         assert boot_probe.get("active") == "active" and boot_probe.get("restarts") == "0", boot_probe
+        # the single file unpacked once, where the unit's TMPDIR says; entries do not see that TMPDIR
+        assert boot_probe.get("copies") == "1" and boot_probe.get("tmpdir") == "unset", boot_probe
 
         assert stage_order(env, VM) == [
             ("stage_started", 0),
@@ -356,6 +360,7 @@ def test_systemd_unit_and_udev_rule_start_the_agent(systemd_guest: Dict[str, Any
         assert after.get("cgroup") == UNIT_CGROUP, after
         # started twice by systemd in this boot, and not by Restart= (NRestarts counts those)
         assert after.get("started") == "2" and after.get("restarts") == "0", after
+        assert after.get("copies") == "1", after  # the stopped agent's copy went with it
         assert after.get("wants") == "vmr-handler.service", after
         assert after.get("port", "").startswith("/dev/vport"), after
         starts = [r["event"]["data"] for r in env.events(VM, "start_time_set")]

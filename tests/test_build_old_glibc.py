@@ -3,11 +3,8 @@ not run; its measured run is in packaging/README.md."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
-
-import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent / "packaging" / "build-old-glibc.sh"
 
@@ -24,10 +21,3 @@ def test_script_builds_with_build_sh_and_its_pins() -> None:
     text = SCRIPT.read_text()
     assert "packaging/build.sh /out" in text
     assert "pip install -q /src" in text
-
-
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed")
-def test_shellcheck() -> None:
-    """shellcheck finds nothing (when it is installed)."""
-    res = subprocess.run(["shellcheck", str(SCRIPT)], capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stdout
