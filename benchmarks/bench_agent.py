@@ -22,6 +22,8 @@ Sections:
   4  ``build_plan`` / ``vmr-handler plan --json`` for a 100 000-entry schedule; loading it
      as YAML through the real loader (CSafeLoader + depth guard) vs the old yaml.safe_load.
   5  idle CPU% and RSS while waiting for an entry 20 s away; bare-Python RSS baseline.
+  6  same-instant groups of 1, 10 and 60 entries with and without a 200-byte drop each
+     (issue 15): first and last fork after the instant, side by side.
 """
 
 from __future__ import annotations
@@ -1002,6 +1004,7 @@ def section_plan(
     print(f"    CLI output has {len(cli_doc.get('entries', []))} entries: {cli_ok}")
     res.add("4 plan", f"`vmr-handler plan --json` wall{tag}", fmt_ms(min(walls) * 1000))
     res.add("4 plan", "  `vmr-handler --version` wall (floor)", fmt_ms(floor * 1000))
+    raw = section_raw_parse(root, res, path, records, cli_repeats, min(walls))
 
     # YAML: the real loader (load_schedule: libyaml's CSafeLoader unless the depth guard
     # sends the text to the pure-Python loader) on the whole schedule, and for comparison
@@ -1067,8 +1070,74 @@ def section_plan(
         f"  old loader extrapolated to {yaml_full_n:,} (linear)",
         fmt_ms(t_ysafe * yaml_full_n / yaml_n * 1000),
     )
+    if "yaml_csafe_s" in fig:
+        ratio = t_yload / fig["yaml_csafe_s"]
+        res.add(
+            "4 plan", f"  load YAML / CSafeLoader parse, {yaml_n:,}", f"{ratio:.2f}x", "<= 1.5x", ratio <= 1.5
+        )
+    fig["raw"] = raw
     res.data["plan"] = fig
     return fig
+
+
+#: A process that parses a JSON file and nothing else: the floor of `check`/`plan` walls.
+RAW_JSON = "import json, sys\njson.loads(open(sys.argv[1], 'rb').read())\n"
+
+
+def _wall(argv: List[str], repeats: int, root: str) -> float:
+    """Best wall time (s) of ``argv`` over ``repeats`` runs, output discarded."""
+    walls = []
+    for _ in range(repeats):
+        _rc, wall = _run(
+            argv, 300, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd=root, env=child_env()
+        )
+        walls.append(wall)
+    return min(walls)
+
+
+def section_raw_parse(
+    root: str, res: Results, path: str, records: List[Dict[str, Any]], repeats: int, plan_wall: float
+) -> Dict[str, float]:
+    """`check`/`plan` of the big schedule against the raw parse (issue 15: within 3x), in
+    process (load_schedule vs json.loads / pickle.loads) and as whole processes."""
+    import pickle
+
+    from vmr_handler.core.schedule import load_schedule
+
+    fig: Dict[str, float] = {}
+    t_json, _ = best_of(3, lambda: json.loads(open(path, "rb").read()))  # noqa: SIM115
+    t_load, _ = best_of(3, lambda: load_schedule(path))
+    fig["json_s"], fig["load_json_s"] = t_json, t_load
+    res.add("4 plan", "in process: load_schedule / json.loads (best of 3)", _ratio(t_load, t_json), "<= 3x",
+            t_load <= 3 * t_json)  # fmt: skip
+    try:
+        from tests.refpickle import reference_pickle, standin_class
+    except ImportError:
+        reference_pickle = None
+    if reference_pickle is not None:
+        pkl = os.path.join(root, "big.pkl")
+        with open(pkl, "wb") as fh:
+            fh.write(reference_pickle([dict(r) for r in records], protocol=2))
+        with standin_class("firewheel.vm_resource_manager.schedule_entry.ScheduleEntry"):
+            t_pickle, _ = best_of(3, lambda: pickle.loads(open(pkl, "rb").read()))  # noqa: SIM115
+        t_load_pkl, _ = best_of(3, lambda: load_schedule(pkl))
+        fig["pickle_s"], fig["load_pickle_s"] = t_pickle, t_load_pkl
+        res.add("4 plan", "in process: load_schedule / pickle.loads (pickle)", _ratio(t_load_pkl, t_pickle),
+                "<= 3x", t_load_pkl <= 3 * t_pickle)  # fmt: skip
+    t_raw = _wall([sys.executable, "-c", RAW_JSON, path], repeats, root)
+    t_check = _wall([*agent_argv(), "check", path], repeats, root)
+    fig["raw_wall_s"], fig["check_wall_s"], fig["plan_wall_s"] = t_raw, t_check, plan_wall
+    res.add("4 plan", "process: python json.loads of the file, wall", fmt_ms(t_raw * 1000))
+    res.add("4 plan", "process: `vmr-handler check` wall", fmt_ms(t_check * 1000))
+    res.add("4 plan", "  check / raw parse (process walls)", _ratio(t_check, t_raw), "<= 3x",
+            t_check <= 3 * t_raw)  # fmt: skip
+    res.add("4 plan", "  plan --json / raw parse (process walls)", _ratio(plan_wall, t_raw), "<= 3x",
+            plan_wall <= 3 * t_raw)  # fmt: skip
+    return fig
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a * 1000:.0f} / {b * 1000:.0f} ms = {a / b:.2f}x"
 
 
 # --------------------------------------------------------------------------- section 5
@@ -1218,6 +1287,82 @@ def section_idle(root: str, res: Results, wait_s: float, sample_s: float) -> Dic
 
 
 # --------------------------------------------------------------------------- main
+# --------------------------------------------------------------------------- section 6
+#: A 200-byte shell script, the data each entry of a "with drops" group puts in place.
+DROP_SCRIPT = "#!/bin/sh\n# dropped by the benchmark: 200 bytes of script\n" + "echo x >/dev/null\n" * 7
+DROP_SCRIPT += "#" * (199 - len(DROP_SCRIPT)) + "\n"
+
+
+def drop_records(n: int, drops: bool) -> List[Dict[str, Any]]:
+    """``n`` entries at experiment second 1 running ``/bin/true``; with ``drops`` each also
+    drops :data:`DROP_SCRIPT` (executable) into its working dir."""
+    records: List[Dict[str, Any]] = []
+    for _ in range(n):
+        record: Dict[str, Any] = {"start_time": 1, "executable": "/bin/true"}
+        if drops:
+            record["data"] = [{"location": "run.sh", "content": DROP_SCRIPT, "executable": True}]
+        records.append(record)
+    return records
+
+
+def group_figures(events: List[Dict[str, Any]]) -> Tuple[float, float]:
+    """(first fork, last fork) after the instant, ms: min and max ``lateness`` of the group."""
+    lat = [float(e["data"]["lateness"]) * 1000.0 for e in started_events(events) if "lateness" in e["data"]]
+    return (min(lat), max(lat)) if lat else (math.nan, math.nan)
+
+
+def section_drops(
+    root: str, res: Results, sizes: Sequence[int], repeats: int, with_log: bool
+) -> Dict[str, Any]:
+    print(
+        f"\n[6] same-instant groups with and without a 200-byte drop per entry (local), "
+        f"{repeats} run(s) each, runs interleaved"
+    )
+    out: Dict[str, Any] = {}
+    for n in sizes:
+        figs: Dict[bool, List[Tuple[float, float]]] = {False: [], True: []}
+        for k in range(repeats):
+            for drops in (False, True):
+                tag = "drops" if drops else "nodrops"
+                where = os.path.join(root, f"g{n}-{tag}-{k}")
+                run = run_agent(where, drop_records(n, drops), with_log=with_log)
+                figs[drops].append(group_figures(run["events"]))
+        med = {
+            d: (statistics.median(f[0] for f in figs[d]), statistics.median(f[1] for f in figs[d]))
+            for d in (False, True)
+        }
+        first_ok = med[True][0] <= 1.5 * med[False][0] + 2.0
+        last_ok = med[True][1] <= med[False][1] + 10.0
+        print(
+            f"    {n:>3} entries: first fork {med[True][0]:.1f} ms with drops vs {med[False][0]:.1f} ms "
+            f"without (x{med[True][0] / max(med[False][0], 1e-9):.2f}); last fork {med[True][1]:.1f} vs "
+            f"{med[False][1]:.1f} ms (+{med[True][1] - med[False][1]:.1f} ms); runs (first, last): "
+            f"drops {[(round(a, 1), round(b, 1)) for a, b in figs[True]]}, "
+            f"none {[(round(a, 1), round(b, 1)) for a, b in figs[False]]}"
+        )
+        res.add(
+            "6 drops",
+            f"{n} entries: first fork, drops / none",
+            f"{fmt_ms(med[True][0])} / {fmt_ms(med[False][0])}",
+            "<= 1.5x+2ms",
+            first_ok,
+        )
+        res.add(
+            "6 drops",
+            f"{n} entries: last fork, drops / none",
+            f"{fmt_ms(med[True][1])} / {fmt_ms(med[False][1])}",
+            "<= +10 ms",
+            last_ok,
+        )
+        out[str(n)] = {
+            "drops": figs[True],
+            "none": figs[False],
+            "median": {"drops": med[True], "none": med[False]},
+        }
+    res.data["drops"] = out
+    return out
+
+
 def environment(tmp_root: str) -> Dict[str, Any]:
     try:
         commit = subprocess.run(
@@ -1258,7 +1403,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="smaller/shorter runs (smoke test)")
-    parser.add_argument("--only", default="1,2,3,4,5", help="comma list of sections to run (default all)")
+    parser.add_argument("--only", default="1,2,3,4,5,6", help="comma list of sections to run (default all)")
     parser.add_argument(
         "--tmp-root",
         default=tempfile.gettempdir(),
@@ -1341,6 +1486,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             )
         if "5" in only:
             guarded("5", lambda: section_idle(root, res, 8.0 if args.quick else 20.0, 5.0))
+        if "6" in only:
+            guarded("6", lambda: section_drops(root, res, (1, 10, 60), 1 if args.quick else 3, args.with_log))
     finally:
         _cleanup_children()
         if args.keep:

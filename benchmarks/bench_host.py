@@ -22,6 +22,8 @@ Sections (1-3 share one experiment: one real ``vmr-host serve`` and N+1 real age
      none lost, none duplicated.
   5  100 simulated idle agents (asyncio protocol clients in this process): host CPU %, RSS,
      fds over 10 s (``--quick``: 5 s).
+  6  2 agents, same-instant groups of 1, 10 and 60 entries with and without a 200-byte drop
+     each (issue 15): first and last fork after the instant, side by side.
 """
 
 from __future__ import annotations
@@ -596,6 +598,66 @@ def _section2(report: Report, exp: Experiment, everyone: List[str]) -> None:
     ignored = [vm for vm, r in rr.items() if r["event"]["data"].get("ignored")]
     if ignored:
         report.note(f"RESUME ignored (no active break) on {ignored}")
+    if isinstance(issued, (int, float)):
+        _resume_baseline(report, exp, (issued - t_cli) * 1000)
+
+
+#: A client of the host control socket with the standard library only: the floor of "CLI start
+#: to RESUME issued" (the interpreter's start, json, socket), run by the same Python.
+STDLIB_RESUME = (
+    "import json, socket, sys\n"
+    "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+    "s.connect(sys.argv[1])\n"
+    "s.sendall(json.dumps({'cmd': 'resume', 'all': True}).encode() + b'\\n')\n"
+    "data = b''\n"
+    "while not data.endswith(b'\\n'):\n"
+    "    chunk = s.recv(65536)\n"
+    "    if not chunk:\n"
+    "        break\n"
+    "    data += chunk\n"
+    "print(data.decode())\n"
+)
+
+
+def _issued_after(exp: Experiment, t0: float) -> Optional[float]:
+    for r in exp.experiment_json().get("resumes") or []:
+        if isinstance(r.get("issued"), (int, float)) and r["issued"] >= t0:
+            return float(r["issued"])
+    return None
+
+
+def _resume_baseline(report: Report, exp: Experiment, cli_ms: float, runs: int = 3) -> None:
+    """``vmr-host resume --all`` against a stdlib client on the same socket (the agents have no
+    break any more: these RESUMEs are ignored), CLI start to RESUME issued, best of ``runs``."""
+    sock = os.path.join(exp.logs, "vmr-host.sock")
+    figures: Dict[str, List[float]] = {"stdlib": [], "vmr-host": []}
+    commands = {
+        "stdlib": [sys.executable, "-c", STDLIB_RESUME, sock],
+        "vmr-host": [*script("vmr-host"), "resume", "--all", "--logs", exp.logs, "--json"],
+    }
+    for _ in range(runs):
+        for name, argv in commands.items():
+            t0 = time.time()
+            done = subprocess.run(
+                argv, capture_output=True, timeout=30, env=child_env(), cwd=REPO, check=False
+            )
+            issued = _issued_after(exp, t0)
+            if done.returncode == 0 and issued is not None:
+                figures[name].append((issued - t0) * 1000)
+    if not figures["stdlib"] or not figures["vmr-host"]:
+        report.note(f"RESUME baseline incomplete: {figures}")
+        return
+    base, cli = min(figures["stdlib"]), min(figures["vmr-host"])
+    report.ms("2 resume", f"stdlib client: start -> RESUME issued (best of {runs})", base)
+    report.ms("2 resume", f"vmr-host resume: start -> RESUME issued (best of {runs}, again)", cli)
+    report.add(
+        "2 resume",
+        "  vmr-host / stdlib client (first resume / best)",
+        f"{cli_ms / base:.2f}x / {cli / base:.2f}x",
+        [cli_ms / base, cli / base],
+        "<= 2x",
+        cli / base <= 2.0,
+    )
 
 
 def _section3(
@@ -1086,6 +1148,87 @@ async def _section5_async(
 
 
 # =========================================================================== main
+# =========================================================================== section 6
+#: A 200-byte shell script: the data each entry of a "with drops" group puts in place.
+DROP_SCRIPT = "#!/bin/sh\n# dropped by the benchmark: 200 bytes of script\n" + "echo x >/dev/null\n" * 7
+DROP_SCRIPT += "#" * (199 - len(DROP_SCRIPT)) + "\n"
+#: (group size, with drops) in firing order, and the experiment second each group fires at.
+DROP_GROUPS = [(n, drops) for n in (1, 10, 60) for drops in (False, True)]
+DROP_STEP_S = 2.0
+
+
+def _drop_schedule() -> List[Dict[str, Any]]:
+    records: List[Dict[str, Any]] = []
+    for g, (n, drops) in enumerate(DROP_GROUPS):
+        for _ in range(n):
+            rec: Dict[str, Any] = {"start_time": 1 + g * DROP_STEP_S, "executable": "/bin/true"}
+            if drops:
+                rec["data"] = [{"location": "run.sh", "content": DROP_SCRIPT, "executable": True}]
+            records.append(rec)
+    return records
+
+
+def section6(report: Report, n_agents: int, keep: bool) -> None:
+    """Same-instant groups of 1, 10 and 60 entries with and without a 200-byte drop each, on
+    ``n_agents`` connected agents (issue 15): first and last fork after the instant."""
+    print(f"\n== 6: drop / no-drop groups (1, 10, 60 entries) on {n_agents} connected agents", flush=True)
+    vms = [f"d{i}" for i in range(n_agents)]
+    records = _drop_schedule()
+    exp = Experiment({vm: records for vm in vms}, start_buffer=1.0, keep=keep)
+    load = MachineLoad()
+    try:
+        exp.start_host()
+        for vm in vms:
+            exp.start_agent(vm)
+        exp.wait_all(vms, "configured", timeout=60)
+        last = len(records) - 1
+        exp.wait_all(vms, "entry_started", timeout=30 + len(DROP_GROUPS) * DROP_STEP_S, index=last)
+        time.sleep(0.5)
+        figures: Dict[Tuple[int, bool], Tuple[float, float]] = {}
+        for g, (n, drops) in enumerate(DROP_GROUPS):
+            fire_at = 1 + g * DROP_STEP_S
+            firsts, lasts = [], []
+            for vm in vms:
+                exp.tail(vm).poll()
+                lat = [
+                    r["event"]["data"]["lateness"] * 1000
+                    for r in exp.tail(vm).recs
+                    if r["event"]["type"] == "entry_started"
+                    and r["event"]["data"].get("start_time") == fire_at
+                    and "lateness" in r["event"]["data"]
+                ]
+                if len(lat) == n:
+                    firsts.append(min(lat))
+                    lasts.append(max(lat))
+            if len(firsts) == len(vms):
+                figures[(n, drops)] = (max(firsts), max(lasts))
+            else:
+                report.note(f"group of {n} (drops={drops}): only {len(firsts)}/{len(vms)} VMs started all")
+        for n in (1, 10, 60):
+            if (n, True) not in figures or (n, False) not in figures:
+                continue
+            (f_d, l_d), (f_n, l_n) = figures[(n, True)], figures[(n, False)]
+            report.add(
+                "6 drops",
+                f"{n} entries: first fork, drops / none (max over VMs)",
+                f"{f_d:.1f} / {f_n:.1f} ms",
+                [f_d, f_n],
+                "<= 1.5x+2ms",
+                f_d <= 1.5 * f_n + 2.0,
+            )
+            report.add(
+                "6 drops",
+                f"{n} entries: last fork, drops / none (max over VMs)",
+                f"{l_d:.1f} / {l_n:.1f} ms",
+                [l_d, l_n],
+                "<= +10 ms",
+                l_d <= l_n + 10.0,
+            )
+        print(f"  ({load.text()})", flush=True)
+    finally:
+        exp.close()
+
+
 def git_head() -> str:
     try:
         return subprocess.run(
@@ -1102,7 +1245,9 @@ def main() -> int:
     parser.add_argument(
         "--quick", action="store_true", help="smaller runs (8 agents, 50 000 lines, 5 s idle window)"
     )
-    parser.add_argument("--only", default="1,2,3,4,5", help="comma-separated sections to run (default all)")
+    parser.add_argument(
+        "--only", default="1,2,3,4,5,6", help="comma-separated sections to run (default all)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the /tmp/vbXXXX experiment directories")
     parser.add_argument("--json", metavar="FILE", help="also write every figure as JSON")
     parser.add_argument(
@@ -1144,6 +1289,8 @@ def main() -> int:
         )
     if "5" in only:
         sections.append(("5", lambda: section5(report, 100, 5.0 if args.quick else 10.0, args.keep)))
+    if "6" in only:
+        sections.append(("6", lambda: section6(report, 2, args.keep)))
     broken = False
     for name, run in sections:
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -43,6 +44,7 @@ class FakeProcess:
         self.line = argv[-1].rstrip("\n").rsplit("\n", 1)[-1]  # the entry's line after the cd
         clock = self.owner.clock
         self.owner.started.append((clock.time(), self.line))
+        self.owner.workdir_at_start[self.line] = sorted(os.listdir(cwd)) if os.path.isdir(cwd) else None
         seconds, code, output = self.owner.script.get(self.line, (0.0, 0, b""))
         self.pid = next(self.owner.pids)
         self.create_time = clock.time()
@@ -89,6 +91,8 @@ class FakeProcesses:
         self.leftovers: List[int] = []
         self.pids = itertools.count(1000)
         self.live: Dict[int, FakeProcess] = {}
+        #: command line -> the names in its working dir when it was started (None: no dir)
+        self.workdir_at_start: Dict[str, Optional[List[str]]] = {}
         self.loop = asyncio.get_event_loop()
 
     def process(self, on_output: OutputCallback) -> FakeProcess:

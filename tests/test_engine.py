@@ -306,3 +306,31 @@ def test_data_that_cannot_be_placed_fails_the_vm_before_the_barrier(tmp_path: Pa
         assert h.engine.phase == "failed"
 
     run(go())
+
+
+def test_a_group_with_drops_fires_with_its_data_already_in_place(tmp_path: Path) -> None:
+    """Prepare early, fire cheap (issue 15): every drop is placed before anything runs, each
+    entry's file is there when its process starts, and firing places nothing more."""
+    script = "#!/bin/sh\necho hi\n"
+    sched = [
+        {"start_time": 3, "executable": f"run{i}.sh", "data": [{"location": f"run{i}.sh", "content": script,
+                                                                "executable": True}]}
+        for i in range(5)
+    ]  # fmt: skip
+
+    async def go() -> None:
+        h = Harness(tmp_path, sched, start_buffer=2.0)
+        await h.start()
+        assert await h.finish() == EXIT_OK
+        start = await h.started()
+        placed = h.of("data_placed")
+        assert len(placed) == 5 and all(e.data["preloaded"] for e in placed)
+        first_start = h.types().index("entry_started")
+        assert all(h.events.index(e) < h.types().index("configured") for e in placed)
+        assert "data_placed" not in h.types()[first_start:]
+        for i in range(5):
+            line = h.of("entry_started")[i].data["command"]
+            assert h.processes.started_at(line) == [start + 3.0]
+            assert f"run{i}.sh" in (h.processes.workdir_at_start[line] or [])
+
+    run(go())

@@ -8,8 +8,8 @@ bootloader and of the agent check that nothing is left behind and nothing runs t
 
 from __future__ import annotations
 
+import atexit
 import contextlib
-import glob
 import json
 import os
 import pickle
@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Set
+from typing import Any, Dict, Iterator, List, Optional
 
 import psutil
 import pytest
@@ -32,19 +32,14 @@ import vmr_handler
 REPO = Path(__file__).resolve().parent.parent
 BUILD_TIMEOUT = 300.0
 WAIT = 60.0
-# the single file unpacks itself into a new $TMPDIR/_MEI* at every start (removed at exit)
-MEI = os.path.join(tempfile.gettempdir(), "_MEI*")
-# the first test's budget includes the session build (bounded by BUILD_TIMEOUT itself)
-pytestmark = pytest.mark.timeout(BUILD_TIMEOUT + 120)
+# the single file unpacks itself into a new $TMPDIR/_MEI* at every start (removed at exit);
+# every run here gets its own TMPDIR, so what one test leaves is never another's
+UNPACK_ROOT = Path(tempfile.mkdtemp(prefix="vmr-frozen-unpack."))
+atexit.register(shutil.rmtree, UNPACK_ROOT, True)
 
 
-def _mei() -> Set[str]:
-    return set(glob.glob(MEI))
-
-
-@pytest.fixture(scope="session")
-def mei_before() -> Set[str]:
-    return _mei()
+def _unpack_dir() -> Path:
+    return Path(tempfile.mkdtemp(dir=UNPACK_ROOT))
 
 
 def _build(out: Path, *options: str) -> subprocess.CompletedProcess:
@@ -68,7 +63,7 @@ def _build(out: Path, *options: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="session")
-def frozen(tmp_path_factory: pytest.TempPathFactory, mei_before: Set[str]) -> Path:
+def frozen(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The single file, as ``packaging/build.sh`` makes it by default."""
     out = tmp_path_factory.mktemp("frozen")
     res = _build(out)
@@ -88,11 +83,15 @@ def onedir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _run(exe: Path, *args: str, timeout: float = WAIT, **kw: Any) -> subprocess.CompletedProcess:
-    # an environment without the venv: the bundle must not need the host's Python
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
-    return subprocess.run(
+    """Run the frozen agent to its end, in an environment without the venv (the bundle must
+    not need the host's Python) and with its own TMPDIR, which must be empty afterwards."""
+    unpack = _unpack_dir()
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": str(unpack)}
+    res = subprocess.run(
         [str(exe), *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO, **kw
     )
+    assert list(unpack.iterdir()) == [], f"the frozen agent left {list(unpack.iterdir())} behind"
+    return res
 
 
 def test_pinned_pyinstaller_matches_test_extra() -> None:
@@ -181,7 +180,7 @@ def _report(path: Path) -> List[Dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def test_run_local_demo(frozen: Path, tmp_path: Path, mei_before: Set[str]) -> None:
+def test_run_local_demo(frozen: Path, tmp_path: Path) -> None:
     report = tmp_path / "report.jsonl"
     res = _run(
         frozen,
@@ -203,7 +202,6 @@ def test_run_local_demo(frozen: Path, tmp_path: Path, mei_before: Set[str]) -> N
     assert "schedule_complete" in types, types
     assert types.count("entry_started") >= 7
     assert (tmp_path / "launch").is_dir()
-    assert _mei() <= mei_before, "the frozen agent left a /tmp/_MEI* directory behind"
 
 
 @pytest.mark.parametrize("original", [None, "/opt/guest-libs"])
@@ -275,8 +273,9 @@ def lab() -> Iterator[Path]:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def test_connected_to_real_host(frozen: Path, lab: Path, mei_before: Set[str]) -> None:
+def test_connected_to_real_host(frozen: Path, lab: Path) -> None:
     d, logs, ch = lab / "D", lab / "L", lab / "C"
+    unpack = _unpack_dir()
     for p in (d, logs, ch):
         p.mkdir()
     (d / "vm1.yaml").write_text(
@@ -297,7 +296,7 @@ def test_connected_to_real_host(frozen: Path, lab: Path, mei_before: Set[str]) -
             agent = subprocess.Popen(
                 [str(frozen), "run", "--port", f"unix:{ch}/vm1.sock", "--vm-name", "vm1",
                  "--state-dir", str(lab / "st"), "--launch-dir", str(lab / "la")],
-                stdout=ao, stderr=ao, env={"PATH": "/usr/bin:/bin"},
+                stdout=ao, stderr=ao, env={"PATH": "/usr/bin:/bin", "TMPDIR": str(unpack)},
             )  # fmt: skip
         procs.append(agent)
         log = logs / "vm1.jsonl"
@@ -325,7 +324,7 @@ def test_connected_to_real_host(frozen: Path, lab: Path, mei_before: Set[str]) -
                 p.kill()
                 p.wait()
     assert agent.returncode == 0, agent_out.read_text()[-2000:]
-    assert _mei() <= mei_before, "the frozen agent left a /tmp/_MEI* directory behind"
+    assert list(unpack.iterdir()) == [], "the frozen agent left its unpacked copy behind"
 
 
 def test_frozen_agent_over_mqtts_with_signed_control(frozen: Path, lab: Path) -> None:
@@ -366,7 +365,8 @@ def test_frozen_agent_over_mqtts_with_signed_control(frozen: Path, lab: Path) ->
         with host_out.open("wb") as ho:
             procs.append(subprocess.Popen(host_cmd, stdout=ho, stderr=ho, cwd=REPO))
         with agent_out.open("wb") as ao:
-            procs.append(subprocess.Popen(agent_cmd, stdout=ao, stderr=ao, env={"PATH": "/usr/bin:/bin"}))
+            env = {"PATH": "/usr/bin:/bin", "TMPDIR": str(_unpack_dir())}
+            procs.append(subprocess.Popen(agent_cmd, stdout=ao, stderr=ao, env=env))
         log = logs / "vm1.jsonl"
 
         def complete() -> bool:

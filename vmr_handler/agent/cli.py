@@ -1,30 +1,30 @@
 """``vmr-handler`` command line: argparse front end only, no logic of its own.
 
 Commands: ``run --local``, ``plan``, ``check``, ``status``, ``resume``, ``--version``.
+The plain forms of ``status`` and ``resume`` take the lean path
+(:mod:`vmr_handler.agent.control_client`, issue 15): argparse and logging are imported only
+by the other commands, so this module imports nothing heavy at the top.
 Exit codes: 0 success; 1 the VM failed (run) or the agent could not be reached
 (status/resume); 2 bad usage or a schedule that cannot be used.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import logging
-import math
 import os
-import signal
 import sys
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from vmr_handler import __version__
+from vmr_handler.agent.control_client import DEFAULT_STATE_DIR, ControlCommand, number_text, run_control
 from vmr_handler.core.errors import ControlError, JournalError, ScheduleError, VmrError
 
 if TYPE_CHECKING:  # imported where used: `--version`, `status` and `resume` start quickly
+    import argparse
+
     from vmr_handler.core.schedule import Schedule
     from vmr_handler.core.timeline import Plan
 
 EXIT_USAGE = 2
-DEFAULT_STATE_DIR = "/var/lib/vmr-handler"
 DEFAULT_LAUNCH_DIR = "/var/launch"
 DEFAULT_CONFIG = "/etc/vmr-handler/config.yaml"
 #: Per-VM settings passed by QEMU ``-fw_cfg name=opt/org.vmr/config,file=...`` (docs/mqtt.md).
@@ -32,14 +32,18 @@ DEFAULT_FW_CFG = "/sys/firmware/qemu_fw_cfg/by_name/opt/org.vmr/config/raw"
 
 
 def _seconds(text: str) -> float:
+    import argparse
+
     value = float(text)  # accepts inf / -inf
-    if math.isnan(value):
+    if value != value:  # NaN
         raise argparse.ArgumentTypeError("NaN is not a time")
     return value
 
 
 def _parser() -> argparse.ArgumentParser:
     """The ``vmr-handler`` argument parser: global flags, then one sub-parser per command."""
+    import argparse
+
     parser = argparse.ArgumentParser(
         prog="vmr-handler",
         description="Plays this VM's part of an experiment: stages, start barrier, timed entries, "
@@ -127,6 +131,8 @@ def _add_mqtt_options(mq: argparse._ArgumentGroup) -> None:
 
 def _add_run_local_options(run: argparse.ArgumentParser) -> None:
     """``run``: timing, directories, reporting and reboot flags."""
+    import argparse
+
     run.add_argument("--debug-clock-skew", type=float, help=argparse.SUPPRESS)
     run.add_argument(
         "--start-buffer",
@@ -206,12 +212,7 @@ _SUBCOMMAND_PARSERS = (
 
 
 # ---------------------------------------------------------------------------- plan
-def _num(value: Any) -> Any:
-    if value is None or isinstance(value, str):  # JSON replies carry "-inf" as a string
-        return value
-    if math.isinf(value):
-        return "-inf" if value < 0 else "inf"
-    return int(value) if float(value).is_integer() and abs(value) < 2**53 else value
+_num = number_text
 
 
 def plan_json(plan: Plan, commands: Optional[Dict[int, str]] = None) -> Dict[str, Any]:
@@ -296,10 +297,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """``plan``: stored RESUME entries count as RESUMEs before the start (the agent applies them
     when it loads the schedule), before the ``--resume`` ones."""
     schedule = _load(args.schedule, args.allow_class)
+    import json
+
     from vmr_handler.core.schedule.model import EntryKind
     from vmr_handler.core.timeline import build_plan
 
-    stored = [-math.inf for e in schedule.entries if e.kind is EntryKind.RESUME]
+    stored = [-float("inf") for e in schedule.entries if e.kind is EntryKind.RESUME]
     plan = build_plan(schedule.entries, [*stored, *args.resume])
     commands = _commands(schedule, args.launch_dir)
     if args.json:
@@ -454,6 +457,7 @@ def _mqtt_options(args: argparse.Namespace, settings: Dict[str, Any], vm_name: s
 
 async def _run_local(schedule: Schedule, config: Any, report: Optional[str], quiet: bool) -> int:
     import asyncio
+    import signal
 
     from vmr_handler.agent.engine import open_engine
     from vmr_handler.agent.executor import install_child_watcher
@@ -486,54 +490,9 @@ async def _run_local(schedule: Schedule, config: Any, report: Optional[str], qui
         reporter.close()
 
 
-def _print_status(result: Dict[str, Any]) -> None:
-    lines = [f"phase: {result.get('phase')}"]
-    if result.get("stages"):
-        lines.append(
-            f"stages: {len(result.get('stages_done') or [])}/{result['stages']} done"
-            + (f", running stage {result['stage']}" if result.get("stage") is not None else "")
-        )
-    for key in ("configured_at", "start_time", "experiment_time"):
-        if result.get(key) is not None:
-            lines.append(f"{key}: {result[key]}")
-    if result.get("active_pause"):
-        lines.append(f"active pause/break: {result['active_pause']}")
-    if result.get("blocked_by_break") is not None:
-        lines.append(f"held by break at entry {result['blocked_by_break']} until RESUME")
-    for item in result.get("next_entries") or []:
-        lines.append(
-            f"next: entry {item['index']} at experiment time {item['fire_at']} (in {item['in']:.1f} s)"
-        )
-    for item in result.get("running") or []:
-        lines.append(
-            f"running: entry {item['index']} ({item['executable']}) pid {item['pid']} "
-            f"for {item['running_for']:.1f} s"
-        )
-    if result.get("failure"):
-        lines.append(f"FAILED: {result['failure']}")
-    print("\n".join(lines))
-
-
 def cmd_control(args: argparse.Namespace) -> int:
-    from vmr_handler.core.control import request
-
-    reply = request(args.state_dir, args.command)
-    if args.json:
-        print(json.dumps(reply))
-    elif reply.get("status") != "success":
-        print(f"error: {reply.get('details')}", file=sys.stderr)
-    elif args.command == "status":
-        _print_status(reply["result"])
-    else:
-        result = reply["result"]
-        if result.get("ended_break") is not None:
-            print(
-                f"RESUME at experiment time {_num(result['at'])} ended the break at entry "
-                f"{result['ended_break']}"
-            )
-        else:
-            print(f"RESUME at experiment time {_num(result['at'])} ignored: no active break")
-    return 0 if reply.get("status") == "success" else 1
+    """``status``/``resume`` in a form only argparse takes (``-v``, an abbreviated option)."""
+    return run_control(ControlCommand(args.command, args.state_dir, args.json))
 
 
 def _join_negative_infinity(argv: Sequence[str]) -> List[str]:
@@ -549,8 +508,16 @@ def _join_negative_infinity(argv: Sequence[str]) -> List[str]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the ``vmr-handler`` console script. Returns the exit code."""
+    words = sys.argv[1:] if argv is None else argv
+    from vmr_handler.agent.control_client import parse_control
+
+    control = parse_control(words)
+    if control is not None:
+        return run_control(control)
+    import logging
+
     parser = _parser()
-    args = parser.parse_args(_join_negative_infinity(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(_join_negative_infinity(words))
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )

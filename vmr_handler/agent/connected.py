@@ -249,7 +249,7 @@ class ConnectedAgent:
     def sink(self, event: Event) -> None:
         """The engine's event sink: outbox (delivered to the host) + readable log."""
         self.outbox.add(event)
-        self.link.notify()
+        self.link.notify(event)
         if self._log is not None:
             with contextlib.suppress(OSError, ValueError):
                 self._log.write(describe(event) + "\n")

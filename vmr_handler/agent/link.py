@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Optional
 from vmr_handler import __version__
 from vmr_handler.agent.journal import JOURNAL_NAME
 from vmr_handler.agent.outbox import Outbox
+from vmr_handler.agent.stamps import NotedEvents, PresyncGate, PresyncStamps
 from vmr_handler.core import protocol as P
 from vmr_handler.core.clock import SystemClock
 from vmr_handler.core.errors import ChannelClosed, VmrError
@@ -43,8 +44,6 @@ LATER: Dict[str, Any] = {}
 GOOD_CLOCK_DELAY = 0.002
 #: Seconds without any ack while reports are in flight before they are sent again.
 RESEND_AFTER = 10.0
-
-
 class LinkConfig(Protocol):
     """The settings :class:`HostLink` reads (those of
     :class:`~vmr_handler.agent.connected.AgentConfig`, which documents them)."""
@@ -87,7 +86,9 @@ class HostLink:
         self.outbox = outbox
         self.clock = clock
         self._on_event = on_event
-        self.events = EventFactory(clock.time)
+        #: events stamped before the first clock sync: corrected when they are sent (issue 15)
+        self.stamps = PresyncStamps(clock)
+        self.events: EventFactory = NotedEvents(clock.time, self.stamps)
         self.boot_id = boot_id
         self.welcomed = asyncio.Event()
         self.synced = asyncio.Event()  # the clock offset to the host has been estimated once
@@ -107,6 +108,7 @@ class HostLink:
         self.report: Optional[Callable[[Event], None]] = None
         self.verifier: Any = None
         self._held: List[Event] = []  # signed control events waiting for the first clock sync
+        self._gate = PresyncGate(self.stamps, self.synced)  # nothing leaves before the first sync
         #: event type from the host -> its handler (:meth:`_dispatch`)
         self._handlers: Dict[str, Callable[[Event], Awaitable[None]]] = {
             P.HELLO: self._on_hello,
@@ -130,8 +132,10 @@ class HostLink:
             )
 
     # ------------------------------------------------------------------ public
-    def notify(self) -> None:
-        """New reports are in the outbox."""
+    def notify(self, event: Optional[Event] = None) -> None:
+        """New reports are in the outbox (``event``: the one just added, stamped now)."""
+        if event is not None:
+            self.stamps.note(event)
         self._more.set()
 
     async def run(self) -> None:
@@ -174,8 +178,12 @@ class HostLink:
         return event.id, queue
 
     async def send_event(self, type_: str, **data: Any) -> None:
-        """Send one control event now (e.g. a late ``result``). Raises ChannelClosed."""
-        await self._send([self.events.make_raw(type_, **data)])
+        """Send one answer now (e.g. a late ``result``), or at the first clock sync when it has
+        not happened yet (:class:`PresyncStamps`). Raises ChannelClosed."""
+        await self._answer(self.events.make_raw(type_, **data))
+
+    async def _answer(self, event: Event) -> None:
+        await self._gate.answer(event, self._send)
 
     def forget_request(self, ident: str) -> None:
         """Stop routing answers to the request ``ident`` (from :meth:`request`)."""
@@ -185,6 +193,7 @@ class HostLink:
     async def _session(self, channel: ByteChannel) -> None:
         self._sent.clear()
         self._held.clear()  # the host sends every control event again after the handshake
+        self._gate.clear()  # (and so they are answered again)
         self._last_rx = time.monotonic()
         await self._write(P.CONNECT_PREFIX)
         await self._send_hello()
@@ -294,6 +303,7 @@ class HostLink:
             for ident in ids:
                 if isinstance(ident, str):
                     self._sent.pop(ident, None)
+                    self.stamps.forget(ident)
             self._more.set()
 
     async def _on_clock_resp(self, event: Event) -> None:
@@ -330,9 +340,9 @@ class HostLink:
         if answer is LATER:
             pass
         elif answer is None:
-            await self._send([self.events.make_raw(P.ACK, ids=[event.id])])
+            await self._answer(self.events.make_raw(P.ACK, ids=[event.id]))
         else:
-            await self._send([self.events.make_raw(P.RESULT, **answer)])
+            await self._answer(self.events.make_raw(P.RESULT, **answer))
 
     def _verified(self, event: Event) -> bool:
         """Check ``event``'s signature; a refusal is reported (``control_refused``) and answered."""
@@ -358,8 +368,10 @@ class HostLink:
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     async def _sender(self) -> None:
-        """Send every unacknowledged report (oldest first), in batches, with a window."""
+        """Send every unacknowledged report (oldest first), in batches, with a window; nothing
+        before the first clock sync (:class:`~vmr_handler.agent.stamps.PresyncGate`)."""
         await self.welcomed.wait()
+        await self._gate.open(self._send)
         while True:
             self._more.clear()
             batch: List[Tuple[float, bytes]] = []
@@ -372,6 +384,7 @@ class HostLink:
                 item = self.outbox.read_raw(ident)  # stored JSON, sent as it is
                 if item is None:
                     continue
+                item = self.stamps.raw(ident, item)  # (re-stamped if from before the sync)
                 batch.append(item)
                 self._sent[ident] = time.monotonic()
                 size += len(item[1])
@@ -432,6 +445,7 @@ class HostLink:
                 if self.on_clock is not None:
                     self.on_clock()
             if best is not None:
+                self.stamps.synced()
                 self.synced.set()
                 held, self._held = self._held, []
                 for event in held:

@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     import asyncio
 
 from vmr_handler.core.errors import ControlError
-from vmr_handler.core.events import json_safe
 
 SOCKET_NAME = "control.sock"
 MAX_REQUEST = 64 * 1024
@@ -110,6 +109,8 @@ class ControlServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         import asyncio
+
+        from vmr_handler.core.events import json_safe  # here: the clients stay quick to start
 
         try:
             line = await asyncio.wait_for(reader.readline(), 10)

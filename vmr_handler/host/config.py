@@ -6,11 +6,9 @@ Limits are per VM (SPEC section 7: every guest is hostile); defaults are the tab
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Optional, Tuple
 
-from vmr_handler.core.control import checked_socket_path
 from vmr_handler.core.protocol import MAX_FRAME
 
 if TYPE_CHECKING:
@@ -146,15 +144,3 @@ class HostConfig:
     peers: FrozenSet[str] = frozenset()
     signing_key: Any = None
     http: Optional[HttpOptions] = None
-
-
-CONTROL_SOCKET = "vmr-host.sock"
-
-
-def control_socket_path(logs: str) -> str:
-    """Path of the host control socket for logs directory ``logs``.
-
-    Raises:
-        ControlError: the path is too long for a unix socket.
-    """
-    return checked_socket_path(os.path.join(logs, CONTROL_SOCKET), "--logs")

@@ -31,8 +31,9 @@ from vmr_handler import __version__
 from vmr_handler.core.control import ControlServer
 from vmr_handler.core.errors import ControlError, HostSetupError, ResourceRefused
 from vmr_handler.host.channels import Channels, channel_mode
-from vmr_handler.host.config import HostConfig, VmSpec, control_socket_path
+from vmr_handler.host.config import HostConfig, VmSpec
 from vmr_handler.host.control_api import ControlApi
+from vmr_handler.host.control_client import control_socket_path
 from vmr_handler.host.experiment import Experiment
 from vmr_handler.host.http import ResourceHttp
 from vmr_handler.host.httpcommon import NoteFn

@@ -487,6 +487,75 @@ def validate_record(
     return draft.entry(draft.start)
 
 
+#: The fields of a plain program entry, the one shape :func:`_plain_entry` takes.
+_PLAIN_FIELDS = frozenset(
+    {"start_time", "executable", "arguments", "ignore_failure", "on_host", "data", "pause"}
+)
+#: Integers a float holds exactly: a larger ``start_time`` goes through :func:`parse_number`.
+_EXACT_INT = 2**53
+
+
+def _plain_entry(index: int, record: Any) -> Optional[ScheduleEntry]:
+    """``record`` as its entry when it is a *valid plain program entry*, else None.
+
+    Plain: a dict with only ``start_time`` (an int or float, finite, not 0), ``executable``
+    (a non-empty string without NUL, or null), ``arguments`` (a string without NUL, or null),
+    ``ignore_failure``/``on_host`` (true/false/null), ``pause`` (false or null, as the
+    reference's pickles carry it) and ``data`` (absent, null or empty).
+    These are the rules the field checks apply to such a record (:data:`_FIELD_CHECKS`), so
+    the entry is the one :func:`validate_record` returns; everything else (pauses, data items,
+    any doubt) returns None and takes the full checks, which name what is wrong. No display
+    label is built and no problem list is touched: validation at parse speed (issue 15).
+    """
+    if type(record) is not dict or not record.keys() <= _PLAIN_FIELDS:
+        return None
+    get = record.get
+    raw_start: Any = get("start_time")
+    kind = type(raw_start)
+    if kind is int:
+        if not -_EXACT_INT < raw_start < _EXACT_INT:
+            return None
+        start = float(raw_start)
+    elif kind is float and raw_start == raw_start and raw_start not in (math.inf, -math.inf):
+        start = raw_start
+    else:
+        return None
+    data, exe, args = get("data"), get("executable"), get("arguments")
+    ignore, on_host, pause = get("ignore_failure"), get("on_host"), get("pause")
+    if (
+        start == 0
+        or (pause is not None and pause is not False)
+        or (data is not None and (type(data) is not list or data))
+        or (exe is not None and (type(exe) is not str or not exe or "\x00" in exe))
+        or (args is not None and (type(args) is not str or "\x00" in args))
+        or (ignore is not None and type(ignore) is not bool)
+        or (on_host is not None and type(on_host) is not bool)
+    ):
+        return None
+    entry: ScheduleEntry = _new(ScheduleEntry)
+    # the frozen dataclass's own __init__ costs as much as parsing the record (issue 15); the
+    # fields are what that __init__ would set (tests compare both paths' entries)
+    _set(
+        entry,
+        "__dict__",
+        {
+            "index": index,
+            "start_time": start,
+            "executable": exe,
+            "arguments": args or "",
+            "ignore_failure": ignore is True,
+            "data": (),
+            "pause": False,
+            "on_host": on_host is True,
+        },
+    )
+    return entry
+
+
+_new = object.__new__
+_set = object.__setattr__
+
+
 def validate_records(
     records: Sequence[Mapping[str, Any]], *, strict_fields: bool
 ) -> Tuple[Tuple[ScheduleEntry, ...], Tuple[str, ...]]:
@@ -507,9 +576,11 @@ def validate_records(
     warnings: List[str] = []
     entries: List[ScheduleEntry] = []
     for index, record in enumerate(records):
-        entry = validate_record(
-            index, record, strict_fields=strict_fields, problems=problems, warnings=warnings
-        )
+        entry = _plain_entry(index, record)
+        if entry is None:
+            entry = validate_record(
+                index, record, strict_fields=strict_fields, problems=problems, warnings=warnings
+            )
         if entry is not None:
             entries.append(entry)
     if problems.items:

@@ -1,0 +1,441 @@
+"""``vmr-host`` command line: the full argparse front end of the host controller.
+
+``vmr-host`` starts in :mod:`vmr_handler.host.cli`, which sends the plain forms of the
+control commands (``status``, ``resume``, ``release``) down the lean path
+(:mod:`vmr_handler.host.control_client`, issue 15) and everything else here.
+
+The commands and their options: :mod:`vmr_handler.host.cli` (and ``vmr-host --help``).
+
+Exit codes: 0 success; 1 runtime error (no running vmr-host, a socket in use, the disk);
+2 bad usage or bad input (unusable schedule, unknown VM, a socket path too long, a request
+the running host refused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import signal
+import socket
+import sys
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from vmr_handler import __version__
+from vmr_handler.core.errors import ControlError, UsageError
+from vmr_handler.host.config import HostConfig
+from vmr_handler.host.control_client import (
+    DEFAULT_LOGS,
+    EXIT_OK,
+    EXIT_RUNTIME,
+    EXIT_USAGE,
+    ClientCommand,
+    run_client,
+    runtime_error,
+)
+from vmr_handler.host.specs import load_specs
+
+log = logging.getLogger("vmr_handler.host")
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text!r}")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = _seconds(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The ``vmr-host`` parser: the global flags, then one sub-command per :data:`_COMMANDS` entry."""
+    parser = argparse.ArgumentParser(
+        prog="vmr-host",
+        description="Host controller of a vmr-handler experiment: delivers schedules over each VM's "
+        "virtio-serial channel, runs the start barrier, relays RESUME, keeps per-VM logs.",
+    )
+    parser.add_argument("--version", action="version", version=f"vmr-host {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="more logging (info; twice: debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in _COMMANDS:
+        add(sub)
+    return parser
+
+
+def _add_logs(p: argparse.ArgumentParser) -> None:
+    """``--logs DIR`` (default :data:`DEFAULT_LOGS`)."""
+    p.add_argument(
+        "--logs", default=DEFAULT_LOGS, metavar="DIR", help=f"logs directory (default ./{DEFAULT_LOGS})"
+    )
+
+
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``serve``: schedules, logs, barrier, signing; MQTT and HTTP(S) flags in their groups."""
+    serve = sub.add_parser("serve", help="serve every VM's channel (runs until SIGTERM)")
+    serve.add_argument(
+        "--schedules", required=True, metavar="DIR", help="one schedule per VM: <vm>.pkl|.yaml|.json"
+    )
+    serve.add_argument("--resources", metavar="DIR", help="VM-resource files for `filename` drops")
+    _add_logs(serve)
+    serve.add_argument(
+        "--channels",
+        metavar="DIR",
+        help="where the <vm>.sock channel sockets are (default <logs>/channels)",
+    )
+    serve.add_argument(
+        "--start-buffer",
+        type=_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="start = last VM configured + SECONDS (default 60)",
+    )
+    serve.add_argument(
+        "--expect",
+        action="append",
+        default=[],
+        metavar="VM,...",
+        help="the VMs the barrier waits for (default: every schedule)",
+    )
+    serve.add_argument(
+        "--connect",
+        action="store_true",
+        help="QEMU is the socket server (server=on,wait=off): connect to each <vm>.sock, reconnect "
+        "with backoff",
+    )
+    serve.add_argument(
+        "--signing-key",
+        metavar="FILE",
+        help="Ed25519 private key (`vmr-host keygen`): sign schedules, start time and RESUME",
+    )
+    _add_serve_mqtt(serve)
+    serve.add_argument(
+        "--allow-class",
+        action="append",
+        default=[],
+        metavar="MODULE.NAME",
+        help="also admit this schedule-entry class name in pickles (repeatable)",
+    )
+
+    # debug/test tuning (docs/host.md): keep --heartbeat well under the agent's 15 s silence limit
+    serve.add_argument("--heartbeat", type=_positive, default=5.0, help=argparse.SUPPRESS)
+    serve.add_argument("--silent-after", type=_positive, default=15.0, help=argparse.SUPPRESS)
+    serve.add_argument("--http-debug-rate", type=_positive, metavar="BYTES/S", help=argparse.SUPPRESS)
+    _add_serve_http(serve)
+
+
+def _add_serve_mqtt(serve: argparse.ArgumentParser) -> None:
+    """The ``serve`` group "MQTT transport": broker, credentials, several hosts on one broker."""
+    mq = serve.add_argument_group("MQTT transport (docs/mqtt.md)")
+    mq.add_argument(
+        "--transport",
+        choices=["virtio-serial", "mqtt"],
+        default="virtio-serial",
+        help="how VMs are reached (default virtio-serial channel sockets)",
+    )
+    mq.add_argument("--broker", metavar="URL", help="mqtt://HOST:PORT or mqtts://HOST:PORT")
+    mq.add_argument("--experiment", metavar="NAME", help="experiment name (topic vmr/NAME/...)")
+    mq.add_argument(
+        "--credentials",
+        metavar="FILE",
+        help="YAML with broker, experiment, username, password, ca_file|ca_pem, cert_file, key_file "
+        "(as written by `vmr-host mqtt-config`); flags win",
+    )
+    mq.add_argument("--username", metavar="NAME", help="broker username of this host")
+    mq.add_argument("--password-file", metavar="FILE", help="file holding the broker password")
+    mq.add_argument("--ca-file", metavar="FILE", help="CA certificate of the broker (mqtts)")
+    mq.add_argument("--cert-file", metavar="FILE", help="client certificate (mqtts, when required)")
+    mq.add_argument("--key-file", metavar="FILE", help="client key (mqtts, when required)")
+    mq.add_argument(
+        "--host-id", metavar="NAME", help="this host among hosts sharing a broker (default hostname)"
+    )
+    role = mq.add_mutually_exclusive_group()
+    role.add_argument(
+        "--coordinator",
+        action="store_true",
+        help="several hosts share the broker and this one decides the start for all (with --peers)",
+    )
+    role.add_argument(
+        "--member",
+        action="store_true",
+        help="several hosts share the broker: announce this host's VMs, take the coordinator's start",
+    )
+    mq.add_argument(
+        "--peers",
+        action="append",
+        default=[],
+        metavar="HOST,...",
+        help="(coordinator) the other hosts' --host-id: the start waits for each one's VMs",
+    )
+
+
+def _add_serve_http(serve: argparse.ArgumentParser) -> None:
+    """The ``serve`` group "VM resources over HTTP(S)": ``--http*``."""
+    web = serve.add_argument_group("VM resources over HTTP(S) (docs/host.md)")
+    web.add_argument("--http", metavar="HOST:PORT", help="serve `filename` drops over HTTP(S) here")
+    web.add_argument("--http-url", metavar="URL", help="base URL agents use (default http[s]://HOST:PORT)")
+    web.add_argument("--http-cert", metavar="FILE", help="PEM server certificate: serve HTTPS")
+    web.add_argument("--http-key", metavar="FILE", help="PEM key of --http-cert (if not in it)")
+
+
+def _add_status(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``status [--logs DIR] [--json]``."""
+    status = sub.add_parser("status", help="every VM and whom the barrier waits for")
+    _add_logs(status)
+    status.add_argument("--json", action="store_true", help="print the full status as JSON")
+
+
+def _add_resume(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``resume (VM... | --all) [--logs DIR] [--json]``."""
+    resume = sub.add_parser("resume", help="send a RESUME to VMs (stamped with host experiment time)")
+    resume.add_argument("vms", nargs="*", metavar="VM")
+    resume.add_argument("--all", action="store_true", help="every VM")
+    _add_logs(resume)
+    resume.add_argument("--json", action="store_true")
+
+
+def _add_release(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``release [--exclude VM...] [--logs DIR] [--json]``."""
+    release = sub.add_parser("release", help="start the experiment without VMs that are missing")
+    release.add_argument(
+        "--exclude",
+        nargs="+",
+        default=[],
+        metavar="VM",
+        help="drop these VMs from the barrier (without: start without everyone still missing)",
+    )
+    _add_logs(release)
+    release.add_argument("--json", action="store_true")
+
+
+def _add_mqtt_config(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``mqtt-config``: its options are :func:`vmr_handler.host.mqttlayout.add_arguments`."""
+    from vmr_handler.host.mqttlayout import add_arguments as mqtt_config_arguments
+
+    mqtt_config = sub.add_parser("mqtt-config", help="mosquitto config, ACL and credentials (docs/mqtt.md)")
+    mqtt_config_arguments(mqtt_config)
+
+
+def _add_keygen(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``keygen --out DIR [--force]``."""
+    keygen = sub.add_parser("keygen", help="make the host's Ed25519 key pair for signed control messages")
+    keygen.add_argument(
+        "--out", required=True, metavar="DIR", help="writes DIR/host.key (mode 0600) and DIR/host.pub"
+    )
+    keygen.add_argument("--force", action="store_true", help="replace an existing key pair")
+
+
+def _add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``report [--logs DIR] [--out FILE.html]``."""
+    rep = sub.add_parser("report", help="write the experiment timeline as one HTML file (docs/host.md)")
+    _add_logs(rep)
+    rep.add_argument("--out", metavar="FILE.html", help="where to write it (default <logs>/report.html)")
+
+
+#: The sub-commands, in the order ``vmr-host --help`` lists them.
+_COMMANDS: Tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], ...] = (
+    _add_serve,
+    _add_status,
+    _add_resume,
+    _add_release,
+    _add_mqtt_config,
+    _add_keygen,
+    _add_report,
+)
+
+
+# ---------------------------------------------------------------------------------- serve
+def build_config(args: argparse.Namespace) -> HostConfig:
+    """A :class:`HostConfig` from ``serve`` arguments.
+
+    Raises:
+        UsageError: bad schedules or ``--expect`` naming a VM without a schedule.
+    """
+    import dataclasses
+
+    from vmr_handler.host.config import Limits
+
+    specs = load_specs(args.schedules, args.allow_class)
+    limits = dataclasses.replace(Limits(), heartbeat=args.heartbeat, silent_after=args.silent_after)
+    expected = frozenset(specs)
+    if args.expect:
+        names = [n.strip() for chunk in args.expect for n in chunk.split(",") if n.strip()]
+        unknown = sorted(set(names) - set(specs))
+        if unknown:
+            raise UsageError(
+                f"--expect names VM(s) without a schedule in {args.schedules}: {', '.join(unknown)}"
+            )
+        if not names:
+            raise UsageError("--expect names no VM")
+        expected = frozenset(names)
+    if args.resources and not os.path.isdir(args.resources):
+        raise UsageError(f"--resources {args.resources} is not a directory")
+    logs = args.logs
+    signing_key = None
+    if args.signing_key:
+        from vmr_handler.core.errors import SigningError
+        from vmr_handler.core.signing import load_private_key
+
+        try:
+            signing_key = load_private_key(args.signing_key)
+        except SigningError as exc:
+            raise UsageError(f"--signing-key: {exc}") from exc
+    http = None
+    if args.http:
+        from vmr_handler.host.httpopts import parse_http_options
+
+        try:
+            http = parse_http_options(
+                args.http, args.http_url, args.http_cert, args.http_key, args.http_debug_rate
+            )
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+    elif args.http_url or args.http_cert or args.http_key:
+        raise UsageError("--http-url/--http-cert/--http-key need --http HOST:PORT")
+    mqtt = None
+    if args.transport == "mqtt":
+        mqtt = mqtt_options(args)
+    elif args.broker or args.credentials or args.coordinator or args.member:
+        raise UsageError("--broker/--credentials/--coordinator/--member need --transport mqtt")
+    peers = frozenset(n.strip() for chunk in args.peers for n in chunk.split(",") if n.strip())
+    if peers and not args.coordinator:
+        raise UsageError("--peers is for the --coordinator host")
+    if args.coordinator and not peers:
+        raise UsageError("--coordinator needs --peers HOST,... (the other hosts' --host-id)")
+    role = "coordinator" if args.coordinator else "member" if args.member else "standalone"
+    return HostConfig(
+        vms=specs,
+        expected=expected,
+        logs=logs,
+        channels=args.channels or os.path.join(logs, "channels"),
+        resources=args.resources,
+        start_buffer=args.start_buffer,
+        connect=args.connect,
+        limits=limits,
+        mqtt=mqtt,
+        host_id=args.host_id or socket.gethostname(),
+        role=role,
+        peers=peers,
+        signing_key=signing_key,
+        http=http,
+    )
+
+
+def mqtt_options(args: argparse.Namespace) -> Any:
+    """:class:`~vmr_handler.transports.mqtt.options.MqttOptions` from ``--credentials`` and flags.
+
+    Raises:
+        UsageError: unreadable credentials file, or options the MQTT transport cannot use.
+    """
+    import yaml
+
+    from vmr_handler.core.errors import MqttError
+    from vmr_handler.transports.mqtt.options import options_from
+
+    settings: Dict[str, Any] = {}
+    source = "command line"
+    if args.credentials:
+        source = args.credentials
+        try:
+            with open(args.credentials, encoding="utf-8") as fh:
+                doc = yaml.safe_load(fh) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise UsageError(f"cannot read --credentials {args.credentials}: {exc}") from exc
+        if not isinstance(doc, dict):
+            raise UsageError(f"--credentials {args.credentials}: must be a YAML mapping")
+        settings.update(doc)
+    for key in ("broker", "experiment", "username", "password_file", "ca_file", "cert_file", "key_file"):
+        if getattr(args, key, None):
+            settings[key] = getattr(args, key)
+            if key == "password_file":
+                settings.pop("password", None)
+    try:
+        return options_from(settings, source)
+    except MqttError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run the host controller until SIGTERM/SIGINT (exit 0), or fail at set-up (1/2)."""
+    import asyncio
+
+    from vmr_handler.host.channels import open_channels
+    from vmr_handler.host.server import HostServer
+
+    config = build_config(args)
+    server = HostServer(config, open_channels)
+    server.open()
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await server.run(stop)
+
+    asyncio.run(main())
+    if server.fatal:
+        log.error("vmr-host stopped: %s", server.fatal)
+        return EXIT_RUNTIME
+    log.warning("vmr-host stopped")
+    return EXIT_OK
+
+
+# -------------------------------------------------------------------------------- clients
+def cmd_client(args: argparse.Namespace) -> int:
+    """``status``/``resume``/``release`` given in a form only argparse takes (``-v``, an
+    abbreviated option): the same as the lean path (:mod:`vmr_handler.host.control_client`)."""
+    command = ClientCommand(
+        args.command,
+        args.logs,
+        args.json,
+        tuple(getattr(args, "vms", ())),
+        bool(getattr(args, "all", False)),
+        tuple(getattr(args, "exclude", ())),
+    )
+    return run_client(command)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """The full front end (:func:`vmr_handler.host.cli.main` sends what the lean path does not
+    take here). Returns the exit code."""
+    parser = _parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    level = logging.WARNING
+    if args.verbose:
+        level = logging.INFO
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(message)s")
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    from vmr_handler.core.errors import HostSetupError
+
+    if args.command == "keygen":
+        from vmr_handler.host.keygen import cmd_keygen
+
+        return cmd_keygen(args)
+    try:
+        if args.command == "serve":
+            return cmd_serve(args)
+        if args.command == "report":
+            from vmr_handler.host.report import cmd_report
+
+            return cmd_report(args)
+        if args.command == "mqtt-config":
+            from vmr_handler.host.mqttconfig import cmd_mqtt_config
+
+            return cmd_mqtt_config(args)
+        return cmd_client(args)
+    except UsageError as exc:
+        print(f"vmr-host: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except HostSetupError as exc:
+        print(f"vmr-host: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except (ControlError, OSError) as exc:
+        return runtime_error(exc)
