@@ -184,10 +184,29 @@ def _add_serve_http(serve: argparse.ArgumentParser) -> None:
 
 
 def _add_status(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``status [--logs DIR] [--json]``."""
-    status = sub.add_parser("status", help="every VM and whom the barrier waits for")
+    """``status [VM...] [--state S]... [--watch [--interval S]] [--logs DIR] [--json]``
+    and ``wait --for PHASE [VM...] [--timeout S]``."""
+    from vmr_handler.host.statustext import FILTERS
+    from vmr_handler.host.waiting import PHASES
+
+    status = sub.add_parser(
+        "status", help="every VM, where it is and whom the barrier waits for (exit 1: some VM failed)"
+    )
+    status.add_argument("vms", nargs="*", metavar="VM", help="only these VMs' rows")
+    status.add_argument("--state", action="append", default=[], choices=FILTERS,
+                        help="only VMs in this state (repeatable: any of them)")  # fmt: skip
+    status.add_argument("--watch", action="store_true", help="redraw every --interval seconds until Ctrl-C")
+    status.add_argument("--interval", type=float, default=2.0, help="seconds between redraws (default 2)")
     _add_logs(status)
     status.add_argument("--json", action="store_true", help="print the full status as JSON")
+    wait = sub.add_parser(
+        "wait", help="wait until VMs reach a phase (exit 0 reached, 1 a VM failed, 2 timeout)"
+    )
+    wait.add_argument("--for", dest="phase", required=True, choices=list(PHASES), help="the phase")
+    wait.add_argument("vms", nargs="*", metavar="VM", help="default: every expected VM not excluded")
+    wait.add_argument("--timeout", type=float, help="give up after this many seconds (exit 2)")
+    _add_logs(wait)
+    wait.add_argument("--json", action="store_true", help="print the outcome as JSON")
 
 
 def _add_resume(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -397,8 +416,24 @@ def cmd_client(args: argparse.Namespace) -> int:
         tuple(getattr(args, "vms", ())),
         bool(getattr(args, "all", False)),
         tuple(getattr(args, "exclude", ())),
+        tuple(getattr(args, "state", ())),
     )
+    if args.command == "status" and args.watch:
+        from vmr_handler.host.statustext import format_status
+        from vmr_handler.host.waiting import watch
+
+        def render(result: Dict[str, Any]) -> str:
+            return format_status(result, command.states, command.vms)
+
+        return watch(render, args.logs, args.interval)
     return run_client(command)
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    """``wait --for PHASE [VM...] [--timeout S]`` (:mod:`vmr_handler.host.waiting`)."""
+    from vmr_handler.host.waiting import wait_for
+
+    return wait_for(args.logs, args.phase, args.vms, args.timeout, json_out=args.json)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -430,6 +465,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             from vmr_handler.host.mqttconfig import cmd_mqtt_config
 
             return cmd_mqtt_config(args)
+        if args.command == "wait":
+            return cmd_wait(args)
         return cmd_client(args)
     except UsageError as exc:
         print(f"vmr-host: error: {exc}", file=sys.stderr)

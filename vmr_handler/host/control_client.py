@@ -51,6 +51,7 @@ class ClientCommand(NamedTuple):
     vms: Sequence[str] = ()
     all: bool = False
     exclude: Sequence[str] = ()
+    states: Sequence[str] = ()
 
 
 def parse_client(argv: Sequence[str]) -> Optional[ClientCommand]:
@@ -133,6 +134,10 @@ def run_client(cmd: ClientCommand) -> int:
             print(f"vmr-host: error: {reply.get('details')}", file=sys.stderr)
             return EXIT_USAGE
         print(_text(cmd, reply["result"]))
+        if cmd.command == "status":
+            from vmr_handler.host.statustext import any_failed
+
+            return EXIT_RUNTIME if any_failed(reply["result"]) else EXIT_OK
     except (ControlError, OSError) as exc:
         return runtime_error(exc)
     return EXIT_OK
@@ -156,7 +161,7 @@ def _text(cmd: ClientCommand, result: Dict[str, Any]) -> str:
     if cmd.command == "status":
         from vmr_handler.host.statustext import format_status
 
-        return format_status(result)
+        return format_status(result, cmd.states, cmd.vms)
     if cmd.command == "resume":
         at = result["at"]
         pending = result["pending"]

@@ -1,44 +1,182 @@
-"""The human form of ``vmr-host status`` (the ``status`` result of the control socket)."""
+"""The human form of ``vmr-host status`` (the ``status`` result of the control socket).
+
+What an operator needs first (issue 13): who the experiment waits for and why, and what to
+do about it. So: the start (UTC and how far), counts per state, one row per VM with where it
+is in experiment time (at break #N since T, paused, entries running, t=+X), then one hint
+line per VM that needs someone (failed, held at a break, not connected while the barrier
+waits for it), each with the command that moves it on.
+"""
 
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from vmr_handler.core.fsutil import utc_text
 
+#: The order of states in the counts line: problems first.
+STATE_ORDER = (
+    "failed", "schedule_rejected", "at_break", "paused", "not_seen", "seen", "connected",
+    "schedule_sent", "schedule_accepted", "configuring", "configured", "running", "complete",
+)  # fmt: skip
+#: ``--state`` filter words and the VMs they keep.
+FILTERS = ("failed", "at-break", "late", "paused", "running", "complete", "waiting")
+#: Lateness from which a VM counts as ``late`` (seconds).
+LATE = 0.1
+
+
+def duration(seconds: float) -> str:
+    """A duration with a unit and sensible precision: ``2.1 ms``, ``1.01 s``, ``16.5 s``,
+    ``3.2 min``, ``1.5 h``."""
+    s = abs(seconds)
+    if s < 1:
+        return f"{seconds * 1000:.1f} ms"
+    if s < 10:
+        return f"{seconds:.2f} s"
+    if s < 120:
+        return f"{seconds:.1f} s"
+    if s < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def exp_time(start: Optional[float], at: Optional[float]) -> str:
+    """Experiment time of UTC ``at`` as ``t=+12.3s`` (``t=-4.0s`` before the start; '' when unknown)."""
+    if start is None or at is None:
+        return ""
+    return f"t={at - start:+.1f}s"
+
+
+def when(at: Optional[float], start: Optional[float]) -> str:
+    """UTC ``at`` as ISO time with its experiment time: ``2026-11-24T08:00:01.200Z (t=+1.2s)``."""
+    if at is None:
+        return "-"
+    t = exp_time(start, at)
+    return f"{utc_text(at)}" + (f" ({t})" if t else "")
+
 
 def _ago(now: float, ts: Optional[float]) -> str:
-    if ts is None:
-        return "-"
-    d = now - ts
-    return f"{d:.1f}s ago" if d < 120 else f"{d / 60:.0f}m ago"
+    return "-" if ts is None else f"{duration(now - ts)} ago"
 
 
-def format_status(result: Dict[str, Any]) -> str:
-    """The human form of a ``status`` result."""
+def phase(vm: Dict[str, Any], start: Optional[float], now: float) -> str:
+    """Where the VM is: ``at break #6 since t=+12.0s``, ``paused (#3, 5.0 s)``, ``entries 4, 5
+    running``, ``t=+30.2s``, ``stage -10 running``..."""
+    ph = vm.get("phase") or {}
+    if vm.get("failed"):
+        return "failed"
+    if ph.get("at_break"):
+        b = ph["at_break"]
+        return f"at break #{b['index']} since {exp_time(start, b['since']) or utc_text(b['since'])}"
+    if ph.get("paused"):
+        p = ph["paused"]
+        return f"paused (#{p['index']}, {duration(p['duration'])})"
+    if vm.get("complete"):
+        return "complete"
+    running = ph.get("running_entries") or []
+    if running:
+        names = ", ".join(str(i) for i in running[:6]) + (" ..." if len(running) > 6 else "")
+        return f"entr{'y' if len(running) == 1 else 'ies'} {names} running"
+    if start is not None and now >= start and vm.get("configured_at") is not None:
+        return exp_time(start, now)
+    stage_time = ph.get("stage_time")
+    if isinstance(stage_time, (int, float)) and vm.get("configured_at") is None:
+        return f"stage {stage_time:g}"
+    return "configured" if vm.get("configured_at") is not None else "-"
+
+
+def keep(vm: Dict[str, Any], states: Sequence[str], names: Sequence[str]) -> bool:
+    """Whether ``--state`` words ``states`` and VM names ``names`` (both: any of) keep ``vm``."""
+    if names and vm["vm"] not in names:
+        return False
+    if not states:
+        return True
+    ph = vm.get("phase") or {}
+    late = vm.get("max_lateness")
+    tests = {
+        "failed": vm["state"] in ("failed", "schedule_rejected"),
+        "at-break": bool(ph.get("at_break")),
+        "paused": bool(ph.get("paused")),
+        "late": late is not None and late > LATE,
+        "running": vm["state"] == "running",
+        "complete": vm["state"] == "complete",
+        "waiting": vm["state"] not in ("running", "complete", "at_break", "paused", "failed"),
+    }
+    return any(tests.get(s, False) for s in states)
+
+
+def hints(result: Dict[str, Any]) -> List[str]:
+    """One line per VM that needs someone, with the command that moves it on."""
+    exp = result["experiment"]
+    start = exp["start_time"]
+    waiting = set(exp.get("waiting_for") or [])
+    out: List[str] = []
+    held = []
+    for vm in result["vms"]:
+        name = vm["vm"]
+        if vm["state"] in ("failed", "schedule_rejected"):
+            if vm["state"] == "schedule_rejected":
+                line = f"{name}: schedule rejected: {vm['schedule'].get('details') or 'no reason given'}"
+            else:
+                stage_time = (vm.get("phase") or {}).get("stage_time")
+                where = f" in stage {stage_time:g}" if isinstance(stage_time, (int, float)) else ""
+                line = f"{name} failed{where}: {vm['failed']}"
+            if name in waiting:
+                line += f"; start without it: vmr-host release --exclude {name}"
+            out.append(line)
+        elif name in waiting and not vm["connected"]:
+            out.append(f"{name} is not connected and the barrier waits for it; "
+                       f"start without it: vmr-host release --exclude {name}")  # fmt: skip
+        b = (vm.get("phase") or {}).get("at_break")
+        if b and vm["state"] == "at_break":
+            held.append(f"{name} (break #{b['index']} since {when(b['since'], start)})")
+    if held:
+        names = [h.split(" ", 1)[0] for h in held]
+        every = len(held) == len(result["vms"])
+        cmd = "vmr-host resume --all" if every else "vmr-host resume " + " ".join(names)
+        out.append(f"waiting for RESUME: {', '.join(held)}; go on: {cmd}")
+    return out
+
+
+def counts(vms: List[Dict[str, Any]]) -> str:
+    """``3 VMs: 1 failed, 1 at_break, 1 running`` (problems first)."""
+    by: Dict[str, int] = {}
+    for vm in vms:
+        by[vm["state"]] = by.get(vm["state"], 0) + 1
+    order = [s for s in STATE_ORDER if s in by] + sorted(set(by) - set(STATE_ORDER))
+    return f"{len(vms)} VM(s): " + (", ".join(f"{by[s]} {s}" for s in order) or "none")
+
+
+def format_status(
+    result: Dict[str, Any], states: Sequence[str] = (), names: Sequence[str] = ()
+) -> str:
+    """The human form of a ``status`` result; ``states``/``names`` keep only some VM rows."""
     now = float(result.get("now") or time.time())
     exp = result["experiment"]
+    start = exp["start_time"]
     lines: List[str] = []
-    if exp["start_time"] is None:
+    if start is None:
         waiting = exp["waiting_for"]
         lines.append(
             f"experiment start: not set; barrier waiting for {len(waiting)} VM(s): "
             + (", ".join(waiting) if waiting else "nobody")
         )
     else:
-        delta = exp["start_time"] - now
-        when = f"in {delta:.1f}s" if delta > 0 else f"{-delta:.1f}s ago"
-        lines.append(f"experiment start: {utc_text(exp['start_time'])} ({when})")
+        ago = f"{duration(now - start)} ago, now {exp_time(start, now)}"
+        rel = f"in {duration(start - now)}" if start > now else ago
+        lines.append(f"experiment start: {utc_text(start)} ({rel})")
     cfg = exp["configured"]
     lines.append(
         f"expected: {len(exp['expected'])} VM(s), configured {sum(1 for v in exp['expected'] if v in cfg)}"
         + (f"; excluded: {', '.join(exp['excluded'])}" if exp["excluded"] else "")
         + (f"; released: {', '.join(exp['released'])}" if exp["released"] else "")
     )
-    header = ("VM", "CONN", "STATE", "STAGE", "LAST SEEN", "LATENESS", "FAILURES", "NOTES")
+    lines.append(counts(result["vms"]))
+    header = ("VM", "CONN", "STATE", "WHERE", "LAST SEEN", "LATENESS", "FAILURES", "NOTES")
     rows = [header]
     for vm in result["vms"]:
+        if not keep(vm, states, names):
+            continue
         conn = "yes" if vm["connected"] else "no"
         if vm["connected"] and vm.get("silent"):
             conn = "silent"
@@ -46,10 +184,8 @@ def format_status(result: Dict[str, Any]) -> str:
         notes: List[str] = []
         if not vm["expected"]:
             notes.append("not expected")
-        if vm["failed"]:
-            notes.append(f"failed: {vm['failed'][:60]}")
-        if vm["schedule"]["state"] == "rejected":
-            notes.append(f"schedule rejected: {(vm['schedule']['details'] or '')[:60]}")
+        if vm.get("failure_history"):
+            notes.append(f"recovered from {len(vm['failure_history'])} failure(s)")
         bad = vm["frames"]["malformed"] + vm["frames"]["oversize"] + sum(vm["refused"].values())
         if bad:
             notes.append(f"{bad} refused/malformed")
@@ -58,9 +194,9 @@ def format_status(result: Dict[str, Any]) -> str:
                 vm["vm"],
                 conn,
                 vm["state"],
-                vm["stage"] or "-",
+                phase(vm, start, now),
                 _ago(now, vm["last_seen"]),
-                "-" if late is None else f"{late * 1000:.1f}ms",
+                "-" if late is None else duration(late),
                 str(vm["failures"]),
                 "; ".join(notes),
             )
@@ -71,5 +207,12 @@ def format_status(result: Dict[str, Any]) -> str:
     pending = [r for r in result.get("resumes", []) if set(r["targets"]) - set(r["answered"])]
     for r in pending:
         missing = sorted(set(r["targets"]) - set(r["answered"]))
-        lines.append(f"RESUME {r['id']} (at {r['at']}) not yet answered by: {', '.join(missing)}")
+        lines.append(f"RESUME {r['id']} (issued {when(r.get('issued'), start)}) not yet answered by: "
+                     + ", ".join(missing))  # fmt: skip
+    lines.extend(hints(result))
     return "\n".join(lines)
+
+
+def any_failed(result: Dict[str, Any]) -> bool:
+    """Whether some VM failed or had its schedule rejected (``vmr-host status`` then exits 1)."""
+    return any(vm["state"] in ("failed", "schedule_rejected") for vm in result["vms"])

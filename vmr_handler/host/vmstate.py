@@ -8,17 +8,23 @@ dispatches its typed payload through a table.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple, Type, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type, TypeVar
 
 from vmr_handler.core.events import Event
 from vmr_handler.core.payloads import (
+    AgentStarted,
+    BreakStarted,
     Configured,
     EntryExited,
     EntryFailed,
+    EntryInterrupted,
     EntryStarted,
     Hello,
+    PauseEnded,
+    PauseStarted,
     Payload,
     Result,
+    ResumeReceived,
     ScheduleComplete,
     StageFinished,
     StageStarted,
@@ -127,7 +133,16 @@ class VmState:
         self.stages_done = 0
         self.configured_at: Optional[float] = None
         self.failed: Optional[str] = None
+        self.failed_at: Optional[float] = None  # host UTC the failure was received
+        #: earlier failures the VM recovered from (a new agent run followed): {at, details}
+        self.failure_history: List[Dict[str, Any]] = []
         self.complete = False
+        # where the VM is now (issue 13): entries running (index -> host UTC seen started),
+        # the break it is held at, the pause it is in, the last entry started
+        self.running: Dict[int, float] = {}
+        self.at_break: Optional[Dict[str, Any]] = None
+        self.paused: Optional[Dict[str, Any]] = None
+        self.last_entry: Optional[Dict[str, Any]] = None
         self.last_seen: Optional[float] = None
         self.max_lateness: Optional[float] = None
         self.failures = 0
@@ -135,6 +150,7 @@ class VmState:
         #: report type -> what its typed payload changes (payload, host UTC received)
         self._appliers: Dict[str, _Apply] = dict(
             [
+                _on(AgentStarted, self._agent_started),
                 _on(StageStarted, self._stage_started),
                 _on(StageFinished, self._stage_finished),
                 _on(Configured, self._configured_report),
@@ -143,6 +159,11 @@ class VmState:
                 _on(EntryStarted, self._entry_started),
                 _on(EntryFailed, self._entry_failed),
                 _on(EntryExited, self._entry_exited),
+                _on(EntryInterrupted, self._entry_interrupted),
+                _on(BreakStarted, self._break_started),
+                _on(PauseStarted, self._pause_started),
+                _on(PauseEnded, self._pause_ended),
+                _on(ResumeReceived, self._resume_received),
                 _on(Result, self._result),
             ]
         )
@@ -178,6 +199,16 @@ class VmState:
         if applier is not None:
             applier(parse_payload(ev), received)
 
+    def _agent_started(self, p: AgentStarted, received: float) -> None:
+        """A new agent run: what ran in the last one is over; a failure becomes history (the
+        VM shows what it does now, issue 13)."""
+        self.running.clear()
+        self.paused = None
+        if self.failed is not None:
+            self.failure_history.append({"at": self.failed_at, "details": self.failed})
+            self.failed = None
+            self.failed_at = None
+
     def _stage_started(self, p: StageStarted, received: float) -> None:
         if p.stage is not None:
             self.stage = p.stage
@@ -193,6 +224,7 @@ class VmState:
 
     def _vm_failed(self, p: VmFailed, received: float) -> None:
         self.failed = short(p.details.string, 500) or "vm_failed"
+        self.failed_at = received
         self.failures += 1
 
     def _schedule_complete(self, p: ScheduleComplete, received: float) -> None:
@@ -201,13 +233,38 @@ class VmState:
     def _entry_started(self, p: EntryStarted, received: float) -> None:
         if p.lateness is not None and (self.max_lateness is None or p.lateness > self.max_lateness):
             self.max_lateness = p.lateness
+        if p.index is not None:
+            self.running[p.index] = received
+            self.last_entry = {"index": p.index, "start_time": p.start_time, "at": received}
 
     def _entry_failed(self, p: EntryFailed, received: float) -> None:
         self.failures += 1
+        self._ended(p.index)
 
     def _entry_exited(self, p: EntryExited, received: float) -> None:
         if p.status == "error":
             self.failures += 1
+        self._ended(p.index)
+
+    def _entry_interrupted(self, p: EntryInterrupted, received: float) -> None:
+        self._ended(p.index)
+
+    def _ended(self, index: Optional[int]) -> None:
+        if index is not None:
+            self.running.pop(index, None)
+
+    def _break_started(self, p: BreakStarted, received: float) -> None:
+        self.at_break = {"index": p.index, "at": p.at.value, "since": received}
+
+    def _pause_started(self, p: PauseStarted, received: float) -> None:
+        self.paused = {"index": p.index, "at": p.at.value, "duration": p.duration.value, "since": received}
+
+    def _pause_ended(self, p: PauseEnded, received: float) -> None:
+        self.paused = None
+
+    def _resume_received(self, p: ResumeReceived, received: float) -> None:
+        if not p.ignored and self.at_break is not None and p.ended_break == self.at_break["index"]:
+            self.at_break = None
 
     def _result(self, p: Result, received: float) -> None:
         if p.answers == self.schedule_id:
@@ -225,6 +282,10 @@ class VmState:
             return "schedule_rejected"
         if self.complete:
             return "complete"
+        if self.at_break is not None:
+            return "at_break"
+        if self.paused is not None:
+            return "paused"
         if self.configured_at is not None:
             return "running" if start_time is not None and now >= start_time else "configured"
         if self.stage is not None:
@@ -251,7 +312,16 @@ class VmState:
             "stages_done": self.stages_done,
             "configured_at": self.configured_at,
             "failed": self.failed,
+            "failed_at": self.failed_at,
+            "failure_history": list(self.failure_history),
             "complete": self.complete,
+            "phase": {
+                "stage_time": self.stage_time,
+                "running_entries": sorted(self.running),
+                "at_break": dict(self.at_break) if self.at_break else None,
+                "paused": dict(self.paused) if self.paused else None,
+                "last_entry": dict(self.last_entry) if self.last_entry else None,
+            },
             "last_seen": self.last_seen,
             "max_lateness": self.max_lateness,
             "failures": self.failures,
