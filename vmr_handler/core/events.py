@@ -20,6 +20,7 @@ from enum import Enum
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from vmr_handler.core.fsutil import utc_text
+from vmr_handler.core.readable import escaped, field_text
 
 PROTOCOL_VERSION = 1
 
@@ -143,7 +144,11 @@ def encode_output(chunk: bytes) -> Dict[str, Any]:
 
 
 def describe(event: Event) -> str:
-    """One readable log line for ``event`` (the human log on stderr / the host's ``.log``)."""
+    """One readable log line for ``event`` (the human log on stderr / the host's ``.log``).
+
+    Times in ISO UTC, durations with a unit, numbers with at most 3 decimals, structures as
+    JSON, output that is not UTF-8 with ``\\xNN`` escapes (:mod:`vmr_handler.core.readable`).
+    """
     d = event.data
     what = f"entry {d['index']}" if "index" in d else ""
     if d.get("executable"):
@@ -151,11 +156,14 @@ def describe(event: Event) -> str:
     if event.type == EventType.OUTPUT.value:
         text = d.get("line")
         if text is None:
-            text = f"<{len(base64.b64decode(d.get('line_b64', '')))} bytes, not UTF-8>"
+            raw = base64.b64decode(d.get("line_b64", ""))
+            text = escaped(raw) + f" [{len(raw)} bytes, not UTF-8]"
         if len(text) > 200:
             text = text[:200] + f"... ({len(text)} chars)"
         more = " [continued]" if d.get("continued") else ""
         return f"{utc_text(event.timestamp)} {what} {d.get('stream')}: {text!s}{more}"
     skip = {"index", "executable", "line", "line_b64"}
-    extras = " ".join(f"{k}={v}" for k, v in d.items() if k not in skip and v not in (None, [], {}))
+    extras = " ".join(
+        f"{k}={field_text(k, v)}" for k, v in d.items() if k not in skip and v not in (None, [], {})
+    )
     return f"{utc_text(event.timestamp)} {event.type} {what} {extras}".rstrip()

@@ -256,6 +256,38 @@ def _add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     rep.add_argument("--out", metavar="FILE.html", help="where to write it (default <logs>/report.html)")
 
 
+def _add_check(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``check DIR [--allow-class NAME]... [--json]``."""
+    check = sub.add_parser(
+        "check", help="check every schedule file of a --schedules directory (exit 2: some cannot be used)"
+    )
+    check.add_argument("schedules", metavar="DIR", help="one schedule per VM: <vm>.pkl|.yaml|.json")
+    check.add_argument("--allow-class", action="append", default=[], metavar="MODULE.NAME",
+                       help="also admit this schedule-entry class name in pickles (as serve's)")  # fmt: skip
+    check.add_argument("--json", action="store_true", help="print {vms: {...}, problems: [...]} as JSON")
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """``vmr-host check DIR``: every bad schedule file at once (issue 13), each named with the
+    loader's message; exit 0 when all can be used, 2 when some cannot."""
+    import json
+
+    from vmr_handler.host.specs import check_specs
+
+    specs, problems = check_specs(args.schedules, args.allow_class)
+    if args.json:
+        vms = {vm: {"path": sp.schedule_path, "sha256": sp.digest, "format": sp.format}
+               for vm, sp in specs.items()}  # fmt: skip
+        print(json.dumps({"vms": vms, "problems": problems}, indent=1))
+    else:
+        for vm, spec in sorted(specs.items()):
+            print(f"ok       {vm}: {spec.schedule_path} ({spec.format}, sha256 {spec.digest[:12]})")
+        for line in problems:
+            print(f"PROBLEM  {line}")
+        print(f"{len(specs)} schedule(s) usable, {len(problems)} file(s) with problems")
+    return EXIT_USAGE if problems else EXIT_OK
+
+
 #: The sub-commands, in the order ``vmr-host --help`` lists them.
 _COMMANDS: Tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], ...] = (
     _add_serve,
@@ -265,6 +297,7 @@ _COMMANDS: Tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]],
     _add_mqtt_config,
     _add_keygen,
     _add_report,
+    _add_check,
 )
 
 
@@ -467,6 +500,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             return cmd_mqtt_config(args)
         if args.command == "wait":
             return cmd_wait(args)
+        if args.command == "check":
+            return cmd_check(args)
         return cmd_client(args)
     except UsageError as exc:
         print(f"vmr-host: error: {exc}", file=sys.stderr)

@@ -7,7 +7,7 @@ the same restricted loader as the agent's, and kept as bytes with its sha256.
 from __future__ import annotations
 
 import os
-from typing import Dict, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 from vmr_handler.core.errors import ScheduleError, UsageError
 from vmr_handler.core.names import VM_NAME
@@ -20,9 +20,26 @@ SCHEDULE_SUFFIXES = (".pkl", ".pickle", ".yaml", ".yml", ".json")
 def load_specs(schedules: str, allow: Sequence[str]) -> Dict[str, VmSpec]:
     """Read and validate every ``<vm>.<suffix>`` schedule in ``schedules``.
 
+    Every file is read, so that one run names every problem (issue 13: ``serve`` used to stop
+    at the first bad file, and each rerun found the next one).
+
     Raises:
-        UsageError: no such directory, no schedule, a duplicate or invalid VM name, or a
-            schedule that cannot be used (the loader's message, naming the file).
+        UsageError: no such directory or no schedule; or one line per file that cannot be used
+            (an invalid VM name, two files for one VM, the loader's message naming the file,
+            entry and field).
+    """
+    specs, problems = check_specs(schedules, allow)
+    if problems:
+        head = f"{len(problems)} schedule file(s) in {schedules} cannot be used:"
+        raise UsageError("\n  ".join([head, *problems]))
+    return specs
+
+
+def check_specs(schedules: str, allow: Sequence[str]) -> Tuple[Dict[str, VmSpec], List[str]]:
+    """The usable schedules of ``schedules`` and one line per file that is not (``vmr-host check``).
+
+    Raises:
+        UsageError: no such directory, or no schedule file at all.
     """
     try:
         names = sorted(os.listdir(schedules))
@@ -32,29 +49,34 @@ def load_specs(schedules: str, allow: Sequence[str]) -> Dict[str, VmSpec]:
     from vmr_handler.core.schedule.loader import read_schedule
 
     specs: Dict[str, VmSpec] = {}
+    problems: List[str] = []
+    seen = 0
     for filename in names:
         stem, suffix = os.path.splitext(filename)
-        if suffix.lower() not in SCHEDULE_SUFFIXES:
-            continue
         path = os.path.join(schedules, filename)
-        if not os.path.isfile(path):
+        if suffix.lower() not in SCHEDULE_SUFFIXES or not os.path.isfile(path):
             continue
+        seen += 1
         if not VM_NAME.match(stem):
-            raise UsageError(
-                f"{path}: {stem!r} is not a usable VM name (letters, digits, '.', '_', '-'; at most 64)"
-            )
+            rule = "letters, digits, '.', '_', '-'; at most 64"
+            problems.append(f"{path}: {stem!r} is not a usable VM name ({rule})")
+            continue
         if stem in specs:
-            raise UsageError(f"two schedules for VM {stem!r}: {specs[stem].schedule_path} and {path}")
+            first = specs[stem].schedule_path
+            problems.append(f"{path}: a second schedule for VM {stem!r} (the first: {first})")
+            continue
         try:
             data, schedule = read_schedule(path, allow)
         except OSError as exc:
-            raise UsageError(f"cannot read {path}: {exc.strerror}") from exc
+            problems.append(f"{path}: cannot read it: {exc.strerror}")
+            continue
         except ScheduleError as exc:
-            raise UsageError(f"schedule {path} cannot be used: {exc}") from exc
+            problems.append(f"{path}: {exc}")
+            continue
         filenames = frozenset(
             item.filename for e in schedule.entries for item in e.data if isinstance(item, FileDrop)
         )
         specs[stem] = VmSpec(stem, path, data, schedule.digest, schedule.source_format, filenames)
-    if not specs:
+    if not seen:
         raise UsageError(f"no schedules (<vm>{'|'.join(SCHEDULE_SUFFIXES)}) in {schedules}")
-    return specs
+    return specs, problems

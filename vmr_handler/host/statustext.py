@@ -13,6 +13,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from vmr_handler.core.fsutil import utc_text
+from vmr_handler.core.readable import duration
 
 #: The order of states in the counts line: problems first.
 STATE_ORDER = (
@@ -23,21 +24,6 @@ STATE_ORDER = (
 FILTERS = ("failed", "at-break", "late", "paused", "running", "complete", "waiting")
 #: Lateness from which a VM counts as ``late`` (seconds).
 LATE = 0.1
-
-
-def duration(seconds: float) -> str:
-    """A duration with a unit and sensible precision: ``2.1 ms``, ``1.01 s``, ``16.5 s``,
-    ``3.2 min``, ``1.5 h``."""
-    s = abs(seconds)
-    if s < 1:
-        return f"{seconds * 1000:.1f} ms"
-    if s < 10:
-        return f"{seconds:.2f} s"
-    if s < 120:
-        return f"{seconds:.1f} s"
-    if s < 7200:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def exp_time(start: Optional[float], at: Optional[float]) -> str:
