@@ -115,6 +115,18 @@ def test_status_wait_and_a_recovered_vm(env: HostEnv) -> None:
     assert res.returncode == 0, res.stdout  # nobody failed any more
     assert "waiting for RESUME: vm2 (break #1" in res.stdout and "vmr-host resume vm2" in res.stdout
 
+    # no host running: the same picture from the logs, read-only, and it says so
+    env.kill_host()
+    res = _cli(env, "status")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "status read from the logs" in res.stderr and "read-only" in res.stderr
+    assert "no vmr-host running" in res.stdout
+    offline = json.loads(_cli(env, "status", "--json").stdout)
+    assert offline["offline"] is True
+    states = {v["vm"]: v["state"] for v in offline["vms"]}
+    assert states == {"vm1": "complete", "vm2": "at_break", "vm3": "complete"}, states
+    assert len(_vm(offline, "vm3")["failure_history"]) == 1
+
 
 def test_readable_numbers_in_status(env: HostEnv) -> None:
     """No epoch float and no number with more than 3 decimals in the human status."""
@@ -126,3 +138,40 @@ def test_readable_numbers_in_status(env: HostEnv) -> None:
     text = _cli(env, "status").stdout
     assert not re.search(r"\d\.\d{4,}", text), text
     assert not re.search(r"\b1[6-9]\d{8}\b", text), text  # a UTC epoch in seconds
+
+
+def test_logs_show_follow_and_filter(env: HostEnv) -> None:
+    """``vmr-host logs``: events and whole output lines in UTC + experiment time, non-UTF-8
+    escaped, ``--entry``/``--stream``/``--json``, and ``-f`` follows what the host appends."""
+    env.start_host()
+    env.start_agent("vm2")
+    env.wait_event("vm2", "configured")
+    assert _cli(env, "release", "--exclude", "vm1", "vm3").returncode == 0
+    env.wait_event("vm2", "break_started")
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "vmr_handler.host", "logs", "vm2", "-f", "--logs", str(env.logs)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        text = _cli(env, "logs", "vm2").stdout
+        assert re.search(r"^\S+Z t=-\d+\.\ds entry 0 stdout: configured$", text, re.M), text
+        assert re.search(r"^\S+Z t=\+1\.\ds break_started entry 1", text, re.M), text
+        only = _cli(env, "logs", "vm2", "--entry", "0", "--stream", "stdout").stdout.splitlines()
+        assert len(only) == 1 and only[0].endswith("entry 0 stdout: configured"), only
+        recs = [json.loads(ln) for ln in _cli(env, "logs", "vm2", "--json").stdout.splitlines()]
+        assert any(r["event"]["type"] == "break_started" for r in recs)
+        missing = _cli(env, "logs", "nope")
+        assert missing.returncode == 2 and "VMs with logs: " in missing.stderr and "vm2" in missing.stderr
+        # -f: the RESUME's answer shows up in the follower after it was started
+        assert _cli(env, "resume", "vm2").returncode == 0
+        env.wait_event("vm2", "schedule_complete")
+        seen: List[str] = []
+        assert follow.stdout is not None
+        deadline = time.monotonic() + 30
+        while not any("schedule_complete" in ln for ln in seen):
+            assert time.monotonic() < deadline, seen[-5:]
+            seen.append(follow.stdout.readline())
+        assert any("resume_received" in ln for ln in seen)
+    finally:
+        follow.terminate()
+        follow.wait(timeout=10)

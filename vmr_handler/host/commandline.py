@@ -288,6 +288,17 @@ def cmd_check(args: argparse.Namespace) -> int:
     return EXIT_USAGE if problems else EXIT_OK
 
 
+def _add_logs_cmd(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``logs VM [-f] [--entry N] [--stream stdout|stderr] [--json] [--logs DIR]``."""
+    logs = sub.add_parser("logs", help="a VM's events and output, UTC + experiment time (-f: follow)")
+    logs.add_argument("vm", metavar="VM")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing what the host appends")
+    logs.add_argument("--entry", type=int, metavar="N", help="only schedule entry N")
+    logs.add_argument("--stream", choices=("stdout", "stderr"), help="only this output stream")
+    _add_logs(logs)
+    logs.add_argument("--json", action="store_true", help="the stored records, one JSON object per line")
+
+
 #: The sub-commands, in the order ``vmr-host --help`` lists them.
 _COMMANDS: Tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], ...] = (
     _add_serve,
@@ -298,6 +309,7 @@ _COMMANDS: Tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]],
     _add_keygen,
     _add_report,
     _add_check,
+    _add_logs_cmd,
 )
 
 
@@ -502,6 +514,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             return cmd_wait(args)
         if args.command == "check":
             return cmd_check(args)
+        if args.command == "logs":
+            from vmr_handler.host.logscmd import show_logs
+
+            return show_logs(args.logs, args.vm, args.follow, args.entry, args.stream, args.json)
         return cmd_client(args)
     except UsageError as exc:
         print(f"vmr-host: error: {exc}", file=sys.stderr)

@@ -139,8 +139,27 @@ def run_client(cmd: ClientCommand) -> int:
 
             return EXIT_RUNTIME if any_failed(reply["result"]) else EXIT_OK
     except (ControlError, OSError) as exc:
+        if cmd.command == "status" and not isinstance(exc, BrokenPipeError):
+            return _offline(cmd, exc)
         return runtime_error(exc)
     return EXIT_OK
+
+
+def _offline(cmd: ClientCommand, why: BaseException) -> int:
+    """``status`` with no host answering: the same result rebuilt from the logs (read-only)."""
+    from vmr_handler.core.errors import UsageError
+    from vmr_handler.host.offline import offline_status
+    from vmr_handler.host.statustext import any_failed
+
+    try:
+        result = offline_status(cmd.logs)
+    except UsageError as exc:
+        print(f"vmr-host: error: {why}; {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
+    print(f"vmr-host: no vmr-host answers ({why}): status read from the logs in {cmd.logs} (read-only)",
+          file=sys.stderr)  # fmt: skip
+    print(_text(cmd, result))
+    return EXIT_RUNTIME if any_failed(result) else EXIT_OK
 
 
 def runtime_error(exc: BaseException) -> int:

@@ -141,6 +141,8 @@ def format_status(
     exp = result["experiment"]
     start = exp["start_time"]
     lines: List[str] = []
+    if result.get("offline"):
+        lines.append(f"read from the logs in {result.get('logs')}: no vmr-host running, nothing is connected")
     if start is None:
         waiting = exp["waiting_for"]
         lines.append(
