@@ -127,7 +127,12 @@ def test_break_resume_one_vm_then_all(env_factory):
     env.wait_event("a", "entry_started", index=1)
     time.sleep(0.5)
     assert not env.events("b", "entry_started")
-    res = env.cli("resume", "--all")
+    # a is no longer at a break: a plain resume --all is refused, naming it (issue 13)
+    preview = env.cli("resume", "--all", "--dry-run")
+    assert preview.returncode == 0 and "would RESUME: a, b (break #0)" in preview.stdout, preview.stdout
+    refused = env.cli("resume", "--all")
+    assert refused.returncode == 2 and "not at a break: a" in refused.stderr, refused.stderr
+    res = env.cli("resume", "--all", "--force")
     assert res.returncode == 0, res.stderr
     env.wait_event("b", "entry_started", index=1)
     resumes_a = env.events("a", "resume_received")

@@ -13,7 +13,7 @@ from typing import List, Optional
 import pytest
 
 from vmr_handler.agent.control_client import ControlCommand, parse_control
-from vmr_handler.host.commandline import _parser
+from vmr_handler.host.commandline import _parser, client_command
 from vmr_handler.host.control_client import DEFAULT_LOGS, ClientCommand, parse_client
 
 #: Modules the lean path must not import (the full front end, the host's configuration).
@@ -26,14 +26,7 @@ def _full(argv: List[str]) -> Optional[ClientCommand]:
         args = _parser().parse_args(argv)
     except SystemExit:
         return None
-    return ClientCommand(
-        args.command,
-        args.logs,
-        args.json,
-        tuple(getattr(args, "vms", ())),
-        bool(getattr(args, "all", False)),
-        tuple(getattr(args, "exclude", ())),
-    )
+    return client_command(args)
 
 
 @pytest.mark.parametrize(
@@ -46,6 +39,8 @@ def _full(argv: List[str]) -> Optional[ClientCommand]:
         ["resume", "a", "b", "--logs", "L", "--json"],
         ["resume", "--json", "a", "b"],
         ["resume", "a", "--all"],
+        ["resume", "a", "--force"],
+        ["resume", "--all", "--dry-run", "--yes"],
         ["resume"],
         ["release"],
         ["release", "--exclude", "a", "b", "--json"],

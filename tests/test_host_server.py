@@ -183,7 +183,8 @@ def test_resume_one_and_all_resent_until_answered(hosts):
     a1.handshake()
     assert h.cli("resume").returncode == 2
     assert h.cli("resume", "nosuch").returncode == 2
-    r = h.cli("resume", "vm1", "--json")
+    assert h.cli("resume", "vm1").returncode == 2  # not at a break (fake agents report none)
+    r = h.cli("resume", "vm1", "--json", "--force")
     assert r.returncode == 0, r.stderr
     one = json.loads(r.stdout)
     assert one["sent_now"] == ["vm1"] and one["at"] == "-inf"  # before the start is set
@@ -196,7 +197,7 @@ def test_resume_one_and_all_resent_until_answered(hosts):
     a2.report("configured", at=time.time(), stages=[])
     start = a1.take("start_time").data["start_time"]
     before = time.time()
-    r = h.cli("resume", "--all", "--json")
+    r = h.cli("resume", "--all", "--json", "--yes")
     after = time.time()
     assert r.returncode == 0, r.stderr
     every = json.loads(r.stdout)

@@ -214,6 +214,9 @@ def _add_resume(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     resume = sub.add_parser("resume", help="send a RESUME to VMs (stamped with host experiment time)")
     resume.add_argument("vms", nargs="*", metavar="VM")
     resume.add_argument("--all", action="store_true", help="every VM")
+    resume.add_argument("--force", "--yes", dest="force", action="store_true",
+                        help="send it also to VMs not at a break (ends their next break early)")  # fmt: skip
+    resume.add_argument("--dry-run", action="store_true", help="say whom it would reach; send nothing")
     _add_logs(resume)
     resume.add_argument("--json", action="store_true")
 
@@ -451,10 +454,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 # -------------------------------------------------------------------------------- clients
-def cmd_client(args: argparse.Namespace) -> int:
-    """``status``/``resume``/``release`` given in a form only argparse takes (``-v``, an
-    abbreviated option): the same as the lean path (:mod:`vmr_handler.host.control_client`)."""
-    command = ClientCommand(
+def client_command(args: argparse.Namespace) -> ClientCommand:
+    """The :class:`ClientCommand` of parsed ``status``/``resume``/``release`` arguments."""
+    return ClientCommand(
         args.command,
         args.logs,
         args.json,
@@ -462,7 +464,16 @@ def cmd_client(args: argparse.Namespace) -> int:
         bool(getattr(args, "all", False)),
         tuple(getattr(args, "exclude", ())),
         tuple(getattr(args, "state", ())),
+        bool(getattr(args, "force", False)),
+        bool(getattr(args, "dry_run", False)),
     )
+
+
+def cmd_client(args: argparse.Namespace) -> int:
+    """``status``/``resume``/``release`` given in a form only argparse takes (``-v``, an
+    abbreviated option, a filter, ``--watch``): the same as the lean path
+    (:mod:`vmr_handler.host.control_client`)."""
+    command = client_command(args)
     if args.command == "status" and args.watch:
         from vmr_handler.host.statustext import format_status
         from vmr_handler.host.waiting import watch

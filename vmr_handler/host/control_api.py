@@ -64,14 +64,31 @@ class ControlApi:
         """``resume`` ``{"vms": [...]}`` or ``{"all": true}``: issue a RESUME stamped with host
         experiment time ``at = now - start`` (``-inf`` before the start is set).
 
+        ``"dry_run": true`` only says whom it would reach and which break each is held at
+        (``at_break``); ``"force": false`` (what ``vmr-host resume`` sends without ``--force``)
+        refuses when a VM is not at a break, since a RESUME then ends its *next* break early
+        (SPEC §6, FIREWHEEL's early RESUME): a second ``resume --all`` is no longer silently a
+        real RESUME (issue 13). A request without ``force`` is sent as before.
+
         Raises:
-            ValueError: neither or both of ``vms``/``all``, or an unknown VM.
+            ValueError: neither or both of ``vms``/``all``, an unknown VM, or (``force`` false)
+                a VM not at a break.
         """
         everyone = request.get("all") is True
         if everyone == ("vms" in request and request["vms"] not in (None, [])):
             raise ValueError("resume needs VM names or all (not both)")
         sessions = self.experiment.sessions
         targets = sorted(sessions) if everyone else self._names(request.get("vms"), "vms")
+        breaks = {vm: sessions[vm].state.at_break for vm in targets}
+        at_break = {vm: b["index"] for vm, b in breaks.items() if b is not None}
+        not_at_break = [vm for vm in targets if vm not in at_break]
+        if request.get("dry_run") is True:
+            return {"dry_run": True, "targets": targets, "at_break": at_break, "not_at_break": not_at_break}
+        if not_at_break and request.get("force", True) is False:
+            raise ValueError(
+                f"not at a break: {', '.join(not_at_break)}; a RESUME now would end their next break as soon "
+                "as it comes. Send it anyway with --force (or --yes); see whom it reaches with --dry-run"
+            )
         record, sent = self.experiment.resume(targets)
         return {
             "id": record.id,
@@ -79,6 +96,7 @@ class ControlApi:
             "targets": targets,
             "sent_now": sent,
             "pending": [vm for vm in targets if vm not in sent],
+            "at_break": at_break,
         }
 
     def release(self, request: Dict[str, Any]) -> Dict[str, Any]:

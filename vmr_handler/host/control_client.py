@@ -52,6 +52,8 @@ class ClientCommand(NamedTuple):
     all: bool = False
     exclude: Sequence[str] = ()
     states: Sequence[str] = ()
+    force: bool = False
+    dry_run: bool = False
 
 
 def parse_client(argv: Sequence[str]) -> Optional[ClientCommand]:
@@ -59,7 +61,7 @@ def parse_client(argv: Sequence[str]) -> Optional[ClientCommand]:
     exactly one of the plain forms below (the full parser then handles it)::
 
         status [--logs DIR] [--json]
-        resume [VM ...] [--all] [--logs DIR] [--json]
+        resume [VM ...] [--all] [--force|--yes] [--dry-run] [--logs DIR] [--json]
         release [--exclude VM ...] [--logs DIR] [--json]
 
     ``--logs=DIR`` is accepted too; the VM names of ``resume`` are one run of words, as
@@ -69,7 +71,7 @@ def parse_client(argv: Sequence[str]) -> Optional[ClientCommand]:
     if not argv or argv[0] not in CLIENT_COMMANDS:
         return None
     command, words = argv[0], list(argv[1:])
-    flags = {"--json": False, "--all": False}
+    flags = {"--json": False, "--all": False, "--force": False, "--yes": False, "--dry-run": False}
     logs = DEFAULT_LOGS
     vms: List[str] = []
     exclude: List[str] = []
@@ -90,7 +92,10 @@ def parse_client(argv: Sequence[str]) -> Optional[ClientCommand]:
             return None  # help, an unknown option or a misplaced word: the full parser says what
         else:
             vms, i = [word, *run], i + len(run)
-    return ClientCommand(command, logs, flags["--json"], tuple(vms), flags["--all"], tuple(exclude))
+    force = flags["--force"] or flags["--yes"]
+    dry = flags["--dry-run"]
+    json_out, everyone = flags["--json"], flags["--all"]
+    return ClientCommand(command, logs, json_out, tuple(vms), everyone, tuple(exclude), (), force, dry)
 
 
 def _names(words: List[str], start: int) -> List[str]:
@@ -112,7 +117,8 @@ def _payload(cmd: ClientCommand) -> Dict[str, Any]:
     if cmd.command == "resume":
         if bool(cmd.vms) == bool(cmd.all):
             raise ValueError("resume needs VM names or --all (not both)")
-        return {"cmd": "resume", "all": True} if cmd.all else {"cmd": "resume", "vms": list(cmd.vms)}
+        whom: Dict[str, Any] = {"all": True} if cmd.all else {"vms": list(cmd.vms)}
+        return {"cmd": "resume", **whom, "force": cmd.force, "dry_run": cmd.dry_run}
     return {"cmd": "release", "exclude": list(cmd.exclude)}
 
 
@@ -171,6 +177,28 @@ def runtime_error(exc: BaseException) -> int:
     return EXIT_RUNTIME
 
 
+def _held(result: Dict[str, Any], vms: Sequence[str]) -> str:
+    breaks = result.get("at_break") or {}
+    return ", ".join(f"{vm} (break #{breaks[vm]})" if vm in breaks else vm for vm in vms) or "none"
+
+
+def _resume_text(result: Dict[str, Any]) -> str:
+    """What ``resume`` prints: whom the RESUME reached (and which break it ends), or would."""
+    if result.get("dry_run"):
+        lines = [f"would RESUME: {_held(result, result['targets'])}"]
+        if result["not_at_break"]:
+            others = ", ".join(result["not_at_break"])
+            lines.append(f"not at a break: {others} (it would end their next break early; use --force)")
+        return "\n".join([*lines, "nothing sent (--dry-run)"])
+    at = result["at"]
+    when = at if isinstance(at, str) else f"t={at:+.3f}s"
+    pending = result["pending"]
+    return (
+        f"RESUME {result['id']} at host experiment time {when}: sent to {_held(result, result['sent_now'])}"
+        + (f"; pending (sent at their next handshake): {', '.join(pending)}" if pending else "")
+    )
+
+
 def _text(cmd: ClientCommand, result: Dict[str, Any]) -> str:
     """What ``cmd`` prints for the host's ``result``."""
     if cmd.json:
@@ -182,13 +210,7 @@ def _text(cmd: ClientCommand, result: Dict[str, Any]) -> str:
 
         return format_status(result, cmd.states, cmd.vms)
     if cmd.command == "resume":
-        at = result["at"]
-        pending = result["pending"]
-        return (
-            f"RESUME {result['id']} at host experiment time {at if isinstance(at, str) else f'{at:.3f}'} s: "
-            f"sent to {', '.join(result['sent_now']) or 'none'}"
-            + (f"; pending (sent at their next handshake): {', '.join(pending)}" if pending else "")
-        )
+        return _resume_text(result)
     if result["start_time"] is not None:
         from vmr_handler.core.fsutil import utc_text
 
