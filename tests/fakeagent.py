@@ -238,7 +238,7 @@ class Host:
 
     def serve_argv(self) -> List[str]:
         return [
-            sys.executable, "-m", "vmr_handler.host", "-v", "serve",
+            sys.executable, "-m", "vmr_handler.host", "serve",
             "--schedules", str(self.sched_dir), "--logs", str(self.logs),
             "--channels", str(self.channels), "--resources", str(self.resources), *self.args,
         ]  # fmt: skip

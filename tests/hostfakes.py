@@ -24,6 +24,7 @@ class FakeExperiment:
     def __init__(self) -> None:
         self.configured: Dict[str, float] = {}
         self.answers: List[Tuple[str, Mapping[str, Any]]] = []
+        self.outcomes: List[Tuple[str, str]] = []
 
     def start_event(self) -> Optional[Event]:
         return None
@@ -36,6 +37,9 @@ class FakeExperiment:
 
     def on_configured(self, vm: str, at: float) -> None:
         self.configured.setdefault(vm, at)
+
+    def on_outcome(self, vm: str, outcome: str, details: Optional[str], at: float) -> None:
+        self.outcomes.append((vm, outcome))
 
     def on_resume_answer(self, vm: str, resume_id: str, data: Mapping[str, Any], at: float) -> None:
         self.answers.append((resume_id, data))

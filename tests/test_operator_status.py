@@ -115,6 +115,12 @@ def test_status_wait_and_a_recovered_vm(env: HostEnv) -> None:
     assert res.returncode == 0, res.stdout  # nobody failed any more
     assert "waiting for RESUME: vm2 (break #1" in res.stdout and "vmr-host resume vm2" in res.stdout
 
+    # the host logged each VM's progress at INFO with running counts
+    host_log = env.host_log()
+    assert re.search(r"INFO vm\d configured \(\d/3\); barrier waits for", host_log), host_log[-3000:]
+    assert re.search(r"WARNING vm3 failed: .*tool\.bin.*\(failed 1/3\)", host_log), host_log[-3000:]
+    assert re.search(r"INFO vm1 complete \(complete 2/3\)", host_log), host_log[-3000:]
+
     # no host running: the same picture from the logs, read-only, and it says so
     env.kill_host()
     res = _cli(env, "status")

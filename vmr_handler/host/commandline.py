@@ -61,7 +61,8 @@ def _parser() -> argparse.ArgumentParser:
         "virtio-serial channel, runs the start barrier, relays RESUME, keeps per-VM logs.",
     )
     parser.add_argument("--version", action="version", version=f"vmr-host {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="more logging (info; twice: debug)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in _COMMANDS:
         add(sub)
@@ -449,7 +450,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if server.fatal:
         log.error("vmr-host stopped: %s", server.fatal)
         return EXIT_RUNTIME
-    log.warning("vmr-host stopped")
+    log.info("vmr-host stopped")
     return EXIT_OK
 
 
@@ -497,9 +498,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     take here). Returns the exit code."""
     parser = _parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    level = logging.WARNING
-    if args.verbose:
-        level = logging.INFO
+    # INFO by default: each VM's connect, configured, failed and complete with running counts
+    # (issue 13); -q for warnings and errors only, -v for debug
+    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(message)s")
     if args.command is None:
         parser.print_help(sys.stderr)

@@ -117,6 +117,8 @@ class Experiment:
         self.resumes: List[ResumeRecord] = []
         #: True while the VMs' logs are replayed at start (nothing is sent, announced or saved)
         self.loading = False
+        #: VMs that failed / completed, for the running counts of the log (issue 13)
+        self.outcomes: Dict[str, Set[str]] = {}
         self.mqtt: Optional[Publisher] = None  # the MqttService in mqtt mode
         self._pending_jobs: Set[str] = set()  # debounced jobs (_soon)
 
@@ -241,7 +243,7 @@ class Experiment:
             log.error("host %r announces VM(s) served elsewhere: %s; ignored", peer, ", ".join(clash))
             return
         if self.peer_vms.get(peer) != sorted(names):
-            log.warning("host %s serves %d VM(s): %s", peer, len(names), ", ".join(sorted(names)[:20]))
+            log.info("host %s serves %d VM(s): %s", peer, len(names), ", ".join(sorted(names)[:20]))
         self.peer_vms[peer] = sorted(names)
         just_set = self.barrier.update_expected(add=names, remove=[PEER_PREFIX + peer])
         for vm, at in configured.items():
@@ -314,7 +316,9 @@ class Experiment:
         just_set = self.barrier.configure(vm, at)
         if vm in self.barrier.active:
             waiting = self.barrier.waiting_for()
-            log.info("%s configured; barrier waits for %s", vm, ", ".join(waiting) or "nobody")
+            done = len(self.barrier.configured.keys() & self.barrier.expected)
+            log.info("%s configured (%d/%d); barrier waits for %s", vm, done, len(self.barrier.expected),
+                     ", ".join(waiting) or "nobody")  # fmt: skip
         if just_set:
             self._start_was_set()
         elif not self.loading:
@@ -322,6 +326,23 @@ class Experiment:
             self._soon("save", self.save)
         if self.mqtt is not None and not self.loading:
             self._soon("announce", self.mqtt.publish_host_state)
+
+    def on_outcome(self, vm: str, outcome: str, details: Optional[str], at: float) -> None:
+        """Log a VM's failure or completion at INFO with the running counts (issue 13)."""
+        done = self.outcomes.setdefault(outcome, set())
+        if vm in done:
+            return
+        for other in self.outcomes.values():
+            other.discard(vm)  # a VM that failed then completed counts once, as complete
+        done.add(vm)
+        if self.loading:
+            return
+        total = len(self.barrier.expected) or len(self.sessions)
+        counts = ", ".join(f"{k} {len(v)}/{total}" for k, v in sorted(self.outcomes.items()) if v)
+        if outcome == "failed":
+            log.warning("%s failed: %s (%s)", vm, details or "no details", counts)
+        else:
+            log.info("%s %s (%s)", vm, outcome, counts)
 
     def on_resume_answer(self, vm: str, resume_id: str, data: Mapping[str, Any], at: float) -> None:
         """``vm`` answered RESUME ``resume_id``: record it (it is no longer re-sent to ``vm``)."""
@@ -403,7 +424,7 @@ class Experiment:
         self.save()
         event = record.event()
         sent = [vm for vm in targets if self.sessions[vm].push_resume(event)]
-        log.warning("RESUME %s at experiment time %s to %s", record.id, event.data["at"], ", ".join(targets))
+        log.info("RESUME %s at experiment time %s to %s", record.id, event.data["at"], ", ".join(targets))
         return record, sent
 
     def barrier_status(self, now: float) -> Dict[str, Any]:

@@ -36,6 +36,9 @@ class _Recorder:
     def on_resume_answer(self, vm: str, resume_id: str, data: Mapping[str, Any], at: float) -> None:
         """Answers are read from ``experiment.json`` instead."""
 
+    def on_outcome(self, vm: str, outcome: str, details: Optional[str], at: float) -> None:
+        """Read from the VM's state instead."""
+
 
 def _experiment(logs: str) -> Dict[str, Any]:
     try:

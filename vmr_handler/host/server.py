@@ -226,7 +226,7 @@ class HostServer:
                 self.http.start(self._http_notes(asyncio.get_running_loop()))
             await self.channels.start(stop)
             self._tasks.append(asyncio.ensure_future(self._ticker()))
-            log.warning(
+            log.info(
                 "vmr-host %s serving %d VM(s) (%s mode, %s); barrier waits for %s",
                 __version__,
                 len(self.sessions),

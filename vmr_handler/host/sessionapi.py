@@ -48,6 +48,10 @@ class ReportHost(Protocol):
     def on_resume_answer(self, vm: str, resume_id: str, data: Mapping[str, Any], at: float) -> None:
         """``vm`` answered RESUME ``resume_id`` with ``data`` (idempotent)."""
 
+    def on_outcome(self, vm: str, outcome: str, details: Optional[str], at: float) -> None:
+        """``vm`` reported ``outcome`` (``failed`` or ``complete``) at host UTC ``at``, with
+        ``details`` (the cause of a failure); told live and when the logs are replayed."""
+
 
 class HostApi(ReportHost, Protocol):
     """What a session needs from the experiment (implemented by

@@ -226,9 +226,11 @@ class VmState:
         self.failed = short(p.details.string, 500) or "vm_failed"
         self.failed_at = received
         self.failures += 1
+        self.host.on_outcome(self.name, "failed", self.failed, received)
 
     def _schedule_complete(self, p: ScheduleComplete, received: float) -> None:
         self.complete = True
+        self.host.on_outcome(self.name, "complete", None, received)
 
     def _entry_started(self, p: EntryStarted, received: float) -> None:
         if p.lateness is not None and (self.max_lateness is None or p.lateness > self.max_lateness):
