@@ -6,7 +6,7 @@ by the agent's executor, ``vmr-handler plan`` and ``vmr-handler check``:
 * :func:`working_dirs` -- ``<launch>/<start_time>/<name>`` with ``_1``, ``_2`` suffixes
   (reference ``abstract_driver.py`` ``create_paths`` / ``deconflict_agent_path``).
 * :func:`exec_path` / :func:`command_line` -- ``<exec path> <arguments>``, unquoted, as the
-  reference writes it into its ``call_arguments.sh``.
+  reference writes it into its ``call_arguments.sh``; :func:`command_lines` for a whole schedule.
 * :func:`first_word` / :func:`program_missing` -- which program a command line starts with,
   and whether the shell would find it.
 """
@@ -18,7 +18,7 @@ import os
 import re
 import shlex
 import shutil
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from vmr_handler.core.errors import EntryError
 from vmr_handler.core.schedule.model import ContentDrop, FileDrop, ScheduleEntry
@@ -50,10 +50,9 @@ def working_dirs(entries: List[ScheduleEntry], launch_dir: str) -> Dict[int, str
     """
     seen: Dict[str, int] = {}
     result: Dict[int, str] = {}
+    root = os.path.abspath(launch_dir)
     for entry in entries:
-        base = os.path.join(
-            os.path.abspath(launch_dir), format_start_time(entry.start_time), _dir_name(entry)
-        )
+        base = os.path.join(root, format_start_time(entry.start_time), _dir_name(entry))
         count = seen.get(base, 0)
         seen[base] = count + 1
         result[entry.index] = base if count == 0 else f"{base}_{count}"
@@ -107,8 +106,25 @@ def exec_path(entry: ScheduleEntry, workdir: str) -> str:
 def command_line(entry: ScheduleEntry, workdir: str) -> str:
     """``<exec path> <arguments>``, unquoted, exactly as the reference writes it into its
     ``call_arguments.sh`` (``abstract_driver.py`` ``create_paths``)."""
-    line = exec_path(entry, workdir)
-    return f"{line} {entry.arguments}" if entry.arguments else line
+    return _plain_line(exec_path(entry, workdir), entry.arguments)
+
+
+def command_lines(entries: Sequence[ScheduleEntry], launch_dir: str) -> Dict[int, str]:
+    """``{entry index: command line}`` of every entry that runs a program (:func:`command_line`,
+    working dirs under ``launch_dir``). The working dirs are computed only when an entry drops
+    a file (only a drop can change an exec path): 100 000 plain entries in ~20 ms (issue 15)."""
+    drops = any(isinstance(d, (ContentDrop, FileDrop)) for e in entries if e.data for d in e.data)
+    dirs = working_dirs(list(entries), launch_dir) if drops else {}
+    return {
+        e.index: command_line(e, dirs[e.index]) if dirs and e.data else _plain_line(e.executable, e.arguments)
+        for e in entries
+        if e.executable
+    }
+
+
+def _plain_line(exe: str, arguments: str) -> str:
+    """:func:`command_line` of an entry without data: its executable as written, then its arguments."""
+    return f"{exe} {arguments}" if arguments else exe
 
 
 #: Words the shell runs itself: never "not found" on PATH (bash builtins and keywords).

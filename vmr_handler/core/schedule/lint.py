@@ -27,7 +27,7 @@ from vmr_handler.core.schedule.commands import (
     program_missing,
     working_dirs,
 )
-from vmr_handler.core.schedule.model import ContentDrop, FileDrop, Schedule
+from vmr_handler.core.schedule.model import ContentDrop, FileDrop, Schedule, ScheduleEntry
 
 #: A command line made only of these characters has no shell syntax that could be wrong.
 _PLAIN = re.compile(r"[A-Za-z0-9_./,:@%+=\- ]*")
@@ -64,6 +64,8 @@ def _non_executable_drops(schedule: Schedule) -> Dict[str, int]:
     location, or moved there by the helpers' preload (``mv <dropped file> <destination>``)."""
     found: Dict[str, int] = {}
     for entry in schedule.entries:
+        if not entry.data:  # nothing dropped, nothing moved from a drop (most entries)
+            continue
         drops = [d for d in entry.data if isinstance(d, (ContentDrop, FileDrop)) and not d.executable]
         for drop in drops:
             if os.path.isabs(drop.location):
@@ -73,6 +75,88 @@ def _non_executable_drops(schedule: Schedule) -> Dict[str, int]:
         if moved and any(os.path.normpath(d.location) == os.path.normpath(words[0]) for d in drops):
             found[os.path.normpath(words[1])] = entry.index
     return found
+
+
+class _Lint:
+    """One :func:`lint_schedule` pass: the checks of one entry, and what is cached across entries.
+
+    Caches (issue 15, ``check`` at parse speed): whether a program is missing, per program; the
+    shell's complaint, per distinct command line; and, per executable of an entry that drops
+    nothing, whether any warning is possible at all (program found, no non-executable drop
+    at its path, no shell syntax in it): such an entry with plain arguments is skipped.
+    """
+
+    def __init__(self, schedule: Schedule, launch_dir: str, path: Optional[str], shell: str) -> None:
+        self.schedule, self.launch_dir, self.path, self.shell = schedule, launch_dir, path, shell
+        self.workdirs: Dict[int, str] = {}  # made only when an entry drops data (a dropped program's path)
+        self.checked: Dict[str, Optional[str]] = {}  # command line -> the shell's complaint
+        self.missing: Dict[str, bool] = {}  # program -> not found
+        self.non_executable = _non_executable_drops(schedule)
+        self.quiet: Dict[str, bool] = {}  # executable of a data-less entry -> no warning possible
+
+    def _is_missing(self, word: str) -> bool:
+        if word not in self.missing:
+            self.missing[word] = program_missing(word, self.launch_dir, self.path)
+        return self.missing[word]
+
+    def _quiet(self, exe: str) -> bool:
+        """True when an entry that drops nothing and runs ``exe`` with plain arguments (or none)
+        gets no warning: its program is found, not dropped non-executable, and ``exe`` is plain."""
+        if not _PLAIN.fullmatch(exe) or not exe.strip():
+            return False
+        word = first_word(exe)  # no quotes in exe: the first word of "<exe> <arguments>" too
+        if (os.path.isabs(word) or "/" not in word) and self._is_missing(word):
+            return False
+        return not (os.path.isabs(word) and os.path.normpath(word) in self.non_executable)
+
+    def run(self) -> List[str]:
+        """Every warning, in entry order (per entry: program, drop flag, syntax)."""
+        warnings: List[str] = []
+        plain = _PLAIN.fullmatch
+        quiet = self.quiet
+        entries = self.schedule.entries
+        # one match over every argument string (" " is plain): when it holds, no entry's
+        # arguments need their own (100 000 matches cost more than the join)
+        all_plain = plain(" ".join([e.arguments for e in entries])) is not None
+        for entry in entries:
+            exe = entry.executable
+            if not exe or entry.on_host:
+                continue
+            if not entry.data:
+                known = quiet.get(exe)
+                if known is None:
+                    known = quiet[exe] = self._quiet(exe)
+                if known and (all_plain or not entry.arguments or plain(entry.arguments)):
+                    continue
+            self.entry(entry, warnings)
+        return warnings
+
+    def entry(self, entry: ScheduleEntry, warnings: List[str]) -> None:
+        """Append the warnings of one entry that runs a program."""
+        if entry.data and not self.workdirs:
+            self.workdirs = working_dirs(list(self.schedule.entries), self.launch_dir)
+        workdir = self.workdirs.get(entry.index, self.launch_dir)
+        line = command_line(entry, workdir)
+        word = first_word(line)
+        lookup = dropped_path(entry, workdir) is None and (os.path.isabs(word) or "/" not in word)
+        if lookup and self._is_missing(word):
+            warnings.append(
+                f"{entry.label}: program {word!r} is not found on this machine (no such file, not on "
+                "PATH, not a shell builtin); in a guest without it the entry exits 127 and the "
+                "schedule goes on"
+            )
+        dropper = self.non_executable.get(os.path.normpath(word)) if os.path.isabs(word) else None
+        if dropper is not None and dropper != entry.index:
+            warnings.append(
+                f"{entry.label}: runs {word!r}, which entry {dropper} drops with executable: false; "
+                "FIREWHEEL makes every dropped file executable, vmr-handler keeps the flag (exit 126 "
+                "here): set executable: true on that drop"
+            )
+        if line not in self.checked:
+            self.checked[line] = syntax_error(line, self.shell)
+        problem = self.checked[line]
+        if problem is not None:
+            warnings.append(f"{entry.label}: command line {line!r} is not valid shell syntax: {problem}")
 
 
 def lint_schedule(
@@ -91,40 +175,8 @@ def lint_schedule(
 
     Returns:
         One message per problem, naming the entry, the program or the shell's complaint.
+        Each program is looked up once and each distinct command line checked once; an entry
+        that drops nothing, runs a found plain program and has plain arguments costs a few
+        dictionary look-ups (100 000 such entries: tens of ms, issue 15).
     """
-    shell = shell or find_shell()
-    workdirs: Dict[int, str] = {}  # made only when an entry drops data (a dropped program's path)
-    warnings: List[str] = []
-    checked: Dict[str, Optional[str]] = {}  # command line -> the shell's complaint
-    missing: Dict[str, bool] = {}  # program -> not found
-    non_executable = _non_executable_drops(schedule)
-    for entry in schedule.entries:
-        if not entry.executable or entry.on_host:
-            continue
-        if entry.data and not workdirs:
-            workdirs = working_dirs(list(schedule.entries), launch_dir)
-        workdir = workdirs.get(entry.index, launch_dir)
-        line = command_line(entry, workdir)
-        word = first_word(line)
-        lookup = dropped_path(entry, workdir) is None and (os.path.isabs(word) or "/" not in word)
-        if lookup and word not in missing:
-            missing[word] = program_missing(word, launch_dir, path)
-        if lookup and missing[word]:
-            warnings.append(
-                f"{entry.label}: program {word!r} is not found on this machine (no such file, not on "
-                "PATH, not a shell builtin); in a guest without it the entry exits 127 and the "
-                "schedule goes on"
-            )
-        dropper = non_executable.get(os.path.normpath(word)) if os.path.isabs(word) else None
-        if dropper is not None and dropper != entry.index:
-            warnings.append(
-                f"{entry.label}: runs {word!r}, which entry {dropper} drops with executable: false; "
-                "FIREWHEEL makes every dropped file executable, vmr-handler keeps the flag (exit 126 "
-                "here): set executable: true on that drop"
-            )
-        if line not in checked:
-            checked[line] = syntax_error(line, shell)
-        problem = checked[line]
-        if problem is not None:
-            warnings.append(f"{entry.label}: command line {line!r} is not valid shell syntax: {problem}")
-    return warnings
+    return _Lint(schedule, launch_dir, path, shell or find_shell()).run()

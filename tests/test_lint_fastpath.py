@@ -1,0 +1,137 @@
+"""``check`` at parse speed (issue 15): :func:`lint_schedule` skips an entry that drops nothing,
+runs a found plain program and has plain arguments. It must give exactly the warnings, in
+the order, that the per-entry checks give: the oracle below is the loop it replaced."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import pytest
+
+from vmr_handler.core.schedule import commands as cmd
+from vmr_handler.core.schedule import load_schedule_bytes
+from vmr_handler.core.schedule.lint import _non_executable_drops, lint_schedule, syntax_error
+from vmr_handler.core.schedule.model import Schedule
+
+
+def oracle(schedule: Schedule, launch_dir: str, path: Optional[str], shell: str) -> List[str]:
+    """Every entry through every check (the loop before issue 15), messages as lint_schedule."""
+    workdirs: Dict[int, str] = {}
+    warnings: List[str] = []
+    non_executable = _non_executable_drops(schedule)
+    for entry in schedule.entries:
+        if not entry.executable or entry.on_host:
+            continue
+        if entry.data and not workdirs:
+            workdirs = cmd.working_dirs(list(schedule.entries), launch_dir)
+        workdir = workdirs.get(entry.index, launch_dir)
+        line = cmd.command_line(entry, workdir)
+        word = cmd.first_word(line)
+        lookup = cmd.dropped_path(entry, workdir) is None and (os.path.isabs(word) or "/" not in word)
+        if lookup and cmd.program_missing(word, launch_dir, path):
+            warnings.append(f"{entry.label}: program {word!r} is not found")
+        dropper = non_executable.get(os.path.normpath(word)) if os.path.isabs(word) else None
+        if dropper is not None and dropper != entry.index:
+            warnings.append(
+                f"{entry.label}: runs {word!r}, which entry {dropper} drops with executable: false"
+            )
+        problem = syntax_error(line, shell)
+        if problem is not None:
+            warnings.append(f"{entry.label}: command line {line!r} is not valid shell syntax: {problem}")
+    return warnings
+
+
+def heads(warnings: List[str]) -> List[str]:
+    """The part of each message the oracle spells the same way (up to the fixed explanation)."""
+    out = []
+    for w in warnings:
+        for cut in (" is not found", " drops with executable: false", " is not valid shell syntax: "):
+            if cut in w:
+                out.append(w[: w.index(cut) + len(cut)] + (w.split(cut, 1)[1] if "syntax" in cut else ""))
+                break
+        else:
+            out.append(w)
+    return out
+
+
+def schedule_of(records: List[Dict[str, Any]]) -> Schedule:
+    return load_schedule_bytes(json.dumps(records).encode())
+
+
+#: Executables and arguments that exercise every branch: found / missing programs, builtins,
+#: env assignments, operators, quotes, relative and absolute paths, spaces in the executable.
+EXES = [
+    "/bin/true", "/bin/sh", "true", "sh", "cd", "echo;ls", "/no/such/prog", "no-such-prog-xyz",
+    "A=b", "./rel.sh", "bin/tool", "/bin/sh -c", "'/bin/true'", '"quoted prog"', "/bin/true;",
+    "/opt/x/tool", "run.sh", "mv", " ", "/bin/true\tx", "$(echo hi)", "a\\b",
+]  # fmt: skip
+ARGS = [None, "", "a b", "run 1", "x'y", '"ok"', "a && b", "| x", "$HOME", "(", "-v --x=1,2:3@4%5+6"]
+
+
+def random_records(rng: random.Random, n: int) -> List[Dict[str, Any]]:
+    records: List[Dict[str, Any]] = []
+    for _ in range(n):
+        rec: Dict[str, Any] = {"start_time": rng.choice([-5, -1, 1, 2.5, 7])}
+        rec["executable"] = rng.choice(EXES)
+        args = rng.choice(ARGS)
+        if args is not None:
+            rec["arguments"] = args
+        roll = rng.random()
+        if roll < 0.15:
+            exe = rec["executable"]
+            location = rng.choice([exe, "/opt/x/tool", "/bin/true", "rel.sh", "data.txt"])
+            rec["data"] = [{"location": location, "content": "x", "executable": rng.random() < 0.5}]
+        elif roll < 0.2:
+            rec["on_host"] = True
+        elif roll < 0.25:
+            rec["executable"], rec["arguments"] = "mv", "/tmp/drop-src /opt/x/tool"
+            rec["data"] = [{"location": "/tmp/drop-src", "content": "y", "executable": False}]
+        records.append(rec)
+    return records
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fast_path_gives_the_oracle_warnings(seed: int, tmp_path: Path) -> None:
+    rng = random.Random(seed)
+    schedule = schedule_of(random_records(rng, 120))
+    path = f"/bin:/usr/bin:{tmp_path}"
+    shell = cmd.find_shell()
+    got = lint_schedule(schedule, str(tmp_path), path, shell)
+    want = oracle(schedule, str(tmp_path), path, shell)
+    assert heads(got) == want
+    assert want, "the random schedule exercises no warning at all"
+
+
+def test_quiet_programs_are_found_once_and_warned_per_entry(tmp_path: Path) -> None:
+    """The cache is per executable; the warnings stay per entry, in entry order."""
+    records = [
+        {"start_time": 1 + i, "executable": "/no/such/prog", "arguments": f"run {i}"} for i in range(3)
+    ]
+    records.insert(1, {"start_time": 9, "executable": "/bin/true", "arguments": "x 'y"})
+    records.append({"start_time": 20, "executable": "/bin/true", "arguments": "plain"})
+    warnings = lint_schedule(schedule_of(records), str(tmp_path), "/bin:/usr/bin", cmd.find_shell())
+    assert [w.split(":")[0] for w in warnings] == [
+        "entry 0 ('/no/such/prog')",
+        "entry 1 ('/bin/true')",
+        "entry 2 ('/no/such/prog')",
+        "entry 3 ('/no/such/prog')",
+    ]
+    assert "not valid shell syntax" in warnings[1]
+
+
+def test_a_program_dropped_non_executable_is_warned_even_without_data(tmp_path: Path) -> None:
+    """An entry that drops nothing but runs a file another entry drops with executable: false."""
+    records = [
+        {"start_time": -1, "data": [{"location": "/opt/x/tool", "content": "x", "executable": False}]},
+        {"start_time": 1, "executable": "/opt/x/tool"},
+        {"start_time": 2, "executable": "/opt/x/tool", "arguments": "a b"},
+    ]
+    warnings = lint_schedule(schedule_of(records), str(tmp_path), "/bin:/usr/bin", cmd.find_shell())
+    assert [w for w in warnings if "drops with executable: false" in w] == [
+        w for w in warnings if w.startswith(("entry 1 ", "entry 2 ")) and "entry 0 drops" in w
+    ]
+    assert sum("which entry 0 drops with executable: false" in w for w in warnings) == 2
