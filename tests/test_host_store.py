@@ -12,6 +12,7 @@ import pytest
 
 from vmr_handler.core.errors import TransferRefused
 from vmr_handler.core.events import Event
+from vmr_handler.host.chunkhash import PendingHash
 from vmr_handler.host.logtext import printable
 from vmr_handler.host.resources import ResourceRefused, ResourceStore
 from vmr_handler.host.store import VmLog
@@ -125,7 +126,7 @@ def test_transfer_confine_accepts(location, parts):
 
 
 def test_transfer_confine_refuses_trees_deeper_than_the_limit():
-    from vmr_handler.host.transfers import MAX_LOCATION_DEPTH
+    from vmr_handler.host.transferpaths import MAX_LOCATION_DEPTH
 
     assert len(TransferStore.confine("/".join(["d"] * MAX_LOCATION_DEPTH))) == MAX_LOCATION_DEPTH
     with pytest.raises(TransferRefused, match=f"{MAX_LOCATION_DEPTH + 1} directory levels"):
@@ -198,6 +199,58 @@ def test_transfer_out_of_order_chunks_and_new_versions(tmp_path):
     t.write_chunk("d/f", 0, b"v2", 2, _sha(b"v2"), True)
     assert f.read_bytes() == b"v2" and t.total == 2
     assert not any(p.name.endswith(".vmr-part") for p in f.parent.iterdir())
+
+
+def test_repeated_last_chunks_never_hash_what_was_hashed(tmp_path):
+    # issue 16: one message of 100 one-byte `last` chunks of a big sparse file re-hashed the
+    # whole file for each (~168 ms a chunk for 250 MiB); the running hash is kept instead
+    size = 8 * 1024 * 1024
+    t = TransferStore(str(tmp_path), "vm", max_file=size, max_total=2 * size)
+    t.open()
+    for _ in range(100):
+        out = t.write_chunk("sparse", size - 1, b"x", size, "0" * 64, True)
+        assert out.sha256_ok is False and not out.complete
+    assert t.rehashed_bytes == size  # once, for the bytes no chunk carried
+    # other bytes at a hashed place: the hash starts again (counted), once per change
+    t.write_chunk("sparse", size - 1, b"y", size, "0" * 64, True)
+    assert t.hashes.restarts == 1 and t.rehashed_bytes == 2 * size
+    # an honest transfer in order is hashed as it arrives: nothing at the end
+    data = os.urandom(300_000)
+    for off in range(0, len(data), 100_000):
+        last = off + 100_000 >= len(data)
+        out = t.write_chunk("ok", off, data[off : off + 100_000], len(data), _sha(data), last)
+    assert out.complete and out.sha256_ok and t.rehashed_bytes == 2 * size
+    # the same chunk sent again (a resend) keeps the hash: still verified without re-hashing
+    t.write_chunk("again", 0, data[:100_000], len(data), _sha(data), False)
+    t.write_chunk("again", 0, data[:100_000], len(data), _sha(data), False)
+    t.write_chunk("again", 100_000, data[100_000:], len(data), _sha(data), True)
+    assert t.rehashed_bytes == 2 * size and (tmp_path / "transfers/vm/again").read_bytes() == data
+
+
+def test_a_file_already_in_place_is_not_taken_again_past_offset_0(tmp_path):
+    t = TransferStore(str(tmp_path), "vm", max_file=10_000, max_total=100_000)
+    t.open()
+    data = os.urandom(5000)
+    assert t.write_chunk("f", 0, data, len(data), _sha(data), True).complete
+    for _ in range(3):  # a guest repeating the last chunk of a verified file
+        with pytest.raises(TransferRefused, match="already in place"):
+            t.write_chunk("f", 4999, data[-1:], len(data), _sha(data), True)
+    assert t.hashes.repeats == 3 and t.rehashed_bytes == 0
+    # a new version (or the same content sent again from its start) is taken
+    assert t.write_chunk("f", 0, data, len(data), _sha(data), True).complete
+
+
+def test_a_pending_hash_runs_apart_and_finishes_in_place(tmp_path):
+    t = TransferStore(str(tmp_path), "vm", max_file=1000, max_total=10_000)
+    t.open()
+    data = bytes(range(200))
+    t.write_chunk("d/f", 100, data[100:], 200, _sha(data), False)
+    step = t.begin_chunk("d/f", 0, data[:100], 200, _sha(data), True)
+    assert isinstance(step, PendingHash) and step.missing == 100  # 0-100 hashed on the way
+    out = t.finish_chunk(step.run())
+    assert out.complete and out.sha256_ok
+    assert (tmp_path / "transfers/vm/d/f").read_bytes() == data
+    assert step.fd == step.dir_fd == -1  # descriptors closed
 
 
 def test_transfer_limits(tmp_path):
@@ -354,3 +407,56 @@ def test_a_re_reported_upload_cannot_break_the_per_vm_total(tmp_path) -> None:
             d = os.urandom(300_000)
             s.write_chunk(f"B{i}", 0, d, len(d), hashlib.sha256(d).hexdigest(), True)
     assert s.total == on_disk() <= 1_000_000
+
+
+def test_acks_wait_for_the_fsync_of_what_they_acknowledge(tmp_path, monkeypatch, caplog):
+    # the fsync policy (issue 16): nothing is acknowledged before its line is fsynced; one fsync
+    # at a time per VM, in a worker thread; a failed fsync acknowledges nothing
+    import asyncio
+    import threading
+
+    from vmr_handler.host import store as store_mod
+    from vmr_handler.host.store import DurableAcks
+
+    gate, calls, fail = threading.Event(), [], []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        calls.append(fd)
+        assert gate.wait(10)
+        if fail:
+            raise OSError(5, "Input/output error")
+        real_fsync(fd)
+
+    monkeypatch.setattr(store_mod.os, "fsync", fsync)
+
+    async def go():
+        vmlog = VmLog(str(tmp_path), "vm", quota=10**6)
+        vmlog.open()
+        sent = []
+        acks = DurableAcks(vmlog, sent.append)
+        evs = [Event("output", 1.0, f"id-{i}", {"line": str(i)}) for i in range(5)]
+        vmlog.write([(e, 2.0) for e in evs[:2]])
+        acks.add(["id-0", "id-1"])
+        vmlog.write([(e, 2.0) for e in evs[2:]])
+        acks.add(["id-2", "id-3", "id-4", "id-2"])  # while the first fsync runs: the next one
+        await asyncio.sleep(0.05)
+        assert sent == [] and len(calls) == 1  # not acknowledged before the fsync returns
+        gate.set()
+        for _ in range(200):
+            if len(sent) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert sent == [["id-0", "id-1"], ["id-2", "id-3", "id-4"]] and len(calls) == 2
+        fail.append(True)
+        acks.add(["id-0"])
+        for _ in range(200):
+            if len(calls) == 3 and not acks._syncing:
+                break
+            await asyncio.sleep(0.01)
+        assert len(sent) == 2  # a failed fsync acknowledges nothing
+        vmlog.close()
+
+    with caplog.at_level("ERROR"):
+        asyncio.run(go())
+    assert any("cannot fsync" in r.getMessage() for r in caplog.records)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional
 
 from vmr_handler.agent.link import LATER, HostLink
 from vmr_handler.agent.outbox import Outbox
+from vmr_handler.agent.reporthold import HoldLimits, ReportHold
 from vmr_handler.agent.resources import HttpJobs, Resources
 from vmr_handler.agent.transfers import Transfers
 from vmr_handler.core import protocol as P
@@ -62,6 +63,9 @@ class AgentConfig:
         signature_max_age: seconds a signature stays fresh (host clock).
         http_ca_file: CA certificate file that signs ``vmr-host``'s HTTPS certificate (resources
             over HTTPS); None: the broker's CA (``mqtt.ca_file``/``ca_pem``), else the system CAs.
+        report_hold_events, report_hold_bytes: reports (and their JSON bytes) kept in memory
+            while the outbox cannot be written (a full state dir) before entries wait
+            (:class:`~vmr_handler.agent.reporthold.HoldLimits`; issue 16).
     """
 
     port: str = DEFAULT_PORT
@@ -80,6 +84,8 @@ class AgentConfig:
     public_key: Optional[str] = None
     signature_max_age: float = 300.0
     http_ca_file: Optional[str] = None
+    report_hold_events: int = HoldLimits.events
+    report_hold_bytes: int = HoldLimits.bytes
 
 
 class ConnectedAgent:
@@ -93,7 +99,14 @@ class ConnectedAgent:
         self.clock = SystemClock(skew=config.clock_skew)
         self.outbox = Outbox(config.state_dir)
         self.link = HostLink(config, opener, boot_id, self.outbox, self.clock, self._on_control)
-        self.link.report = self.sink
+        #: every report goes through here: to the outbox, or held and retried when it fails
+        self.reports = ReportHold(
+            self._deliver,
+            self.clock,
+            HoldLimits(config.report_hold_events, config.report_hold_bytes),
+            note=self.link.stamps.note,
+        )
+        self.link.report = self.reports
         self._log = None if config.quiet else log_stream
         self._schedule_ready: asyncio.Future[Schedule] = asyncio.get_running_loop().create_future()
         self._schedule: Optional[Schedule] = None
@@ -247,9 +260,18 @@ class ConnectedAgent:
 
     # -------------------------------------------------------------- reports
     def sink(self, event: Event) -> None:
-        """The engine's event sink: outbox (delivered to the host) + readable log."""
+        """Report ``event``: written to the outbox now, or held and retried in order when the
+        outbox cannot be written (:attr:`reports`); never raises."""
+        self.reports(event)
+
+    def _deliver(self, event: Event) -> None:
+        """Write one report: outbox (delivered to the host) + readable log.
+
+        Raises:
+            JournalError: the outbox cannot be written (nothing of the report was kept).
+        """
         self.outbox.add(event)
-        self.link.notify(event)
+        self.link.notify()
         if self._log is not None:
             with contextlib.suppress(OSError, ValueError):
                 self._log.write(describe(event) + "\n")
@@ -285,6 +307,7 @@ class ConnectedAgent:
             transfers = self.transfers.cancel()
             link_task.cancel()
             await asyncio.gather(link_task, *transfers, return_exceptions=True)
+            self.reports.cancel()
             self.outbox.close()
             self.jobs.shutdown()  # its jobs were told to stop (cancel events)
 
@@ -314,7 +337,8 @@ class ConnectedAgent:
             reboot_command=self.config.reboot_command or DEFAULT_REBOOT_COMMAND,
             local_start=False,
         )
-        self._engine = engine = open_engine(schedule, config, self.sink, self.clock)
+        config.report_hold = self.reports.limits
+        self._engine = engine = open_engine(schedule, config, self.reports, self.clock)
         self.transfers.restart()  # those a previous run left under way
         self.link.on_clock = engine.clock_changed
         # positive time runs on the host's clock: nothing is timed before the first sync
@@ -355,6 +379,7 @@ class ConnectedAgent:
             "welcomed": self.link.welcomed.is_set(),
             "clock_offset": self.clock.offset,
             "unacked_reports": len(self.outbox),
+            "held_reports": len(self.reports),
         }
 
     def _on_signal(self, name: str) -> None:

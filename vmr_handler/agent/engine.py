@@ -31,7 +31,7 @@ import contextlib
 import logging
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Set
 
 from vmr_handler import __version__
@@ -43,6 +43,7 @@ from vmr_handler.agent.holds import InitialHolds
 from vmr_handler.agent.journal import Journal, SyncSoon
 from vmr_handler.agent.placement import DataPlacement
 from vmr_handler.agent.ports import Processes
+from vmr_handler.agent.reporthold import HoldLimits, ReportHold, hold_of
 from vmr_handler.agent.stages import StageRunner
 from vmr_handler.core.clock import Clock, SystemClock
 from vmr_handler.core.errors import JournalError
@@ -58,6 +59,8 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 
 DEFAULT_REBOOT_COMMAND = "systemctl reboot || reboot"
+#: Seconds a stopping engine still waits for held reports to be written (issue 16, item 5).
+STOP_GRACE = 5.0
 
 
 @dataclass
@@ -74,6 +77,8 @@ class EngineConfig:
         env: environment for entries (None = the agent's own).
         shell: the shell that runs command lines (None = bash when the machine has it, else
             ``/bin/sh``; SPEC section 5).
+        report_hold: how many reports a failing sink may leave held in memory before entries
+            wait (:class:`~vmr_handler.agent.reporthold.HoldLimits`; issue 16).
     """
 
     launch_dir: str = "/var/launch"
@@ -86,6 +91,7 @@ class EngineConfig:
     #: True: start = configured + start_buffer (local mode). False: wait for the host's
     #: experiment start time (:meth:`Engine.set_start_time`).
     local_start: bool = True
+    report_hold: HoldLimits = field(default_factory=HoldLimits)
 
 
 def announce(emit: Callable[..., Event], schedule: Schedule, journal: Journal) -> None:
@@ -126,7 +132,7 @@ def announce(emit: Callable[..., Event], schedule: Schedule, journal: Journal) -
 def open_engine(
     schedule: Schedule,
     config: EngineConfig,
-    sink: Callable[[Event], None],
+    sink: Callable[[Event], None] | ReportHold,
     clock: Optional[SystemClock] = None,
 ) -> Engine:
     """An :class:`Engine` on this machine's parts: the system clock (or ``clock``, which the
@@ -149,7 +155,8 @@ class Engine:
     Args:
         schedule: the validated schedule.
         config: :class:`EngineConfig`.
-        sink: receives every :class:`~vmr_handler.core.events.Event` (must not block for long).
+        sink: receives every :class:`~vmr_handler.core.events.Event`; one that fails (OSError,
+            JournalError) is held and retried (a :class:`~vmr_handler.agent.reporthold.ReportHold`).
         clock: the reference clock (:class:`~vmr_handler.core.clock.SystemClock`, or a
             :class:`~vmr_handler.core.clock.FakeClock` in tests).
         processes: the process port (:class:`~vmr_handler.agent.executor.SystemProcesses`).
@@ -166,7 +173,7 @@ class Engine:
         self,
         schedule: Schedule,
         config: EngineConfig,
-        sink: Callable[[Event], None],
+        sink: Callable[[Event], None] | ReportHold,
         clock: Clock,
         processes: Processes,
         journal: Journal,
@@ -174,7 +181,7 @@ class Engine:
         self.schedule = schedule
         self.config = config
         self.clock = clock
-        self._sink = sink
+        self.reports = hold_of(sink, clock, config.report_hold)
         self.events = EventFactory(self.clock.time)
         self.journal = journal
         self.processes = processes
@@ -207,6 +214,7 @@ class Engine:
                 self.shell,
                 self._env,
                 config.local_start,
+                self.reports.room,
             )
         )
         self.stage_runner = StageRunner(
@@ -238,12 +246,9 @@ class Engine:
 
     # ------------------------------------------------------------------ reporting
     def emit(self, type_: EventType, **data: Any) -> Event:
-        """Make an event and hand it to the sink."""
+        """Make an event and hand it to the sink (held and retried when it fails; never raises)."""
         event = self.events.make(type_, **data)
-        try:
-            self._sink(event)
-        except Exception:  # a broken sink must not stop the schedule
-            log.exception("event sink failed for %s", event.type)
+        self.reports(event)
         return event
 
     def _save(self) -> None:
@@ -296,41 +301,27 @@ class Engine:
             self._stop_reason = reason
             self._stop.set()
             self._wake.set()
+            self.reports.stop_waiting()
             task = asyncio.ensure_future(self.entries.kill_running())
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
     # ------------------------------------------------------------------ status
     def status(self) -> Dict[str, Any]:
-        """Where the engine is, as a JSON-safe dict (``vmr-handler status``)."""
-        now = self.clock.time()
-        start = self.journal.start_time
-        plan = self.timers.plan or build_plan(self.schedule.entries, self.journal.resumes)
-        upcoming = [] if start is None else self.timers.upcoming(plan, start, now)
-        return {
-            "version": __version__,
-            "phase": self.phase,
-            "stage": self.current_stage,
-            "stages": len(self.stages),
-            "stages_done": self.journal.stages_done,
-            "configured_at": self.journal.configured_at,
-            "start_time": start,
-            "experiment_time": None if start is None else now - start,
-            "active_pause": self.holds.current
-            or self.timers.active_hold(plan, None if start is None else now - start),
-            "blocked_by_break": plan.blocked_by,
-            "resumes": self.journal.resumes,
-            "next_entries": upcoming,
-            "running": self.entries.status(),
-            "failure": self._failure,
-        }
+        """Where the engine is, as a JSON-safe dict (``vmr-handler status``; :func:`engine_status`)."""
+        return engine_status(self)
 
     # ------------------------------------------------------------------ main
     async def run(self) -> int:
-        """Play the schedule. Returns :data:`EXIT_OK` or :data:`EXIT_FAILED`.
+        """Play the schedule. Returns :data:`EXIT_OK` or :data:`EXIT_FAILED` (reports all written).
 
         Returns EXIT_OK also after a reboot request was carried out and after a stop.
         """
+        rc = await self._play()
+        await self.reports.written(self._stop, STOP_GRACE)  # held reports too (issue 16)
+        return rc
+
+    async def _play(self) -> int:
         announce(self.emit, self.schedule, self.journal)
         self._recover()
         self._save()
@@ -412,6 +403,7 @@ class Engine:
         for number, start_time in enumerate(self.stages):
             if number in self.journal.stages_done:
                 continue
+            await self.reports.wait_room()  # while reports are held, no new stage starts
             self._check_stop()
             self.phase = "stages"
             self.current_stage = number
@@ -519,7 +511,8 @@ class Engine:
         if not prepared:
             self._wake.set()
             return
-        task = asyncio.ensure_future(self.entries.launch_all(prepared, start + fire_at))
+        launch = self.entries.launch_all(prepared, start + fire_at)
+        task = asyncio.ensure_future(self.reports.when_room(self._stop, launch))
         self._tasks.add(task)
 
         def done(t: asyncio.Task[Any]) -> None:
@@ -543,3 +536,30 @@ class Engine:
             self._save()
         with contextlib.suppress(JournalError, OSError):
             self.journal.close()
+
+
+def engine_status(engine: Engine) -> Dict[str, Any]:
+    """What :meth:`Engine.status` shows: phase, stages, start time, holds, what runs next and
+    now, a failure, reports held because they cannot be written (issue 16)."""
+    now = engine.clock.time()
+    journal, timers = engine.journal, engine.timers
+    start = journal.start_time
+    plan = timers.plan or build_plan(engine.schedule.entries, journal.resumes)
+    return {
+        "version": __version__,
+        "phase": engine.phase,
+        "stage": engine.current_stage,
+        "stages": len(engine.stages),
+        "stages_done": journal.stages_done,
+        "configured_at": journal.configured_at,
+        "start_time": start,
+        "experiment_time": None if start is None else now - start,
+        "active_pause": engine.holds.current
+        or timers.active_hold(plan, None if start is None else now - start),
+        "blocked_by_break": plan.blocked_by,
+        "resumes": journal.resumes,
+        "next_entries": [] if start is None else timers.upcoming(plan, start, now),
+        "running": engine.entries.status(),
+        "failure": engine.entries.failure,
+        "held_reports": len(engine.reports),
+    }

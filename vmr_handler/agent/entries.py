@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Awaitable, Callable, Dict, List, Optional
 
 from vmr_handler.agent.executor import (
     NOT_EXECUTABLE_EXIT_CODE,
@@ -24,7 +24,7 @@ from vmr_handler.agent.executor import (
 )
 from vmr_handler.agent.journal import DONE, FAILED, Journal
 from vmr_handler.agent.placement import DataPlacement
-from vmr_handler.agent.ports import Process, Processes
+from vmr_handler.agent.ports import OutputCallback, Process, Processes
 from vmr_handler.core.clock import Clock
 from vmr_handler.core.errors import EntryError
 from vmr_handler.core.events import Event, EventType, encode_output
@@ -74,6 +74,9 @@ class LaunchContext:
         shell: the shell that runs command lines.
         env: the entries' environment (None: the agent's own).
         local: local mode (no host: transfers are recorded only).
+        room: None while reports can be written, else a future done when they can again
+            (:meth:`~vmr_handler.agent.reporthold.ReportHold.room`): an entry's output waits
+            for it (back-pressure, issue 16).
     """
 
     journal: Journal
@@ -87,6 +90,7 @@ class LaunchContext:
     shell: str
     env: Optional[Dict[str, str]]
     local: bool
+    room: Callable[[], Optional[Awaitable[None]]] = lambda: None
 
 
 class EntryLauncher:
@@ -183,10 +187,10 @@ class EntryLauncher:
             results[item.entry.index] = result
         return results
 
-    def _output_reporter(self, entry: ScheduleEntry, tail: Dict[str, bytes]) -> Callable[..., None]:
+    def _output_reporter(self, entry: ScheduleEntry, tail: Dict[str, bytes]) -> OutputCallback:
         seq = {"stdout": 0, "stderr": 0}
 
-        def on_output(stream: str, piece: bytes, continued: bool, eol: bool) -> None:
+        def on_output(stream: str, piece: bytes, continued: bool, eol: bool) -> Optional[Awaitable[None]]:
             seq[stream] += 1
             if stream == "stderr" and piece.strip():
                 tail["last"] = piece[-400:]
@@ -199,6 +203,7 @@ class EntryLauncher:
                 eol=eol,
                 **encode_output(piece),
             )
+            return self.ctx.room()  # the pump waits on it before reading more
 
         return on_output
 

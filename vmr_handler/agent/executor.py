@@ -209,16 +209,22 @@ def shell_command(shell: str, workdir: str, line: str) -> List[str]:
     return [shell, "-c", f"CURRENT_DIR={quoted}\ncd {quoted} || exit 1\n{line}\n"]
 
 
-OutputCallback = Callable[[str, bytes, bool, bool], None]
+OutputCallback = Callable[[str, bytes, bool, bool], Optional[Awaitable[None]]]
 """``(stream, piece, continued, eol)``: ``continued`` = the line goes on in the next piece;
-``eol`` = the piece ended with a newline (False for a last line without one)."""
+``eol`` = the piece ended with a newline (False for a last line without one). It may return
+an awaitable: the pipe is not read again before it is done (back-pressure while reports
+cannot be written, issue 16)."""
 
 
 async def _pump(reader: Optional[asyncio.StreamReader], stream: str, on_output: OutputCallback) -> None:
     if reader is None:
         return
     buf = b""
+    waiter: Optional[Awaitable[None]] = None
     while True:
+        if waiter is not None:
+            await waiter  # reports are held: the entry waits on its full pipe meanwhile
+            waiter = None
         chunk = await reader.read(MAX_LINE_PIECE)
         if not chunk:
             break
@@ -228,13 +234,13 @@ async def _pump(reader: Optional[asyncio.StreamReader], stream: str, on_output: 
             nl = buf.find(b"\n")
             if nl < 0 or nl > MAX_LINE_PIECE:
                 break
-            on_output(stream, buf[:nl], False, True)
+            waiter = on_output(stream, buf[:nl], False, True) or waiter
             buf = buf[nl + 1 :]
             lines += 1
             if lines % 256 == 0:
                 await asyncio.sleep(0)  # a chunk can hold thousands of lines: let acks and timers in
         while len(buf) > MAX_LINE_PIECE:
-            on_output(stream, buf[:MAX_LINE_PIECE], True, False)
+            waiter = on_output(stream, buf[:MAX_LINE_PIECE], True, False) or waiter
             buf = buf[MAX_LINE_PIECE:]
     if buf:
         on_output(stream, buf, False, False)

@@ -28,13 +28,15 @@ import time
 from typing import Any, Dict, List, Optional
 
 from vmr_handler.core.errors import JournalError
-from vmr_handler.core.fsutil import atomic_write
+from vmr_handler.core.fsutil import append_whole, atomic_write
 
 log = logging.getLogger(__name__)
 
 JOURNAL_VERSION = 1
 #: Seconds within which appended journal changes are fsynced (bounds loss on a hard VM reset).
 JOURNAL_SYNC_DELAY = 0.05
+#: Seconds between attempts to save a journal whose entry changes could not be appended.
+JOURNAL_RETRY = 1.0
 JOURNAL_NAME = "journal.json"
 LOG_NAME = "journal.log"
 
@@ -86,6 +88,9 @@ class Journal:
         self.log_path = os.path.join(state_dir, LOG_NAME)
         self._log_fd: Optional[int] = None
         self._unsynced = False
+        #: an entry change could not be appended (a full disk): kept in memory, no more appends
+        #: until a snapshot (:meth:`save`, retried by :class:`SyncSoon`) writes them all
+        self.behind = False
         self.data: Dict[str, Any] = self._fresh(digest)
         if os.path.exists(self.path):
             old = self._read()
@@ -163,6 +168,9 @@ class Journal:
             self._open_log(truncate=True)
         except OSError as exc:
             raise JournalError(f"cannot write journal {self.path}: {exc.strerror or exc}") from exc
+        if self.behind:
+            self.behind = False
+            log.warning("journal %s written again: the entry changes kept in memory are saved", self.path)
 
     def _open_log(self, truncate: bool) -> int:
         if self._log_fd is not None and not truncate:
@@ -176,13 +184,23 @@ class Journal:
         return fd
 
     def _log_entry(self, index: int, record: Optional[Dict[str, Any]]) -> None:
+        """Append one entry change; on a full disk keep it in memory (:attr:`behind`, logged
+        once) rather than fail the VM: the next successful :meth:`save` writes every change."""
+        if self.behind:
+            return  # appending after a lost change could replay a later state without it
         line = json.dumps({"i": index, "r": record}, separators=(",", ":")).encode() + b"\n"
         try:
-            os.write(self._open_log(truncate=False), line)  # one write: a line is whole or torn
+            fd = self._open_log(truncate=False)
+            append_whole(fd, line, os.fstat(fd).st_size)  # whole or not at all
         except OSError as exc:
-            raise JournalError(
-                f"cannot append to journal log {self.log_path}: {exc.strerror or exc}"
-            ) from exc
+            self.behind = True
+            log.error(
+                "cannot append to journal log %s (%s): entry changes kept in memory until the "
+                "journal can be saved again",
+                self.log_path,
+                exc.strerror or exc,
+            )
+            return
         self._unsynced = True
 
     @property
@@ -191,11 +209,14 @@ class Journal:
         return self._unsynced
 
     def sync(self) -> None:
-        """fsync the entry log (call soon after entry changes; cheap when nothing changed).
+        """fsync the entry log (call soon after entry changes; cheap when nothing changed);
+        when changes are kept in memory (:attr:`behind`), :meth:`save` them first.
 
         Raises:
-            JournalError: the fsync failed.
+            JournalError: the fsync or that save failed.
         """
+        if self.behind:
+            self.save()
         if self._log_fd is not None and self._unsynced:
             try:
                 os.fsync(self._log_fd)
@@ -355,7 +376,10 @@ class SyncSoon:
         try:
             self.journal.sync()
         except JournalError as exc:
-            log.error("%s", exc)
+            if not self.journal.behind:
+                log.error("%s", exc)
+        if self.journal.behind:  # a full disk: try again until the snapshot is written
+            self._handle = asyncio.get_running_loop().call_later(JOURNAL_RETRY, self._sync)
 
     def cancel(self) -> None:
         """Drop a sync that is due (the caller saves or closes the journal itself)."""

@@ -12,19 +12,23 @@ File format, one JSON object per line: ``{"e": <event dict>}`` for a report,
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
+import logging
 import os
 from collections import OrderedDict
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from vmr_handler.core.errors import JournalError
 from vmr_handler.core.events import Event
-from vmr_handler.core.fsutil import atomic_write
+from vmr_handler.core.fsutil import append_whole, atomic_write
+
+log = logging.getLogger(__name__)
 
 OUTBOX_NAME = "outbox.log"
-#: Compact when the file is larger than this and over half of it is acknowledged.
+#: Compact when over half of the file is acknowledged and the file is larger than this, or
+#: larger than the free space left on its file system (a small state dir never fills up with
+#: acknowledged reports; issue 16).
 COMPACT_BYTES = 8 * 1024 * 1024
 
 
@@ -45,6 +49,7 @@ class Outbox:
         self._pending: OrderedDict[str, Tuple[int, int, float]] = OrderedDict()
         self._size = 0
         self._acked_bytes = 0
+        self._compact_failed_at = -1  # file size at the last failed compaction (not retried as is)
         self._load()
         try:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
@@ -85,6 +90,7 @@ class Outbox:
                         self._pending.pop(ident, None)
             offset += length
         self._size = len(data)
+        self._acked_bytes = self._size - sum(length + 7 for _o, length, _t in self._pending.values())
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -99,16 +105,9 @@ class Outbox:
         body = json.dumps(event.to_dict(), separators=(",", ":"), allow_nan=False)
         line = ('{"e":' + body + "}\n").encode("utf-8")
         try:
-            written = os.write(self._fd, line)
+            append_whole(self._fd, line, self._size)  # a short write is cut off again
         except OSError as exc:
             raise JournalError(f"cannot append to outbox {self.path}: {exc.strerror or exc}") from exc
-        if written != len(line):  # a full disk takes what fits and says nothing
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, self._size)
-            raise JournalError(
-                f"cannot append to outbox {self.path}: only {written} of {len(line)} bytes written "
-                "(disk full?)"
-            )
         self._pending[event.id] = (self._size + 5, len(line) - 7, event.timestamp)
         self._size += len(line)
 
@@ -125,9 +124,25 @@ class Outbox:
         except OSError:
             pass  # worst case the events are sent again and the host de-duplicates them
         self._size = os.fstat(self._fd).st_size
-        if self._size > COMPACT_BYTES and self._acked_bytes * 2 > self._size:
-            self.compact()
+        if self._worth_compacting():
+            try:
+                self.compact()
+            except OSError as exc:  # a full disk: the file stays as it is, compacted later
+                self._compact_failed_at = self._size
+                log.warning("cannot compact outbox %s: %s", self.path, exc.strerror or exc)
         return len(done)
+
+    def _worth_compacting(self) -> bool:
+        """Over half acknowledged, and large, or larger than the space left (COMPACT_BYTES)."""
+        if self._acked_bytes * 2 <= self._size or self._size == self._compact_failed_at:
+            return False
+        if self._size > COMPACT_BYTES:
+            return True
+        try:
+            fs = os.statvfs(self.path)
+        except OSError:
+            return False
+        return self._size > fs.f_bavail * fs.f_frsize
 
     def ids(self, limit: Optional[int] = None) -> List[str]:
         """Pending ids in send order (the first ``limit`` of them when given)."""

@@ -9,12 +9,11 @@ tests pass a :class:`~vmr_handler.core.clock.FakeClock` and scripted processes.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Protocol
+from typing import Dict, List, Optional, Protocol
 
-from vmr_handler.agent.executor import ProcessResult
+from vmr_handler.agent.executor import OutputCallback, ProcessResult
 
-#: ``(stream, piece, continued, eol)``: one piece of an entry's output, as it arrives.
-OutputCallback = Callable[[str, bytes, bool, bool], None]
+__all__ = ["OutputCallback", "Process", "Processes"]
 
 
 class Process(Protocol):

@@ -4,6 +4,7 @@ One home for what both sides need, so neither imports the other's modules:
 
 * :func:`atomic_write` -- the write that never leaves a torn file (the journal, the outbox
   compaction, keys, the host's state and report files);
+* :func:`append_whole` -- an append that is on disk whole or not at all (a full disk);
 * :func:`sha256_file` -- a file's digest, read in 1 MiB pieces;
 * :func:`walk_files` -- a directory tree's files at any depth (no recursion, no symlinks);
 * :func:`utc_text` -- the UTC form every log line and report uses.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import hashlib
 import os
 import tempfile
@@ -75,6 +77,27 @@ def atomic_write(path: str, data: bytes, mode: int = 0o600) -> None:
         pass
     finally:
         os.close(dir_fd)
+
+
+def append_whole(fd: int, data: bytes, size: int) -> None:
+    """Append ``data`` to the file open on ``fd`` (``O_APPEND``, unbuffered) whole, or cut the
+    file back to ``size`` bytes (its length before) and raise: a full disk takes what fits of
+    a write and says nothing (a short write), which would leave a torn record.
+
+    Raises:
+        OSError: the disk refused the write (a short write is ENOSPC); the file is as before.
+    """
+    view = memoryview(data)
+    try:
+        while view:
+            written = os.write(fd, view)
+            if not written:
+                raise OSError(errno.ENOSPC, "short write: the disk is full")
+            view = view[written:]
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, size)
+        raise
 
 
 def sha256_file(path: str) -> str:

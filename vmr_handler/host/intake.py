@@ -1,21 +1,33 @@
 """Files a VM sends out through its session: a ``transfer_chunk`` report is written to the
 VM's :class:`~vmr_handler.host.transfers.TransferStore`; a ``transfer_uploaded`` report puts
 in place the file it names, uploaded over HTTP(S). Either is logged as a summary (no file
-data) with the outcome; refusals are counted and remarked, never raised.
+data) with the outcome; refusals are counted and remarked, never raised. A last chunk whose
+file still has bytes to hash comes back as a :class:`PendingTransfer`: the session hashes it
+in a worker thread and finishes it on the loop (issue 16: no guest's file is hashed on the
+loop every VM shares).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
-from typing import Any, Callable, Dict, Mapping
+import contextlib
+import functools
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
 from vmr_handler.core.errors import TransferRefused
 from vmr_handler.core.events import Event
 from vmr_handler.core.protocol import TRANSFER_CHUNK, TRANSFER_UPLOADED
+from vmr_handler.host.chunkhash import PendingHash
 from vmr_handler.host.logtext import printable
-from vmr_handler.host.transfers import TransferStore
+from vmr_handler.host.transfers import TransferOutcome, TransferStore
 from vmr_handler.host.vmstate import Counters
+
+log = logging.getLogger("vmr_handler.host")
 
 #: ``warn(kind, text, now)``: a rate-limited remark on hostile input (the session's).
 WarnFn = Callable[[str, str, float], None]
@@ -24,24 +36,74 @@ WarnFn = Callable[[str, str, float], None]
 TRANSFER_TYPES = frozenset({TRANSFER_CHUNK, TRANSFER_UPLOADED})
 
 
-def take_transfer(ev: Event, transfers: TransferStore, counters: Counters, warn: WarnFn, now: float) -> Event:
+@dataclass
+class PendingTransfer:
+    """A ``transfer_chunk`` written whose file must be hashed further before its outcome is
+    known (:class:`~vmr_handler.host.chunkhash.PendingHash`): :meth:`run` it in a worker thread,
+    then :func:`finish_transfer` it on the loop."""
+
+    ev: Event
+    summary: Dict[str, Any]
+    hashing: PendingHash
+
+    def run(self) -> None:
+        """Hash what is missing (blocking)."""
+        self.hashing.run()
+
+
+def take_transfer(
+    ev: Event, transfers: TransferStore, counters: Counters, warn: WarnFn, now: float
+) -> Union[Event, PendingTransfer]:
     """Store a ``transfer_chunk``, or put in place a file uploaded over HTTP(S) that a
     ``transfer_uploaded`` report names (:meth:`TransferStore.commit_upload`); return the
-    event to log in its place (no file data; ``status``/``details`` say what happened)."""
+    event to log in its place (no file data; ``status``/``details`` say what happened), or a
+    :class:`PendingTransfer` when the file must be hashed before that is known."""
     d = ev.data
     summary: Dict[str, Any] = {
         k: d.get(k) for k in ("location", "offset", "size", "sha256", "last", "mtime") if k in d
     }
     if isinstance(summary.get("location"), str):
         summary["location"] = printable(summary["location"], 4096)
-    what = "transfer chunk" if ev.type == TRANSFER_CHUNK else "uploaded transfer"
-    try:
+    with _outcome(ev, counters, warn, now, summary):
         if ev.type == TRANSFER_UPLOADED:
             args = (d.get("location"), d.get("sha256"), d.get("size"), d.get("mtime"))
             outcome = transfers.commit_upload(*args)
             summary.update(stored_as=outcome.path, status="success", details="complete (uploaded over HTTP)")
-            return Event(ev.type, ev.timestamp, ev.id, summary)
-        _write_chunk(d, transfers, counters, warn, now, summary)
+        else:
+            step = transfers.begin_chunk(*_chunk_args(d, summary))
+            if isinstance(step, PendingHash):
+                return PendingTransfer(ev, summary, step)
+            _chunk_outcome(step, counters, warn, now, summary)
+    return Event(ev.type, ev.timestamp, ev.id, summary)
+
+
+def finish_transfer(
+    pending: PendingTransfer,
+    transfers: TransferStore,
+    counters: Counters,
+    warn: WarnFn,
+    now: float,
+    error: Optional[BaseException] = None,
+) -> Event:
+    """The event to log for a :class:`PendingTransfer` once :meth:`PendingTransfer.run` ran
+    (``error``: what it raised; an ``OSError`` is a refusal like any other)."""
+    ev, summary = pending.ev, pending.summary
+    with _outcome(ev, counters, warn, now, summary):
+        if error is not None:
+            pending.hashing.close()
+            raise error
+        _chunk_outcome(transfers.finish_chunk(pending.hashing), counters, warn, now, summary)
+    return Event(ev.type, ev.timestamp, ev.id, summary)
+
+
+@contextlib.contextmanager
+def _outcome(
+    ev: Event, counters: Counters, warn: WarnFn, now: float, summary: Dict[str, Any]
+) -> Iterator[None]:
+    """Refusals and disk errors of a transfer into ``summary`` (counted, remarked), never raised."""
+    what = "transfer chunk" if ev.type == TRANSFER_CHUNK else "uploaded transfer"
+    try:
+        yield
     except TransferRefused as exc:
         counters.transfer_refused += 1
         summary.update(status="error", details=f"refused: {exc}")
@@ -50,22 +112,13 @@ def take_transfer(ev: Event, transfers: TransferStore, counters: Counters, warn:
         counters.transfer_refused += 1
         summary.update(status="error", details=f"host could not store it: {exc.strerror or exc}")
         warn("transfer-io", f"{what} not stored: {exc}", now)
-    return Event(ev.type, ev.timestamp, ev.id, summary)
 
 
-def _write_chunk(
-    d: Mapping[str, Any],
-    transfers: TransferStore,
-    counters: Counters,
-    warn: WarnFn,
-    now: float,
-    summary: Dict[str, Any],
-) -> None:
-    """Decode and store one ``transfer_chunk``; its outcome goes into ``summary``.
+def _chunk_args(d: Mapping[str, Any], summary: Dict[str, Any]) -> Tuple[Any, ...]:
+    """The :meth:`TransferStore.begin_chunk` arguments of a ``transfer_chunk``'s data.
 
     Raises:
-        TransferRefused: bad data, or the store refuses it.
-        OSError: the store cannot write it.
+        TransferRefused: ``data_b64`` is not a base64 string.
     """
     raw = d.get("data_b64", "")
     if not isinstance(raw, str):
@@ -75,7 +128,7 @@ def _write_chunk(
     except (binascii.Error, ValueError) as exc:
         raise TransferRefused(f"data_b64 is not base64: {exc}") from exc
     summary["data_len"] = len(data)
-    outcome = transfers.write_chunk(
+    return (
         d.get("location"),
         d.get("offset"),
         data,
@@ -84,6 +137,12 @@ def _write_chunk(
         bool(d.get("last")),
         d.get("mtime"),
     )
+
+
+def _chunk_outcome(
+    outcome: TransferOutcome, counters: Counters, warn: WarnFn, now: float, summary: Dict[str, Any]
+) -> None:
+    """A chunk's :class:`TransferOutcome` into ``summary`` (a sha256 mismatch counted)."""
     summary["stored_as"] = outcome.path
     if outcome.sha256_ok is False:
         counters.transfer_bad_sha256 += 1
@@ -91,3 +150,109 @@ def _write_chunk(
         warn("transfer-sha", f"transfer {outcome.path!r}: sha256 mismatch, not put in place", now)
     else:
         summary.update(status="success", details="complete" if outcome.complete else "chunk stored")
+
+
+#: Transfer reports of one VM kept waiting while a file it sent is hashed in a worker thread;
+#: more are dropped unacknowledged (counted in ``refused.rate_limited``; the agent resends them).
+MAX_WAITING = 1000
+
+
+class TransferIntake:
+    """One VM's transfer reports, taken in order and one at a time (issue 16).
+
+    A last chunk whose file still has bytes to hash (:class:`PendingTransfer`) is hashed in a
+    worker thread, never on the loop every VM shares; the VM's later transfer reports wait for
+    it (at most :data:`MAX_WAITING`), its other reports and every other VM go on meanwhile. Its
+    summary is logged (and acknowledged) when the hash is done, so it may come after reports
+    the VM sent later.
+
+    Args:
+        transfers: the VM's transfer store.
+        counters: the VM's counters (refusals, sha256 mismatches, dropped reports).
+        warn: the session's rate-limited remark.
+        store: ``store(events, host UTC received)`` logs and acknowledges (the session's).
+    """
+
+    def __init__(
+        self,
+        transfers: TransferStore,
+        counters: Counters,
+        warn: WarnFn,
+        store: Callable[[List[Event], float], None],
+    ) -> None:
+        self.transfers = transfers
+        self.counters = counters
+        self.warn = warn
+        self._store = store
+        self._busy = False
+        self._waiting: Deque[Tuple[Event, float]] = deque()
+        self._ids: Set[str] = set()  # waiting or being hashed: a resend of one is not taken twice
+
+    def take(self, ev: Event, now: float) -> Optional[Event]:
+        """The event to log for transfer report ``ev`` (received at host UTC ``now``), or None
+        when it is logged later (or dropped: see :data:`MAX_WAITING`)."""
+        if ev.id in self._ids:
+            return None
+        if self._busy:
+            if len(self._waiting) >= MAX_WAITING:
+                self.counters.rate_limited += 1
+                self.warn("transfer-wait", f"transfer report dropped: {MAX_WAITING} wait for a hash", now)
+            else:
+                self._waiting.append((ev, now))
+                self._ids.add(ev.id)
+            return None
+        taken = take_transfer(ev, self.transfers, self.counters, self.warn, now)
+        if not isinstance(taken, PendingTransfer):
+            return taken
+        self._ids.add(ev.id)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a session driven by hand): here and now
+            error: Optional[BaseException] = None
+            try:
+                taken.run()
+            except OSError as exc:
+                error = exc
+            self._hashed(taken, now, error)
+            return None
+        self._busy = True
+        future = loop.run_in_executor(None, taken.run)
+        future.add_done_callback(functools.partial(self._done, taken, now))
+        return None
+
+    def _done(self, pending: PendingTransfer, now: float, future: asyncio.Future[None]) -> None:
+        if future.cancelled():  # the loop is closing
+            self._busy = False
+            pending.hashing.close()
+        else:
+            self._hashed(pending, now, future.exception())
+
+    def _hashed(self, pending: PendingTransfer, now: float, error: Optional[BaseException]) -> None:
+        """``pending``'s hash ran (``error``: what it raised): log its outcome, then take what
+        waited behind it."""
+        self._busy = False
+        self._ids.discard(pending.ev.id)
+        if error is not None and not isinstance(error, OSError):
+            log.error("hashing a transferred file failed: %r", error)
+            error = OSError(f"hashing failed: {error!r}")
+        self._store([finish_transfer(pending, self.transfers, self.counters, self.warn, now, error)], now)
+        while self._waiting and not self._busy:
+            ev, received = self._waiting.popleft()
+            self._ids.discard(ev.id)
+            taken = self.take(ev, received)
+            if taken is not None:
+                self._store([taken], received)
+
+    def status(self) -> Dict[str, Any]:
+        """The ``transfers`` part of ``vmr-host status`` for this VM."""
+        t, c = self.transfers, self.counters
+        return {
+            "files": t.files,
+            "bytes": t.total,
+            "refused": c.transfer_refused,
+            "bad_sha256": c.transfer_bad_sha256,
+            "repeats_refused": t.hashes.repeats,
+            "rehashed_bytes": t.rehashed_bytes,
+            "hash_restarts": t.hashes.restarts,
+            "waiting": len(self._waiting) + self._busy,
+        }

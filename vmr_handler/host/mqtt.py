@@ -292,6 +292,7 @@ class MqttService:
         reader = SessionReader(session, channel, link)
         try:
             await reader.run()
+            session.acks.flush()  # what it sent before going offline is acknowledged (fsynced)
             link.close()
             await channel.wait_ended()
         finally:

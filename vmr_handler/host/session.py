@@ -59,10 +59,10 @@ from vmr_handler.core.ratelimit import TokenBucket, worth_logging
 from vmr_handler.core.signing import SIGNED_TYPES
 from vmr_handler.host.config import Limits, VmSpec
 from vmr_handler.host.delivery import ResourceStreams, ScheduleOffer
-from vmr_handler.host.intake import TRANSFER_TYPES, take_transfer
+from vmr_handler.host.intake import TRANSFER_TYPES, TransferIntake
 from vmr_handler.host.resources import ResourceStore
 from vmr_handler.host.sessionapi import HostApi, HostEvents, Link
-from vmr_handler.host.store import VmLog
+from vmr_handler.host.store import DurableAcks, VmLog
 from vmr_handler.host.transfers import TransferStore
 from vmr_handler.host.vmstate import Counters, VmState, add_stats, frames_status
 
@@ -141,6 +141,8 @@ class VmSession:
         self.state = VmState(self.name, spec.digest, self.schedule_id, host)
         self.counters = Counters()
         self._warned: Dict[str, int] = {}
+        self.intake = TransferIntake(transfers, self.counters, self.warn, self._store)
+        self.acks = DurableAcks(vmlog, lambda ids: self._send([self.events.make(ACK, {"ids": ids})]))
         #: unstored control event type -> its handler (event, host UTC received)
         self._handlers: Dict[str, Callable[[Event, float], None]] = {
             HELLO: self._on_hello_limited,
@@ -294,7 +296,9 @@ class VmSession:
                 to_store.append(ev)  # a duplicate: acknowledged again, not applied again
             else:
                 seen_here.add(ev.id)
-                to_store.append(take_transfer(ev, self.transfers, self.counters, self.warn, recv_time))
+                taken = self.intake.take(ev, recv_time)  # None: logged later (hashed off the loop)
+                if taken is not None:
+                    to_store.append(taken)
         if to_store:
             self._store(to_store, recv_time)
 
@@ -311,7 +315,7 @@ class VmSession:
             self.apply(ev, recv_time)
         ids = [e.id for e in to_store if self.log.seen(e.id)]
         if ids:
-            self._send([self.events.make(ACK, {"ids": list(dict.fromkeys(ids))})])
+            self.acks.add(ids)  # sent once they are fsynced
 
     def apply(self, ev: Event, received: float) -> None:
         """Update this VM's state from a stored report received at host UTC ``received``
@@ -466,11 +470,6 @@ class VmSession:
             },
             "frames": frames_status(self.decoder_stats()),
             "refused": c.refused(),
-            "transfers": {
-                "files": self.transfers.files,
-                "bytes": self.transfers.total,
-                "refused": c.transfer_refused,
-                "bad_sha256": c.transfer_bad_sha256,
-            },
+            "transfers": self.intake.status(),
             "resources": {"served": c.resources_served, "refused": c.resources_refused},
         }

@@ -10,26 +10,27 @@ Layout under the logs directory::
     <logs>/uploads/<vm>/<sha256> files uploaded over HTTP(S), staged until their
                                  ``transfer_uploaded`` report puts them in place (``.part``: under way)
 
-Each event is written *before* the host acknowledges it, and the set of ids already written
-is rebuilt from ``<vm>.jsonl`` at start, so an agent that resends (after a channel drop or a
-``kill -9`` of the host) never gets an event logged twice. An id counts as written only once
-its line is on disk: a write the disk refuses leaves no trace and no acknowledgement, so the
-agent's resend is stored when space returns.
+Each event is written *and fsynced* before the host acknowledges it (:class:`DurableAcks`:
+one fsync at a time per VM in a worker thread, the acks of everything written before it sent
+when it returns), and the set of ids already written is rebuilt from ``<vm>.jsonl`` at start,
+so an agent that resends (after a channel drop, a ``kill -9`` of the host or a power cut)
+never gets an event logged twice nor one lost. An id counts as written only once its line is
+on disk: a write the disk refuses leaves no trace and no acknowledgement, so the agent's
+resend is stored when space returns. The readable ``<vm>.log`` is flushed, not fsynced.
 
 The transfer directories are :mod:`vmr_handler.host.transfers` (:class:`TransferStore`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
+import asyncio
 import json
 import logging
 import os
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from vmr_handler.core.events import Event, describe, json_safe
-from vmr_handler.core.fsutil import atomic_write, utc_text
+from vmr_handler.core.fsutil import append_whole, atomic_write, utc_text
 from vmr_handler.host.logtext import printable
 
 log = logging.getLogger("vmr_handler.host")
@@ -261,23 +262,23 @@ class VmLog:
         Raises:
             OSError: the disk refused it (a short write is ENOSPC).
         """
-        view = memoryview(data)
-        try:
-            while view:
-                written = self._jsonl.write(view)
-                if not written:
-                    raise OSError(errno.ENOSPC, "short write: the disk is full")
-                view = view[written:]
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._jsonl.fileno(), self.bytes)
-            raise
+        append_whole(self._jsonl.fileno(), data, self.bytes)
 
     def note(self, text: str, now: float) -> None:
         """A host remark in the readable log (connections, refusals, hostile input)."""
         if self._log is not None:
             self._log.write(f"{utc_text(now)} [host] {printable(text)}\n")
             self._log.flush()
+
+    def dup_jsonl(self) -> Optional[int]:
+        """A new descriptor of the open ``.jsonl`` (for an fsync in a worker thread, which
+        closes it: a :meth:`close` meanwhile cannot pull it away); None once closed."""
+        if self._jsonl is None:
+            return None
+        try:
+            return os.dup(self._jsonl.fileno())
+        except OSError:
+            return None
 
     def close(self) -> None:
         """Flush and close both files."""
@@ -288,3 +289,99 @@ class VmLog:
                 except OSError:
                     pass
         self._jsonl = self._log = None
+
+
+# ---------------------------------------------------------------------------------- acks
+class DurableAcks:
+    """Acknowledgements sent only once the reports they name are on disk: the host's fsync
+    policy (issue 16; docs/host.md, "Limits and guarantees").
+
+    Group commit, per VM: the ids of reports written (or seen again) are collected; one fsync
+    of the VM's ``.jsonl`` at a time runs in a worker thread (the event loop never waits for
+    the disk); when it returns, every id collected before it started is acknowledged in one
+    ``ack``, and the next fsync starts if more ids came meanwhile. So a report is acknowledged
+    one to two fsyncs after it was written, with no timer, and a VM that sends fast gets fewer,
+    larger fsyncs. An fsync that fails (EIO) acknowledges nothing and is logged once per
+    failing spell: the agent sends those reports again, and they are acknowledged (as
+    duplicates, stored once) after an fsync that succeeds.
+
+    Args:
+        vmlog: the VM's log.
+        send: ``send(ids)`` sends one ``ack``.
+    """
+
+    def __init__(self, vmlog: VmLog, send: Callable[[List[str]], None]) -> None:
+        self._log = vmlog
+        self._send = send
+        self._ids: List[str] = []
+        self._inflight: List[str] = []  # the ids the fsync under way acknowledges
+        self._syncing = False
+        self._failing = False
+        #: fsyncs that succeeded
+        self.syncs = 0
+
+    def add(self, ids: List[str]) -> None:
+        """Acknowledge ``ids`` (written to the ``.jsonl`` already) after the next fsync."""
+        self._ids.extend(ids)
+        if not self._syncing:
+            self._sync()
+
+    def flush(self) -> None:
+        """Before the VM's link goes: fsync here and now (blocking, once; only when something
+        is unacknowledged) and acknowledge everything written, the fsync under way's ids too."""
+        ids, self._ids, self._inflight = [*self._inflight, *self._ids], [], []
+        fd = self._log.dup_jsonl() if ids else None
+        if fd is not None:
+            self._synced(list(dict.fromkeys(ids)), _fsync(fd))
+
+    def _sync(self) -> None:
+        self._inflight, self._ids = list(dict.fromkeys(self._ids)), []
+        fd = self._log.dup_jsonl()
+        if fd is None:  # closed: nothing acknowledged, the agent sends them again
+            self._inflight = []
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a log driven by hand): here and now
+            self._done_sync(_fsync(fd))
+            return
+        self._syncing = True
+        future = loop.run_in_executor(None, _fsync, fd)
+        future.add_done_callback(self._done)
+
+    def _done(self, future: asyncio.Future[Optional[OSError]]) -> None:
+        self._done_sync(OSError("the loop is closing") if future.cancelled() else future.result())
+
+    def _done_sync(self, error: Optional[OSError]) -> None:
+        ids, self._inflight = self._inflight, []
+        self._syncing = False
+        self._synced(ids, error)
+        if self._ids and not self._syncing:
+            self._sync()
+
+    def _synced(self, ids: List[str], error: Optional[OSError]) -> None:
+        if error is None:
+            self.syncs += 1
+            if self._failing:
+                self._failing = False
+                log.warning("%s: fsync works again: reports are acknowledged again", self._log.jsonl_path)
+            if ids:
+                self._send(ids)
+        elif not self._failing:
+            self._failing = True
+            log.error(
+                "%s: cannot fsync (%s): reports are not acknowledged until it works",
+                self._log.jsonl_path,
+                error,
+            )
+
+
+def _fsync(fd: int) -> Optional[OSError]:
+    """fsync and close ``fd``; the error, or None (blocking: a worker thread)."""
+    try:
+        os.fsync(fd)
+        return None
+    except OSError as exc:
+        return exc
+    finally:
+        os.close(fd)

@@ -21,11 +21,13 @@ import os
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 from vmr_handler.core.errors import TransferConflict, TransferMismatch, TransferRefused, TransferTooLarge
 from vmr_handler.core.fsutil import walk_files
+from vmr_handler.host.chunkhash import PendingHash, RunningHashes, hash_from
 from vmr_handler.host.logtext import printable
+from vmr_handler.host.transferpaths import confine_location, open_part, walk_dirs
 
 log = logging.getLogger("vmr_handler.host")
 
@@ -50,7 +52,6 @@ class TransferOutcome:
     sha256_ok: Optional[bool] = None
 
 
-_O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -66,86 +67,6 @@ def _count(value: Any, what: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise TransferRefused(f"{what} must be an integer >= 0")
     return value
-
-
-#: Most path components a transferred file's location may have (a guest's tree that deep is
-#: refused rather than stored: nothing on the host walks it recursively anyway).
-MAX_LOCATION_DEPTH = 256
-
-
-def confine_location(location: Any) -> List[str]:
-    """The path components of ``location`` under the root.
-
-    Raises:
-        TransferRefused: not a string, empty, NUL, a ``..`` component, a component
-            longer than 255 bytes, more than :data:`MAX_LOCATION_DEPTH` components, or more
-            than 4096 bytes in all.
-    """
-    if not isinstance(location, str) or not location:
-        raise TransferRefused("location must be a non-empty string")
-    if "\x00" in location:
-        raise TransferRefused("location contains NUL")
-    if len(location.encode("utf-8", errors="replace")) > 4096:
-        raise TransferRefused("location longer than 4096 bytes")
-    parts = [p for p in location.split("/") if p not in ("", ".")]
-    if any(p == ".." for p in parts):
-        raise TransferRefused(f"location {printable(location, 200)!r} has a '..' component")
-    if not parts:
-        raise TransferRefused(f"location {printable(location, 200)!r} names no file")
-    if any(len(p.encode("utf-8", errors="replace")) > 255 for p in parts):
-        raise TransferRefused("a location component is longer than 255 bytes")
-    if len(parts) > MAX_LOCATION_DEPTH:
-        raise TransferRefused(
-            f"location has {len(parts)} directory levels, more than the limit of {MAX_LOCATION_DEPTH}"
-        )
-    return parts
-
-
-def _walk_dirs(real_root: str, dirs: List[str]) -> int:
-    """A descriptor of ``real_root``/``dirs`` (made, mode 0700, where missing), walked with
-    ``O_NOFOLLOW`` from the root down.
-
-    Raises:
-        TransferRefused: a component on the way is a symlink or no directory.
-    """
-    fd = os.open(real_root, _O_DIR)
-    try:
-        for name in dirs:
-            try:
-                os.mkdir(name, 0o700, dir_fd=fd)
-            except FileExistsError:
-                pass
-            try:
-                nfd = os.open(name, _O_DIR, dir_fd=fd)
-            except OSError as exc:
-                raise TransferRefused(
-                    f"{printable(name, 200)!r} on the way is a symlink or no directory ({exc.strerror})"
-                ) from exc
-            os.close(fd)
-            fd = nfd
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _open_part(dir_fd: int, part: str, rel: str) -> int:
-    """A read-write descriptor of the partial file ``part`` in ``dir_fd`` (created, mode 0600;
-    never a link of a placed file: such a link is replaced by a new file).
-
-    Raises:
-        TransferRefused: it cannot be opened (``rel`` names the file in the message).
-    """
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(part, flags, 0o600, dir_fd=dir_fd)
-        if os.fstat(fd).st_nlink > 1:  # a link of a placed file must never be written into
-            os.close(fd)
-            os.unlink(part, dir_fd=dir_fd)
-            fd = os.open(part, flags, 0o600, dir_fd=dir_fd)
-    except OSError as exc:
-        raise TransferRefused(f"cannot open {printable(rel, 200)!r}: {exc.strerror}") from exc
-    return fd
 
 
 class TransferStore:
@@ -181,7 +102,10 @@ class TransferStore:
         self.total = 0
         self.files = 0
         self.refused = 0
-        self._hash: Dict[str, Tuple[int, Any]] = {}  # rel path -> (bytes hashed, sha256 object)
+        self.hashes = RunningHashes()
+        #: bytes hashed at a last chunk because no chunk on the way hashed them (out of order,
+        #: rewritten, a host restart); in a worker thread when a session runs it
+        self.rehashed_bytes = 0
         self._lock = threading.Lock()  # total, _active
         self._active: Set[str] = set()  # sha256 of uploads under way
         self._placed: Dict[str, Tuple[str, int, int]] = {}  # sha256 -> (rel, st_dev, st_ino) put in place
@@ -243,7 +167,13 @@ class TransferStore:
                 raise TransferTooLarge(f"per-VM transfer limit of {self.max_total} bytes reached")
             self.total += grow
 
-    def write_chunk(
+    def write_chunk(self, *args: Any, **kw: Any) -> TransferOutcome:
+        """:meth:`begin_chunk` (same arguments), hashing what must be hashed on the calling
+        thread (:meth:`finish_chunk`)."""
+        step = self.begin_chunk(*args, **kw)
+        return self.finish_chunk(step.run()) if isinstance(step, PendingHash) else step
+
+    def begin_chunk(
         self,
         location: Any,
         offset: Any,
@@ -252,15 +182,15 @@ class TransferStore:
         sha256: Any,
         last: bool,
         mtime: Any = None,
-    ) -> TransferOutcome:
-        """Store one chunk (``data`` at ``offset`` of a file of ``size`` bytes).
-
-        Returns:
-            The :class:`TransferOutcome`.
+    ) -> Union[TransferOutcome, PendingHash]:
+        """Store one chunk; its outcome, or, for a last chunk whose file has bytes no chunk
+        hashed on the way (:mod:`vmr_handler.host.chunkhash`), a :class:`PendingHash` to run
+        (in a worker thread) and hand to :meth:`finish_chunk`.
 
         Raises:
             TransferRefused: the location escapes the root, or a size limit is hit, or the
-                chunk is inconsistent (offset/size).
+                chunk is inconsistent (offset/size), or it repeats a file already in place
+                with this sha256 (``offset`` > 0: a new version starts at 0).
         """
         self.confine(location)
         offset = _count(offset, "offset")
@@ -270,59 +200,61 @@ class TransferStore:
         if end > size:
             raise TransferRefused(f"chunk ends at {end}, past the announced size {size}")
         real_root, parts, rel = self.resolve(location)
-        dir_fd = _walk_dirs(real_root, parts[:-1])
+        self.hashes.check_repeat(rel, offset, size, sha256)
+        dir_fd = walk_dirs(real_root, parts[:-1])
+        pending = PendingHash(rel, parts[-1], dir_fd, -1, size, sha256, mtime, 0, None)
         try:
-            return self._write(dir_fd, rel, parts[-1], offset, data, size, sha256, last, mtime)
-        finally:
-            os.close(dir_fd)
+            pending.fd = open_part(dir_fd, f".{parts[-1]}.vmr-part"[:255], rel)
+            self._write(pending, offset, data, last)
+        except BaseException:
+            pending.close()
+            raise
+        if not last:
+            pending.close()
+            return TransferOutcome(rel)
+        pending.hashed, pending.h = self.hashes.at_last(rel, size)
+        if pending.missing:
+            self.rehashed_bytes += pending.missing
+            return pending
+        return self.finish_chunk(pending)
 
-    def _write(
-        self,
-        dir_fd: int,
-        rel: str,
-        name: str,
-        offset: int,
-        data: bytes,
-        size: int,
-        sha256: Any,
-        last: bool,
-        mtime: Any,
-    ) -> TransferOutcome:
-        part = f".{name}.vmr-part"[:255]
-        fd = _open_part(dir_fd, part, rel)
+    def _write(self, p: PendingHash, offset: int, data: bytes, last: bool) -> None:
+        """Write ``data`` at ``offset`` of the part file (and cut it to its size when ``last``),
+        charging the growth to this VM and hashing what continues the file's hash."""
+        before = os.fstat(p.fd).st_size
+        after = p.size if last else max(before, offset + len(data))
+        self._charge(max(0, after - before))
         try:
-            before = os.fstat(fd).st_size
-            after = size if last else max(before, offset + len(data))
-            self._charge(max(0, after - before))
-            try:
-                if data:
-                    os.pwrite(fd, data, offset)
-                if last:
-                    os.ftruncate(fd, size)  # a shorter new version leaves no stale tail
-            finally:  # count what is there now
-                self._charge(os.fstat(fd).st_size - before - max(0, after - before))
-            hashed, h = self._hash.get(rel, (0, None))
-            if offset == 0:
-                hashed, h = 0, hashlib.sha256()
-            if h is not None and offset == hashed:
-                h.update(data)
-                hashed += len(data)
-            self._hash[rel] = (hashed, h)
-            if not last:
-                return TransferOutcome(rel)
-            if h is None or hashed != size:  # chunks came out of order: hash the file
-                h = _sha256_fd(fd, size)
-            self._hash.pop(rel, None)
-            ok = isinstance(sha256, str) and h.hexdigest() == sha256.lower()
+            if data:
+                self.hashes.before_write(p.rel, p.fd, offset, data)
+                os.pwrite(p.fd, data, offset)
+            if last:
+                os.ftruncate(p.fd, p.size)  # a shorter new version leaves no stale tail
+        finally:  # count what is there now
+            self._charge(os.fstat(p.fd).st_size - before - max(0, after - before))
+
+    def finish_chunk(self, p: PendingHash) -> TransferOutcome:
+        """Verify a last chunk's file (its hash complete: :meth:`PendingHash.run`) and put it in
+        place when it matches; closes ``p``'s descriptors. On the loop.
+
+        Raises:
+            TransferRefused: it cannot be put in place.
+        """
+        try:
+            self.hashes.hashed(p.rel, p.size, p.h)
+            ok = isinstance(p.sha256, str) and p.h.hexdigest() == p.sha256.lower()
             if not ok:
-                return TransferOutcome(rel, complete=False, sha256_ok=False)
-            m = _mtime(mtime)
+                return TransferOutcome(p.rel, complete=False, sha256_ok=False)
+            m = _mtime(p.mtime)
             if m is not None:
-                os.utime(fd, (m, m))
+                os.utime(p.fd, (m, m))
+            os.close(p.fd)
+            p.fd = -1
+            self._put_in_place(p.dir_fd, p.rel, p.name, f".{p.name}.vmr-part"[:255], p.dir_fd, 0)
         finally:
-            os.close(fd)
-        self._put_in_place(dir_fd, rel, name, part, dir_fd, 0)
-        return TransferOutcome(rel, complete=True, sha256_ok=True)
+            p.close()
+        self.hashes.placed(p.rel, p.size, p.sha256)
+        return TransferOutcome(p.rel, complete=True, sha256_ok=True)
 
     def _put_in_place(
         self, dir_fd: int, rel: str, name: str, src: str, src_dir_fd: Optional[int], added: int
@@ -454,7 +386,7 @@ class TransferStore:
             finally:
                 self._charge(os.fstat(fd).st_size - before - grow)
                 complete = pos == whole
-                digest = _sha256_fd(fd, whole).hexdigest() if complete else None
+                digest = hash_from(fd, hashlib.sha256(), 0, whole).hexdigest() if complete else None
                 os.close(fd)
             if not complete:
                 return pos
@@ -499,7 +431,7 @@ class TransferStore:
         real_root, parts, rel = self.resolve(location)
         size = self.check_size(size)
         staged = self._staged(sha256)
-        dir_fd = _walk_dirs(real_root, parts[:-1])
+        dir_fd = walk_dirs(real_root, parts[:-1])
         try:
             name = parts[-1]
             try:
@@ -556,19 +488,6 @@ def _receive(
         if pace is not None:
             pace(pos - start)
     return pos
-
-
-def _sha256_fd(fd: int, size: int) -> Any:
-    """The sha256 object of the first ``size`` bytes of ``fd`` (read in 1 MiB pieces)."""
-    h = hashlib.sha256()
-    pos = 0
-    while pos < size:
-        piece = os.pread(fd, 1024 * 1024, pos)
-        if not piece:
-            break
-        h.update(piece)
-        pos += len(piece)
-    return h
 
 
 def _placed_copy(

@@ -12,6 +12,7 @@ import sys
 from typing import IO, Optional
 
 from vmr_handler.core.events import Event, describe
+from vmr_handler.core.fsutil import append_whole
 
 
 class LocalReporter:
@@ -26,17 +27,22 @@ class LocalReporter:
     """
 
     def __init__(self, report_path: Optional[str], log_stream: Optional[IO[str]] = sys.stderr) -> None:
-        self._file: Optional[IO[str]] = None
+        self._fd: Optional[int] = None
         if report_path:
             os.makedirs(os.path.dirname(os.path.abspath(report_path)), exist_ok=True)
-            self._file = open(report_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+            self._fd = os.open(report_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._log = log_stream
 
     def __call__(self, event: Event) -> None:
-        """Write one event (flushed at once so a crash loses nothing already reported)."""
-        if self._file is not None:
-            self._file.write(json.dumps(event.to_dict(), ensure_ascii=False, allow_nan=False) + "\n")
-            self._file.flush()
+        """Write one event: one unbuffered append, so a crash loses nothing already reported.
+
+        Raises:
+            OSError: the report file cannot be written (a full disk); nothing of the line is
+                left in it, so the engine's retry writes it whole (issue 16).
+        """
+        if self._fd is not None:
+            line = json.dumps(event.to_dict(), ensure_ascii=False, allow_nan=False) + "\n"
+            append_whole(self._fd, line.encode("utf-8"), os.fstat(self._fd).st_size)
         if self._log is not None:
             try:
                 self._log.write(describe(event) + "\n")
@@ -46,6 +52,6 @@ class LocalReporter:
 
     def close(self) -> None:
         """Close the report file."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
