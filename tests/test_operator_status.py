@@ -106,9 +106,18 @@ def test_status_wait_and_a_recovered_vm(env: HostEnv) -> None:
     assert len(vm3["failure_history"]) == 1 and "tool.bin" in vm3["failure_history"][0]["details"]
     assert "recovered from 1 failure(s)" in _cli(env, "status", "vm3").stdout
 
-    # RESUME vm1: its break ends, status shows it running again then complete; vm2 still held
+    # RESUME vm1: its break ends, status shows it running again then complete; vm2 still held.
+    # In the guest, `vmr-handler status --wait` returns then (like cloud-init status --wait)
+    waiter = subprocess.Popen(
+        [sys.executable, "-m", "vmr_handler", "status", "--wait", "--state-dir", str(env.state("vm1"))],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(1.5)
+    assert waiter.poll() is None, "status --wait returned while vm1 was held at a break"
     assert _cli(env, "resume", "vm1").returncode == 0
     env.wait_event("vm1", "schedule_complete")
+    out, err = waiter.communicate(timeout=30)
+    assert waiter.returncode == 0 and "phase: complete" in out, out + err
     status = _status_json(env)
     assert _vm(status, "vm1")["state"] == "complete" and _vm(status, "vm2")["state"] == "at_break"
     res = _cli(env, "status")

@@ -8,6 +8,7 @@ that something was fast.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from pathlib import Path
@@ -93,7 +94,7 @@ def test_break_holds_until_vmr_handler_resume(tmp_path, agents):
     a.wait_event("break_started")
     status = cli("status", "--state-dir", str(a.state))
     assert status.returncode == 0, status.stderr
-    assert "held by break at entry 0" in status.stdout
+    assert "held at break #0 until a RESUME" in status.stdout
     status_json = json.loads(cli("status", "--state-dir", str(a.state), "--json").stdout)
     assert status_json["result"]["blocked_by_break"] == 0
     assert not a.events("entry_started")
@@ -440,3 +441,26 @@ def test_disk_full_drop_fails_clearly_and_keeps_what_was_done(tmp_path, agents, 
     assert not list(full_disk.iterdir())  # no partial file left behind
     journal = json.loads((a.state / "journal.json").read_text())
     assert journal["entries"]["0"]["state"] == "done"  # what was done is kept
+
+
+
+def test_status_names_a_future_break_as_next(tmp_path, agents):
+    """At the barrier a break still in the future is the *next* break, not one that holds the
+    VM (issue 13); times are readable."""
+    sched = [
+        {"start_time": -1, "executable": "/bin/true"},
+        {"start_time": 1.5, "pause": True, "data": [{"pause_duration": float("inf")}]},
+        {"start_time": 2, "executable": "/bin/true"},
+    ]
+    a = _agent(agents, tmp_path, sched, start_buffer=30.0).start()
+    a.wait_event("start_time_set")
+    status = cli("status", "--state-dir", str(a.state))
+    assert status.returncode == 0, status.stderr
+    assert "held at break" not in status.stdout, status.stdout
+    assert "next break: entry 1 (a RESUME before it ends it early)" in status.stdout, status.stdout
+    assert re.search(r"experiment start: \S+Z \(in \d", status.stdout), status.stdout
+    assert not re.search(r"\d\.\d{4,}", status.stdout), status.stdout
+    result = json.loads(cli("status", "--state-dir", str(a.state), "--json").stdout)["result"]
+    assert result["blocked_by_break"] is None and result["next_break"] == 1
+    a.signal(signal.SIGTERM)
+    assert a.wait() == 0

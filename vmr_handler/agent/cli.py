@@ -200,6 +200,9 @@ def _add_control_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser
         p = sub.add_parser(name, help=text)
         p.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
         p.add_argument("--json", action="store_true", help="print the raw JSON reply")
+        if name == "status":
+            p.add_argument("--wait", action="store_true",
+                           help="ask until the schedule is complete (exit 0) or failed (exit 1)")  # fmt: skip
 
 
 #: One function per sub-command (or pair), in the order the help lists them.
@@ -529,7 +532,7 @@ async def _run_local(schedule: Schedule, config: Any, report: Optional[str], qui
 
 def cmd_control(args: argparse.Namespace) -> int:
     """``status``/``resume`` in a form only argparse takes (``-v``, an abbreviated option)."""
-    return run_control(ControlCommand(args.command, args.state_dir, args.json))
+    return run_control(ControlCommand(args.command, args.state_dir, args.json, getattr(args, "wait", False)))
 
 
 def _join_negative_infinity(argv: Sequence[str]) -> List[str]:

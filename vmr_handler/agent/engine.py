@@ -545,6 +545,9 @@ def engine_status(engine: Engine) -> Dict[str, Any]:
     journal, timers = engine.journal, engine.timers
     start = journal.start_time
     plan = timers.plan or build_plan(engine.schedule.entries, journal.resumes)
+    hold = engine.holds.current or timers.active_hold(plan, None if start is None else now - start)
+    # a break holds the VM only once its time has come; before, it is the next break (issue 13)
+    held = hold["index"] if hold is not None and hold.get("kind") == "break" else None
     return {
         "version": __version__,
         "phase": engine.phase,
@@ -554,9 +557,9 @@ def engine_status(engine: Engine) -> Dict[str, Any]:
         "configured_at": journal.configured_at,
         "start_time": start,
         "experiment_time": None if start is None else now - start,
-        "active_pause": engine.holds.current
-        or timers.active_hold(plan, None if start is None else now - start),
-        "blocked_by_break": plan.blocked_by,
+        "active_pause": hold,
+        "blocked_by_break": held,
+        "next_break": plan.blocked_by if held is None else None,
         "resumes": journal.resumes,
         "next_entries": [] if start is None else timers.upcoming(plan, start, now),
         "running": engine.entries.status(),
