@@ -43,6 +43,7 @@ from vmr_handler.agent.holds import InitialHolds
 from vmr_handler.agent.journal import Journal, SyncSoon
 from vmr_handler.agent.placement import DataPlacement
 from vmr_handler.agent.ports import Processes
+from vmr_handler.agent.reminders import remind
 from vmr_handler.agent.reporthold import HoldLimits, ReportHold, hold_of
 from vmr_handler.agent.stages import StageRunner
 from vmr_handler.core.clock import Clock, SystemClock
@@ -317,7 +318,13 @@ class Engine:
 
         Returns EXIT_OK also after a reboot request was carried out and after a stop.
         """
-        rc = await self._play()
+        done = asyncio.Event()
+        reminders = asyncio.ensure_future(remind(lambda: engine_status(self), self.clock, done))
+        try:
+            rc = await self._play()
+        finally:
+            done.set()
+            await reminders
         await self.reports.written(self._stop, STOP_GRACE)  # held reports too (issue 16)
         return rc
 

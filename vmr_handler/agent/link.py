@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -456,6 +457,14 @@ class HostLink:
             await asyncio.sleep(self.config.clock_interval if good else min(5.0, self.config.clock_interval))
 
 
+#: Seconds the channel may stay away before the agent warns (then every twice as long, up to 5 min).
+CHANNEL_WARN_AFTER = 10.0
+#: errno values of a channel that is simply not there yet (no file, no listener): retried quietly at first.
+NOT_THERE_YET = frozenset(
+    {errno.ENOENT, errno.ECONNREFUSED, errno.ENXIO, errno.EAGAIN, errno.ECONNRESET, errno.EPIPE, None}
+)
+
+
 async def _connect(opener: Opener) -> ByteChannel:
     """Open the channel, retrying with backoff (tenacity) until it opens.
 
@@ -468,11 +477,24 @@ async def _connect(opener: Opener) -> ByteChannel:
     fast = wait_exponential_jitter(initial=0.05, max=2.0, jitter=0.05)
     slow = wait_exponential_jitter(initial=1.0, max=30.0, jitter=1.0)
     refused: List[str] = []
+    began = time.monotonic()
+    warn_after = [CHANNEL_WARN_AFTER]
 
     def note(state: Any) -> None:
         exc = state.outcome.exception() if state.outcome else None
-        if isinstance(exc, (OSError, ChannelClosed)):
-            log.debug("channel %s not ready: %s", opener.where, exc)
+        waited = time.monotonic() - began
+        if isinstance(exc, OSError) and exc.errno not in NOT_THERE_YET and str(exc) not in refused[-1:]:
+            # the wrong kind of thing (not a character device, a directory...): say it at once
+            log.warning("channel %s cannot be used: %s; retrying", opener.where, exc)
+            refused.append(str(exc))
+        elif isinstance(exc, (OSError, ChannelClosed)):
+            if waited >= warn_after[0]:
+                log.warning("channel %s not there after %.0f s (%s); still trying. Check --port / the "
+                            "config's port and the VM's virtio-serial port (or the broker)",
+                            opener.where, waited, exc)  # fmt: skip
+                warn_after[0] = min(warn_after[0] * 2, 300.0)
+            else:
+                log.debug("channel %s not ready: %s", opener.where, exc)
         elif exc is not None and str(exc) not in refused[-1:]:
             log.error("%s", exc)
             refused.append(str(exc))
