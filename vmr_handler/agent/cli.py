@@ -10,9 +10,10 @@ Exit codes: 0 success; 1 the VM failed (run) or the agent could not be reached
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 from vmr_handler import __version__
 from vmr_handler.agent.control_client import DEFAULT_STATE_DIR, ControlCommand, number_text, run_control
@@ -54,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in _SUBCOMMAND_PARSERS:
         add(sub)
+    from vmr_handler.core.completion import add_completion_parser
+
+    add_completion_parser(sub, "vmr-handler")
     return parser
 
 
@@ -530,6 +534,14 @@ async def _run_local(schedule: Schedule, config: Any, report: Optional[str], qui
         reporter.close()
 
 
+def _completion_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``completion SHELL``: the shell completion script (:mod:`vmr_handler.core.completion`)."""
+    from vmr_handler.core.completion import completion_script
+
+    print(completion_script(parser, args.shell))
+    return 0
+
+
 def cmd_control(args: argparse.Namespace) -> int:
     """``status``/``resume`` in a form only argparse takes (``-v``, an abbreviated option)."""
     return run_control(ControlCommand(args.command, args.state_dir, args.json, getattr(args, "wait", False)))
@@ -561,12 +573,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
-    commands = {
+    commands: Dict[str, Callable[[argparse.Namespace], int]] = {
         "run": cmd_run,
         "plan": cmd_plan,
         "check": cmd_check,
         "status": cmd_control,
         "resume": cmd_control,
+        "completion": functools.partial(_completion_command, parser),
     }
     if args.command is None:
         parser.print_help(sys.stderr)

@@ -66,6 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in _COMMANDS:
         add(sub)
+    from vmr_handler.core.completion import add_completion_parser
+
+    add_completion_parser(sub, "vmr-host")
     return parser
 
 
@@ -524,6 +527,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             return cmd_mqtt_config(args)
         if args.command == "wait":
             return cmd_wait(args)
+        if args.command == "completion":
+            from vmr_handler.core.completion import completion_script
+
+            print(completion_script(parser, args.shell))
+            return EXIT_OK
         if args.command == "check":
             return cmd_check(args)
         if args.command == "logs":

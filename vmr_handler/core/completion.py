@@ -1,0 +1,26 @@
+"""Shell completion scripts for ``vmr-handler`` and ``vmr-host`` (issue 13), generated from
+their argparse parsers by shtab (so they never drift from the real options).
+
+Install for bash: ``vmr-host completion bash > /etc/bash_completion.d/vmr-host`` (and the same
+for ``vmr-handler``), or ``source <(vmr-host completion bash)`` in a shell.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+#: The shells shtab writes scripts for.
+SHELLS = ("bash", "zsh", "tcsh")
+
+
+def add_completion_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], prog: str) -> None:
+    """The ``completion SHELL`` sub-command of ``prog``."""
+    p = sub.add_parser("completion", help=f"print a shell completion script for {prog} (bash, zsh, tcsh)")
+    p.add_argument("shell", choices=SHELLS, help="the shell")
+
+
+def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:
+    """The completion script of ``parser`` for ``shell`` (one of :data:`SHELLS`)."""
+    import shtab
+
+    return str(shtab.complete(parser, shell=shell))
