@@ -69,7 +69,8 @@ def test_status_wait_and_a_recovered_vm(env: HostEnv) -> None:
     assert res.returncode == 1, res.stdout + res.stderr
     text = res.stdout
     assert "3 VM(s): 1 failed" in text
-    assert "vm3 failed in stage -3: " in text, text
+    assert "vm3 failed in stage -3 (entry 1): cannot read VM resource 'tool.bin'" in text, text
+    assert text.count("entry 1") == 1, text  # the cause said once
     assert "tool.bin" in text, text  # the cause, named once
     assert "start without it: vmr-host release --exclude vm3" in text
     only_failed = _cli(env, "status", "--state", "failed").stdout

@@ -124,7 +124,14 @@ class EntryLauncher:
         )
         if fatal:
             self.failure = f"{entry.label}: {exc}"
-            self.ctx.emit(EventType.VM_FAILED, index=entry.index, status="error", details=self.failure)
+            # the event names the entry in its own fields: the cause is said once (issue 13)
+            self.ctx.emit(
+                EventType.VM_FAILED,
+                index=entry.index,
+                executable=entry.executable,
+                status="error",
+                details=str(exc),
+            )
             self.ctx.wake()
         else:
             self.ctx.journal.mark_done(entry.index, FAILED)

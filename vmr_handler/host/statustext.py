@@ -106,7 +106,9 @@ def hints(result: Dict[str, Any]) -> List[str]:
             else:
                 stage_time = (vm.get("phase") or {}).get("stage_time")
                 where = f" in stage {stage_time:g}" if isinstance(stage_time, (int, float)) else ""
-                line = f"{name} failed{where}: {vm['failed']}"
+                entry = vm.get("failed_entry")
+                what = f" (entry {entry})" if entry is not None else ""
+                line = f"{name} failed{where}{what}: {vm['failed']}"
             if name in waiting:
                 line += f"; start without it: vmr-host release --exclude {name}"
             out.append(line)

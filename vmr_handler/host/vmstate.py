@@ -134,6 +134,7 @@ class VmState:
         self.configured_at: Optional[float] = None
         self.failed: Optional[str] = None
         self.failed_at: Optional[float] = None  # host UTC the failure was received
+        self.failed_entry: Optional[int] = None  # the schedule entry that failed the VM
         #: earlier failures the VM recovered from (a new agent run followed): {at, details}
         self.failure_history: List[Dict[str, Any]] = []
         self.complete = False
@@ -225,6 +226,7 @@ class VmState:
     def _vm_failed(self, p: VmFailed, received: float) -> None:
         self.failed = short(p.details.string, 500) or "vm_failed"
         self.failed_at = received
+        self.failed_entry = p.index
         self.failures += 1
         self.host.on_outcome(self.name, "failed", self.failed, received)
 
@@ -315,6 +317,7 @@ class VmState:
             "configured_at": self.configured_at,
             "failed": self.failed,
             "failed_at": self.failed_at,
+            "failed_entry": self.failed_entry,
             "failure_history": list(self.failure_history),
             "complete": self.complete,
             "phase": {
