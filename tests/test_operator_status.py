@@ -69,7 +69,9 @@ def test_status_wait_and_a_recovered_vm(env: HostEnv) -> None:
     assert res.returncode == 1, res.stdout + res.stderr
     text = res.stdout
     assert "3 VM(s): 1 failed" in text
-    assert "vm3 failed in stage -3 (entry 1): cannot read VM resource 'tool.bin'" in text, text
+    # the cause the host knows, not only a missing file in the guest
+    assert ("vm3 failed in stage -3 (entry 1): VM resource 'tool.bin' was not received from the host: "
+            "resource 'tool.bin' is not in the host's --resources directory") in text, text
     assert text.count("entry 1") == 1, text  # the cause said once
     assert "tool.bin" in text, text  # the cause, named once
     assert "start without it: vmr-host release --exclude vm3" in text

@@ -140,6 +140,24 @@ def resource_path(resources_dir: str, filename: str) -> str:
     return candidate
 
 
+#: In the agent's resource directory: ``{name: why}`` of the VM resources the host did not
+#: send (written by the connected agent's resource fetch), so that a drop that needs one names
+#: the host's cause rather than only a missing file in the guest (issue 13).
+FETCH_ERRORS = ".fetch-errors.json"
+
+
+def _fetch_error(resources_dir: str, name: str) -> Optional[str]:
+    """Why the host did not send resource ``name``, if the fetch recorded it."""
+    import json
+
+    try:
+        with open(os.path.join(resources_dir, FETCH_ERRORS), encoding="utf-8") as fh:
+            why = json.load(fh).get(name)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return why if isinstance(why, str) else None
+
+
 def _payload(item: Union[ContentDrop, FileDrop], resources_dir: str) -> bytes:
     """The bytes a drop puts in place. Raises EntryError naming the resource and the cause."""
     if isinstance(item, ContentDrop):
@@ -148,6 +166,9 @@ def _payload(item: Union[ContentDrop, FileDrop], resources_dir: str) -> bytes:
         with open(resource_path(resources_dir, item.filename), "rb") as fh:
             return fh.read()
     except OSError as exc:
+        why = _fetch_error(resources_dir, item.filename)
+        if why is not None:
+            raise EntryError(f"VM resource {item.filename!r} was not received from the host: {why}") from exc
         raise EntryError(
             f"cannot read VM resource {item.filename!r} from {resources_dir}: {exc.strerror or exc}"
         ) from exc

@@ -14,10 +14,11 @@ import base64
 import contextlib
 import functools
 import hashlib
+import json
 import os
 from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional
 
-from vmr_handler.agent.executor import resource_path
+from vmr_handler.agent.executor import FETCH_ERRORS, resource_path
 from vmr_handler.agent.link import HostLink
 from vmr_handler.core import protocol as P
 from vmr_handler.core.errors import ChannelClosed, EntryError
@@ -121,6 +122,7 @@ class Resources:
         root = os.path.join(self._state_dir, RESOURCES_DIR)
         os.makedirs(root, exist_ok=True)
         names = sorted({d.filename for e in schedule.entries for d in e.data if isinstance(d, FileDrop)})
+        failed: Dict[str, str] = {}
         for name in names:
             try:
                 resource_path(root, name)  # the name must stay inside the resource dir
@@ -154,8 +156,11 @@ class Resources:
                 self._report(
                     EventType.SCHEDULE_WARNING, status="error", details=f"resource {name!r}: {error}"
                 )
+                failed[name] = error
                 continue
             _link_name(root, name, target)
+        with contextlib.suppress(OSError):  # only makes a later error text better
+            atomic_write(os.path.join(root, FETCH_ERRORS), json.dumps(failed).encode())
         return root
 
     async def fetch_one(self, name: str, target: str) -> Optional[str]:

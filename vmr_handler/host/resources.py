@@ -66,7 +66,8 @@ class ResourceStore:
         try:
             st = os.stat(path)
         except OSError as exc:
-            raise ResourceMissing(f"resource {name!r} not found") from exc
+            where = f"the host's --resources directory {self.root}"
+            raise ResourceMissing(f"resource {name!r} is not in {where}") from exc
         if not stat.S_ISREG(st.st_mode):
             raise ResourceRefused(f"resource {name!r} is not a regular file")
         return path, st
