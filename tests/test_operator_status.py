@@ -193,3 +193,24 @@ def test_logs_show_follow_and_filter(env: HostEnv) -> None:
     finally:
         follow.terminate()
         follow.wait(timeout=10)
+
+
+def test_status_watch_redraws(env: HostEnv) -> None:
+    """``status --watch`` redraws until stopped (a pipe gets one block per round)."""
+    env.start_host()
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "vmr_handler.host", "status", "--watch", "--interval", "0.3",
+         "--logs", str(env.logs)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert watch.stdout is not None
+        seen = 0
+        deadline = time.monotonic() + 30
+        while seen < 3:
+            assert time.monotonic() < deadline and watch.poll() is None
+            if watch.stdout.readline().startswith("experiment start: not set; barrier waiting for 3 VM(s)"):
+                seen += 1
+    finally:
+        watch.terminate()
+        watch.wait(timeout=10)

@@ -62,6 +62,9 @@ def test_agent_readable_log_of_the_demo(tmp_path: Path) -> None:
     assert not LONG_DECIMALS.search(log), LONG_DECIMALS.search(log)
     assert "{'" not in log  # no Python dict repr
     assert re.search(r"duration=\d+(\.\d)? ms|duration=\d\.\d\d s", log), log[-2000:]
+    # once the start is known, every line carries the experiment time too
+    assert re.search(r"Z t=\+1\.\ds entry_started entry \d+ \(/bin/echo\)", log), log[-3000:]
+    assert re.search(r"Z t=\+\d+\.\ds schedule_complete", log), log[-500:]
 
 
 def _check(directory: Path, *extra: str) -> subprocess.CompletedProcess:

@@ -31,7 +31,7 @@ from vmr_handler.agent.transfers import Transfers
 from vmr_handler.core import protocol as P
 from vmr_handler.core.clock import SystemClock
 from vmr_handler.core.errors import ChannelClosed, ScheduleError, VmrError
-from vmr_handler.core.events import Event, EventType, describe
+from vmr_handler.core.events import Event, EventType, ReadableLines
 from vmr_handler.core.fsutil import atomic_write
 from vmr_handler.core.schedule import Schedule, load_schedule_bytes
 from vmr_handler.core.schedule.validate import parse_number
@@ -108,6 +108,7 @@ class ConnectedAgent:
         )
         self.link.report = self.reports
         self._log = None if config.quiet else log_stream
+        self._readable = ReadableLines()
         self._schedule_ready: asyncio.Future[Schedule] = asyncio.get_running_loop().create_future()
         self._schedule: Optional[Schedule] = None
         self._engine: Any = None
@@ -274,7 +275,7 @@ class ConnectedAgent:
         self.link.notify()
         if self._log is not None:
             with contextlib.suppress(OSError, ValueError):
-                self._log.write(describe(event) + "\n")
+                self._log.write(self._readable.line(event) + "\n")
                 self._log.flush()
         if event.type == EventType.TRANSFER_REGISTERED.value:
             self.transfers.start(dict(event.data))

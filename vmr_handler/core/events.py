@@ -143,12 +143,38 @@ def encode_output(chunk: bytes) -> Dict[str, Any]:
         return {"line_b64": base64.b64encode(chunk).decode("ascii")}
 
 
-def describe(event: Event) -> str:
+def describe(event: Event, start: Optional[float] = None) -> str:
     """One readable log line for ``event`` (the human log on stderr / the host's ``.log``).
 
-    Times in ISO UTC, durations with a unit, numbers with at most 3 decimals, structures as
-    JSON, output that is not UTF-8 with ``\\xNN`` escapes (:mod:`vmr_handler.core.readable`).
+    Times in ISO UTC, followed by the experiment time (``t=+12.3s``) when ``start`` (the
+    experiment start, UTC epoch seconds) is known; durations with a unit, numbers with at most
+    3 decimals, structures as JSON, output that is not UTF-8 with ``\\xNN`` escapes
+    (:mod:`vmr_handler.core.readable`).
     """
+    line = _describe(event)
+    if start is None or not math.isfinite(start):
+        return line
+    stamp, rest = line.split(" ", 1)
+    return f"{stamp} t={event.timestamp - start:+.1f}s {rest}"
+
+
+class ReadableLines:
+    """A readable log's lines (:func:`describe`), with the experiment time once the start is
+    known: learned from the ``start_time_set``/``experiment_started`` events the log carries."""
+
+    def __init__(self) -> None:
+        self.start: Optional[float] = None
+
+    def line(self, event: Event) -> str:
+        """``event``'s readable line (see :func:`describe`)."""
+        if event.type in (EventType.START_TIME_SET.value, EventType.EXPERIMENT_STARTED.value):
+            start = event.data.get("start_time")
+            if isinstance(start, (int, float)) and not isinstance(start, bool) and math.isfinite(start):
+                self.start = float(start)
+        return describe(event, self.start)
+
+
+def _describe(event: Event) -> str:
     d = event.data
     what = f"entry {d['index']}" if "index" in d else ""
     if d.get("executable"):

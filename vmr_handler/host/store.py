@@ -29,7 +29,7 @@ import logging
 import os
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from vmr_handler.core.events import Event, describe, json_safe
+from vmr_handler.core.events import Event, ReadableLines, describe, json_safe
 from vmr_handler.core.fsutil import append_whole, atomic_write, utc_text
 from vmr_handler.host.logtext import printable
 
@@ -40,10 +40,11 @@ LOG_SUFFIX = ".log"
 EXPERIMENT_FILE = "experiment.json"
 
 
-def describe_safe(event: Event) -> str:
-    """:func:`vmr_handler.core.events.describe` that never raises on hostile data, made printable."""
+def describe_safe(event: Event, lines: Optional[ReadableLines] = None) -> str:
+    """:func:`vmr_handler.core.events.describe` (through ``lines``, with the experiment time
+    once known) that never raises on hostile data, made printable."""
     try:
-        text = describe(event)
+        text = lines.line(event) if lines is not None else describe(event)
     except Exception as exc:  # hostile data (bad base64, odd types): never crash
         text = f"{event.type} (undescribable data: {type(exc).__name__})"
     return printable(text)
@@ -110,6 +111,8 @@ class VmLog:
 
     def __init__(self, logs: str, vm: str, quota: int) -> None:
         self.vm = vm
+        #: the readable ``.log``'s lines, with the experiment time once the start is known
+        self.readable = ReadableLines()
         self.jsonl_path = os.path.join(logs, vm + JSONL_SUFFIX)
         self.log_path = os.path.join(logs, vm + LOG_SUFFIX)
         self.quota = quota
@@ -206,7 +209,7 @@ class VmLog:
                 continue
             size += len(line)
             lines.append(line)
-            readable.append(describe_safe(event))
+            readable.append(describe_safe(event, self.readable))
         if lines:
             self._append(b"".join(lines))
         self.ids.update(batch)

@@ -11,7 +11,7 @@ import os
 import sys
 from typing import IO, Optional
 
-from vmr_handler.core.events import Event, describe
+from vmr_handler.core.events import Event, ReadableLines
 from vmr_handler.core.fsutil import append_whole
 
 
@@ -32,6 +32,7 @@ class LocalReporter:
             os.makedirs(os.path.dirname(os.path.abspath(report_path)), exist_ok=True)
             self._fd = os.open(report_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._log = log_stream
+        self._readable = ReadableLines()
 
     def __call__(self, event: Event) -> None:
         """Write one event: one unbuffered append, so a crash loses nothing already reported.
@@ -45,7 +46,7 @@ class LocalReporter:
             append_whole(self._fd, line.encode("utf-8"), os.fstat(self._fd).st_size)
         if self._log is not None:
             try:
-                self._log.write(describe(event) + "\n")
+                self._log.write(self._readable.line(event) + "\n")
                 self._log.flush()
             except (OSError, ValueError):
                 self._log = None  # stderr gone: keep the report file going
