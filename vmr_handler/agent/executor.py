@@ -365,14 +365,46 @@ def kill_tree(pid: int, create_time: Optional[float] = None, timeout: float = 3.
             proc.terminate()
         except psutil.Error:
             pass
-    _gone, alive = psutil.wait_procs(procs, timeout=timeout)
+    alive = _wait_tree(procs, timeout)
     for proc in alive:
         try:
             proc.kill()
         except psutil.Error:
             pass
-    psutil.wait_procs(alive, timeout=timeout)
+    _wait_tree(alive, timeout)
     return [p.pid for p in procs]
+
+
+def _ended(proc: psutil.Process) -> bool:
+    """Gone, or a zombie its parent has not reaped yet (it runs nothing any more)."""
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _wait_tree(procs: List[psutil.Process], timeout: float) -> List[psutil.Process]:
+    """Wait up to ``timeout`` s for ``procs`` to end; returns those still running.
+
+    This process's own children are never reaped here (``psutil.wait_procs`` would
+    ``waitpid`` them and take their exit status from asyncio, which then reports 255 instead
+    of the signal that ended the entry): for them "ended" means a zombie, polled every 10 ms.
+    """
+    me = os.getpid()
+    own: List[psutil.Process] = []
+    others: List[psutil.Process] = []
+    for proc in procs:
+        try:
+            (own if proc.ppid() == me else others).append(proc)
+        except psutil.Error:
+            continue
+    deadline = time.monotonic() + timeout
+    _gone, alive = psutil.wait_procs(others, timeout=timeout)
+    while own and time.monotonic() < deadline:
+        own = [p for p in own if not _ended(p)]
+        if own:
+            time.sleep(0.01)
+    return [*alive, *[p for p in own if not _ended(p)]]
 
 
 def install_child_watcher() -> None:
