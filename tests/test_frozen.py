@@ -141,6 +141,12 @@ def test_version_reports_package_version(frozen: Path) -> None:
     assert res.stdout.strip() == f"vmr-handler {vmr_handler.__version__}"
 
 
+def test_completion_script(frozen: Path) -> None:
+    res = _run(frozen, "completion", "bash")
+    assert res.returncode == 0, res.stderr
+    assert "complete " in res.stdout and "vmr-handler" in res.stdout
+
+
 def test_plan_json_equals_package(frozen: Path) -> None:
     args = ["plan", "--json", "examples/demo.yaml", "--resume", "5"]
     ref = subprocess.run(
