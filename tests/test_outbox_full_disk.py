@@ -118,3 +118,32 @@ def test_a_journal_on_a_full_disk_keeps_entry_changes_until_it_can_save(full_dis
     assert again.entry_state(0) == "done"
     assert all(again.entry_state(i) == "running" for i in range(1, marked + 1))
     again.close()
+
+
+def test_a_transfer_out_waits_for_space_and_arrives_whole(full_disk):
+    """A transfer-out chunk that cannot be written to the outbox (full state dir) is held and
+    retried, not dropped with the transfer task (issue 16): the file arrives whole once space
+    returns, and the agent stays up."""
+    import os as _os
+
+    payload = _os.urandom(10 * 1024)
+    src = Path(full_disk).parent / "results.bin"  # on the normal disk
+    src.write_bytes(payload)
+    sched = [{"start_time": 2, "data": [{"location": str(src), "interval": None}]}]
+    env = HostEnv({"a": sched}, start_buffer=1.0)
+    try:
+        env.start_host()
+        agent = env.start_agent("a", "--state-dir", str(full_disk / "state"))
+        env.wait_event("a", "experiment_started")
+        filler = _fill(full_disk)
+        env.wait_for(lambda: "waits for space in the state dir" in env.agent_log("a"), "the transfer waiting")
+        time.sleep(0.5)
+        assert agent.poll() is None, env.agent_log("a")
+        copy = env.logs / "transfers" / "a" / str(src).lstrip("/")
+        assert not copy.exists()
+        filler.unlink()
+        env.wait_for(lambda: copy.exists() and copy.read_bytes() == payload, "the transferred file, whole")
+        assert "goes on" in env.agent_log("a")
+        assert agent.poll() is None
+    finally:
+        env.close()

@@ -13,6 +13,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import logging
 import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -20,8 +21,11 @@ from vmr_handler.agent.link import HostLink
 from vmr_handler.agent.outbox import Outbox
 from vmr_handler.agent.resources import HttpJobs
 from vmr_handler.core import protocol as P
-from vmr_handler.core.events import EventType
+from vmr_handler.core.errors import JournalError
+from vmr_handler.core.events import Event, EventType
 from vmr_handler.core.fsutil import atomic_write, sha256_file, walk_files
+
+log = logging.getLogger(__name__)
 
 TRANSFER_CHUNK = 256 * 1024
 #: Files transferred out at least this large (bytes) are uploaded over HTTP(S) when the host
@@ -143,7 +147,7 @@ class Transfers:
             with open(full, "rb") as fh:
                 for offset in range(0, max(1, size), TRANSFER_CHUNK):
                     piece = fh.read(TRANSFER_CHUNK)
-                    self._outbox.add(
+                    await self._queue(
                         self._link.events.make_raw(
                             P.TRANSFER_CHUNK,
                             location=name,
@@ -155,11 +159,43 @@ class Transfers:
                             data_b64=base64.b64encode(piece).decode("ascii"),
                         )
                     )
-                    self._link.notify()
                     await asyncio.sleep(0)
-        except OSError:
+        except (OSError, JournalError):  # unreadable, or the agent stops with the disk still full
             return None
         return digest
+
+    async def _queue(self, event: Event) -> None:
+        """Append ``event`` to the outbox; on a full disk hold it (one chunk, in this task) and
+        retry with backoff (tenacity) until it is written, so a transfer is never cut short
+        (issue 16). Said once when it starts waiting and once when it goes on.
+
+        Raises:
+            JournalError: the agent stops while the disk is still full (the transfer is sent
+                again from its start at the next pass or restart: it was not marked sent).
+        """
+        from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
+
+        waited = False
+
+        def note(_state: Any) -> None:
+            nonlocal waited
+            if not waited:
+                where = event.data.get("location")
+                log.warning("outbox full: transfer-out %s waits for space in the state dir", where)
+                waited = True
+
+        async for attempt in AsyncRetrying(
+            wait=wait_exponential_jitter(initial=0.05, max=2.0, jitter=0.05),
+            retry=retry_if_exception_type(JournalError),
+            stop=lambda _state: self._jobs.stopped.is_set(),
+            before_sleep=note,
+            reraise=True,
+        ):
+            with attempt:
+                self._outbox.add(event)
+        if waited:
+            log.warning("outbox writable again: transfer-out %s goes on", event.data.get("location"))
+        self._link.notify()
 
     async def _upload(self, name: str, full: str, sent: Optional[str]) -> Optional[str]:
         """Upload ``full`` over HTTP(S) (:func:`vmr_handler.agent.httpfetch.upload`, resumable, in a
@@ -192,8 +228,7 @@ class Transfers:
             if error is None:
                 uploaded = P.TRANSFER_UPLOADED
                 data = {"location": name, "size": st.st_size, "sha256": digest, "mtime": st.st_mtime}
-                self._outbox.add(self._link.events.make_raw(uploaded, **data))
-                self._link.notify()
+                await self._queue(self._link.events.make_raw(uploaded, **data))
                 return digest
             if self._jobs.stopped.is_set():
                 raise asyncio.CancelledError()
