@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from vmr_handler import __version__
 from vmr_handler.core.errors import ControlError, UsageError
-from vmr_handler.host.config import HostConfig
+from vmr_handler.host.config import HostConfig, Limits
 from vmr_handler.host.control_client import (
     DEFAULT_LOGS,
     EXIT_OK,
@@ -48,6 +48,17 @@ def _seconds(text: str) -> float:
 
 def _positive(text: str) -> float:
     value = _seconds(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    """A positive whole number (bytes, ids) of a tuning option."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
     return value
@@ -129,6 +140,11 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     # debug/test tuning (docs/host.md): keep --heartbeat well under the agent's 15 s silence limit
     serve.add_argument("--heartbeat", type=_positive, default=5.0, help=argparse.SUPPRESS)
     serve.add_argument("--silent-after", type=_positive, default=15.0, help=argparse.SUPPRESS)
+    # per-VM memory and disk bounds (docs/host.md, "Limits and guarantees"; issue 16)
+    serve.add_argument("--log-quota", type=_count, default=Limits.log_quota, help=argparse.SUPPRESS)
+    serve.add_argument("--dedup-window", type=_count, default=Limits.dedup_window, help=argparse.SUPPRESS)
+    every = Limits.checkpoint_every
+    serve.add_argument("--checkpoint-every", type=_count, default=every, help=argparse.SUPPRESS)
     serve.add_argument("--http-debug-rate", type=_positive, metavar="BYTES/S", help=argparse.SUPPRESS)
     _add_serve_http(serve)
 
@@ -329,10 +345,15 @@ def build_config(args: argparse.Namespace) -> HostConfig:
     """
     import dataclasses
 
-    from vmr_handler.host.config import Limits
-
     specs = load_specs(args.schedules, args.allow_class)
-    limits = dataclasses.replace(Limits(), heartbeat=args.heartbeat, silent_after=args.silent_after)
+    limits = dataclasses.replace(
+        Limits(),
+        heartbeat=args.heartbeat,
+        silent_after=args.silent_after,
+        log_quota=args.log_quota,
+        dedup_window=-(-args.dedup_window // 8) * 8,
+        checkpoint_every=args.checkpoint_every,
+    )
     expected = frozenset(specs)
     if args.expect:
         names = [n.strip() for chunk in args.expect for n in chunk.split(",") if n.strip()]

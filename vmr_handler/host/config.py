@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Optional, Tuple
 
 from vmr_handler.core.protocol import MAX_FRAME
+from vmr_handler.host.seenids import SeenLimits
 
 if TYPE_CHECKING:
     from vmr_handler.transports.mqtt.options import MqttOptions
@@ -62,6 +63,13 @@ class Limits:
         read_burst: bytes read from one VM at full speed before ``read_rate`` applies.
         heartbeat: seconds of send silence after which the host sends a ``heartbeat``.
         silent_after: seconds without any frame after which a connected peer is *silent*.
+        dedup_window: event counters per agent run whose ids are de-duplicated exactly
+            (one bit each; :mod:`vmr_handler.host.seenids`); older ones count as received.
+        dedup_runs: agent runs (id prefixes) with such a window at a time.
+        dedup_prefixes: agent runs remembered at all (beyond: the oldest is forgotten).
+        dedup_others: ids not of the agent's ``<prefix>-<counter>`` form remembered.
+        checkpoint_every: bytes of ``<vm>.jsonl`` written between two restart checkpoints
+            (``<vm>.ckpt``: a restart replays only what follows it).
     """
 
     max_frame: int = MAX_FRAME
@@ -78,6 +86,19 @@ class Limits:
     read_burst: float = 16 * MiB
     heartbeat: float = 5.0
     silent_after: float = 15.0
+    dedup_window: int = 65536
+    dedup_runs: int = 16
+    dedup_prefixes: int = 4096
+    dedup_others: int = 4096
+    checkpoint_every: int = 64 * MiB
+
+    def seen_limits(self) -> SeenLimits:
+        """The de-duplication bounds (:class:`vmr_handler.host.seenids.SeenLimits`).
+
+        Raises:
+            ValueError: a bound is not positive or the window not a multiple of 8.
+        """
+        return SeenLimits(self.dedup_window, self.dedup_runs, self.dedup_prefixes, self.dedup_others)
 
 
 @dataclass(frozen=True)

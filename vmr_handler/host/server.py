@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -38,7 +39,7 @@ from vmr_handler.host.experiment import Experiment
 from vmr_handler.host.http import ResourceHttp
 from vmr_handler.host.httpcommon import NoteFn
 from vmr_handler.host.resources import ResourceStore
-from vmr_handler.host.session import VmSession
+from vmr_handler.host.session import VmSession, restore_session, save_checkpoint
 from vmr_handler.host.sessionapi import HostEvents
 from vmr_handler.host.store import VmLog
 from vmr_handler.host.transfers import TransferStore
@@ -137,7 +138,8 @@ class HostServer:
         Raises:
             HostSetupError: its logs cannot be opened.
         """
-        vmlog = VmLog(self.config.logs, name, self.limits.log_quota)
+        limits = self.limits
+        vmlog = VmLog(self.config.logs, name, limits.log_quota, limits.seen_limits(), limits.checkpoint_every)
         transfers = TransferStore(
             self.config.logs, name, self.limits.transfer_file, self.limits.transfer_total
         )
@@ -156,9 +158,12 @@ class HostServer:
         self.sessions[name] = session
         try:
             transfers.open()
-            vmlog.open(replay=session.apply)
+            restore = functools.partial(restore_session, name, session.state, session.counters, session.told)
+            vmlog.open(replay=session.apply, restore=restore)
         except OSError as exc:
             raise HostSetupError(f"cannot open the logs of {name}: {exc}") from exc
+        if vmlog.due():  # a long replay: not again at the next start
+            save_checkpoint(session)
 
     def _lock_logs(self) -> None:
         """Hold ``<logs>/vmr-host.lock`` for the life of the process (one host per logs dir).
@@ -289,6 +294,8 @@ class HostServer:
             await self._control.close()
         self.experiment.save()
         for s in self.sessions.values():
+            if s.log.due(stopping=True):
+                save_checkpoint(s)
             s.log.close()
 
 

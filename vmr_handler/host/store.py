@@ -5,6 +5,7 @@ Layout under the logs directory::
     <logs>/<vm>.log              readable: one ``events.describe`` line per event, host notes
     <logs>/<vm>.jsonl            one line per event, each id exactly once:
                                  {"host_received": <UTC>, "vm": "<vm>", "event": {timestamp,type,id,data}}
+    <logs>/<vm>.ckpt             restart checkpoint: what replaying the .jsonl up to an offset gave
     <logs>/experiment.json       start time, configured times, exclusions, RESUMEs (atomic)
     <logs>/transfers/<vm>/<loc>  files transferred out of the VM (confined to that directory)
     <logs>/uploads/<vm>/<sha256> files uploaded over HTTP(S), staged until their
@@ -12,11 +13,13 @@ Layout under the logs directory::
 
 Each event is written *and fsynced* before the host acknowledges it (:class:`DurableAcks`:
 one fsync at a time per VM in a worker thread, the acks of everything written before it sent
-when it returns), and the set of ids already written is rebuilt from ``<vm>.jsonl`` at start,
-so an agent that resends (after a channel drop, a ``kill -9`` of the host or a power cut)
-never gets an event logged twice nor one lost. An id counts as written only once its line is
-on disk: a write the disk refuses leaves no trace and no acknowledgement, so the agent's
-resend is stored when space returns. The readable ``<vm>.log`` is flushed, not fsynced.
+when it returns), and the ids already received (in bounded memory:
+:mod:`vmr_handler.host.seenids`) are rebuilt at start from ``<vm>.ckpt`` (:class:`Checkpoint`)
+and the ``<vm>.jsonl`` lines after it, so an agent that resends (after a channel drop, a
+``kill -9`` of the host or a power cut) never gets an event logged twice nor one lost. An id
+counts as written only once its line is on disk: a write the disk refuses leaves no trace and
+no acknowledgement, so the agent's resend is stored when space returns. The readable
+``<vm>.log`` is flushed, not fsynced.
 
 The transfer directories are :mod:`vmr_handler.host.transfers` (:class:`TransferStore`).
 """
@@ -24,6 +27,7 @@ The transfer directories are :mod:`vmr_handler.host.transfers` (:class:`Transfer
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -32,11 +36,20 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 from vmr_handler.core.events import Event, ReadableLines, describe, json_safe
 from vmr_handler.core.fsutil import append_whole, atomic_write, utc_text
 from vmr_handler.host.logtext import printable
+from vmr_handler.host.seenids import SeenIds, SeenLimits
 
 log = logging.getLogger("vmr_handler.host")
 
 JSONL_SUFFIX = ".jsonl"
 LOG_SUFFIX = ".log"
+CHECKPOINT_SUFFIX = ".ckpt"
+#: ``.jsonl`` bytes between two restart checkpoints (``Limits.checkpoint_every``)
+CHECKPOINT_EVERY = 64 * 1024 * 1024
+#: ``.jsonl`` bytes not covered by a checkpoint worth one when the host stops (less replays fast)
+CHECKPOINT_AT_STOP = 1024 * 1024
+#: bytes at the start and before the checkpoint's offset whose sha256 it holds (to know the
+#: ``.jsonl`` is the one it was made of)
+CHECKPOINT_TAIL = 4096
 EXPERIMENT_FILE = "experiment.json"
 
 
@@ -99,6 +112,100 @@ class ExperimentStore:
 
 
 # ---------------------------------------------------------------------------------- VM logs
+class Checkpoint:
+    """``<logs>/<vm>.ckpt``: what replaying ``<vm>.jsonl`` up to a byte offset gave (the ids,
+    counts and the VM's state), so a restart replays only what follows (issue 16).
+
+    Written atomically (:func:`atomic_write_json`) every ``Limits.checkpoint_every`` bytes of
+    ``.jsonl`` and when the host stops. Never trusted blindly: it is used only when it names this
+    VM, the ``.jsonl`` is at least ``offset`` bytes long, ends a line there and its last
+    :data:`CHECKPOINT_TAIL` bytes before ``offset`` have the saved sha256; otherwise the whole
+    ``.jsonl`` is replayed (and :attr:`note` says why). The first :data:`CHECKPOINT_TAIL`
+    bytes are compared too; the middle of the file is not read (a ``.jsonl`` edited there by
+    hand in place, same size, is not noticed: delete ``<vm>.ckpt`` after editing a log).
+
+    Args:
+        path: the checkpoint file.
+        vm: the VM name.
+        jsonl_path: the VM's ``.jsonl``.
+    """
+
+    VERSION = 1
+
+    def __init__(self, path: str, vm: str, jsonl_path: str) -> None:
+        self.path = path
+        self.vm = vm
+        self.jsonl_path = jsonl_path
+        #: the ``.jsonl`` offset of the checkpoint last saved or used
+        self.saved_at = 0
+        #: what the start did with it: ``none``, ``used: ...``, ``stale (...): full replay``...
+        self.note = "none"
+
+    def load(self) -> Optional[Dict[str, Any]]:
+        """The saved checkpoint when it matches the ``.jsonl`` (see the class), else None."""
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            return self._refuse(f"unreadable ({exc})")
+        problem = self._mismatch(data)
+        if problem is not None:
+            return self._refuse(problem)
+        self.note = f"used: {data['offset']} bytes not replayed"
+        return dict(data)
+
+    def _refuse(self, why: str) -> Optional[Dict[str, Any]]:
+        """None, noting and logging ``why`` the checkpoint is not used."""
+        self.note = f"{why}: full replay"
+        log.warning("%s: %s", self.path, self.note)
+        return None
+
+    def _mismatch(self, data: Any) -> Optional[str]:
+        """Why ``data`` does not fit the ``.jsonl`` now, or None."""
+        if not isinstance(data, dict) or data.get("version") != self.VERSION or data.get("vm") != self.vm:
+            return "another version or VM"
+        offset = data.get("offset")
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            return "a bad offset"
+        try:
+            tail, size = self._tail(offset)
+        except OSError as exc:
+            return f"cannot read the .jsonl ({exc})"
+        if size < offset:
+            return f"the .jsonl is {size} bytes, shorter than its offset {offset}"
+        if hashlib.sha256(tail).hexdigest() != data.get("sample_sha256") or (offset and tail[-1:] != b"\n"):
+            return "the .jsonl differs before its offset"
+        return None
+
+    def _tail(self, offset: int) -> Tuple[bytes, int]:
+        """The first and the last :data:`CHECKPOINT_TAIL` bytes before ``offset`` (the whole
+        of a shorter file) and the ``.jsonl``'s size."""
+        try:
+            with open(self.jsonl_path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                end = min(offset, size)
+                start = max(0, end - CHECKPOINT_TAIL)
+                head = os.pread(fh.fileno(), min(start, CHECKPOINT_TAIL), 0)
+                return head + os.pread(fh.fileno(), end - start, start), size
+        except FileNotFoundError:
+            return b"", 0
+
+    def save(self, offset: int, payload: Dict[str, Any]) -> None:
+        """Save ``payload`` as the checkpoint at ``.jsonl`` byte ``offset`` (a line end).
+        Best effort: a failure is logged, the next start replays more."""
+        try:
+            tail, _ = self._tail(offset)
+            doc = {"version": self.VERSION, "vm": self.vm, "offset": offset}
+            doc["sample_sha256"] = hashlib.sha256(tail).hexdigest()
+            atomic_write_json(self.path, {**payload, **doc})
+        except (OSError, ValueError) as exc:
+            log.warning("%s: cannot save the restart checkpoint: %s", self.path, exc)
+            return
+        self.saved_at = offset
+
+
 class VmLog:
     """A VM's ``.jsonl`` (every event once) and readable ``.log``.
 
@@ -106,17 +213,33 @@ class VmLog:
         logs: the logs directory.
         vm: the VM name.
         quota: bytes of ``.jsonl`` this VM may write (counting what is already there);
-            beyond it events are counted in ``dropped_events``/``dropped_bytes``, not stored.
+                beyond it events are counted in ``dropped_events``/``dropped_bytes``, not stored.
+        seen: the bounds of the de-duplication memory (:mod:`vmr_handler.host.seenids`;
+            None: the defaults).
+        checkpoint_every: ``.jsonl`` bytes between two restart checkpoints (:meth:`due`).
     """
 
-    def __init__(self, logs: str, vm: str, quota: int) -> None:
+    def __init__(
+        self,
+        logs: str,
+        vm: str,
+        quota: int,
+        seen: Optional[SeenLimits] = None,
+        checkpoint_every: int = CHECKPOINT_EVERY,
+    ) -> None:
         self.vm = vm
         #: the readable ``.log``'s lines, with the experiment time once the start is known
         self.readable = ReadableLines()
         self.jsonl_path = os.path.join(logs, vm + JSONL_SUFFIX)
         self.log_path = os.path.join(logs, vm + LOG_SUFFIX)
         self.quota = quota
-        self.ids: Set[str] = set()
+        #: the ids received (stored or over quota), in bounded memory
+        self.ids = SeenIds(seen)
+        self.checkpoint = Checkpoint(os.path.join(logs, vm + CHECKPOINT_SUFFIX), vm, self.jsonl_path)
+        self.checkpoint_every = checkpoint_every
+        #: ``.jsonl`` lines and bytes read at start (after the checkpoint, when one was used)
+        self.replayed_lines = 0
+        self.replayed_bytes = 0
         self.bytes = 0
         self.stored = 0
         self.duplicates = 0
@@ -128,31 +251,92 @@ class VmLog:
         self._jsonl: Any = None
         self._log: Any = None
 
-    def open(self, replay: Optional[Callable[[Event, float], None]] = None) -> None:
-        """Rebuild the id set from ``.jsonl`` (calling ``replay(event, host_received)`` for
-        each stored event, in order), cut a partial last line left by a crash, and open both
-        files for appending.
+    def open(
+        self,
+        replay: Optional[Callable[[Event, float], None]] = None,
+        restore: Optional[Callable[[Any], None]] = None,
+    ) -> None:
+        """Rebuild the ids and the VM's state: from the restart checkpoint when there is a
+        sound one (``restore(state)`` is given what :meth:`save_checkpoint` saved), then from
+        the ``.jsonl`` after it (calling ``replay(event, host_received)`` for each stored
+        event, in order); cut a partial last line left by a crash, and open both files for
+        appending. Without ``restore`` (or a checkpoint) the whole ``.jsonl`` is replayed.
 
         Raises:
             OSError: the files cannot be read or opened.
         """
+        start = self._restore(restore) if restore is not None else 0
         try:
             with open(self.jsonl_path, "r+b") as fh:
-                good = 0
+                fh.seek(start)
+                good = start
                 for line in fh:
                     if not line.endswith(b"\n"):
                         break  # a line cut by a crash: it was never acknowledged
                     good += len(line)
+                    self.replayed_lines += 1
                     self._replay_line(line, replay)
                 if fh.tell() != good or os.fstat(fh.fileno()).st_size != good:
                     log.warning("%s: cutting a partial last line (written before a crash)", self.jsonl_path)
                     fh.truncate(good)
                 self.bytes = good
+                self.replayed_bytes = good - start
         except FileNotFoundError:
             pass
         # unbuffered: a write that fails leaves nothing behind in a buffer to come out later
         self._jsonl = open(self.jsonl_path, "ab", buffering=0)  # noqa: SIM115 - kept open for the run
         self._log = open(self.log_path, "a", encoding="utf-8", errors="replace")  # noqa: SIM115
+
+    def _restore(self, restore: Callable[[Any], None]) -> int:
+        """Take the checkpoint (ids, counts, ``restore(state)``); the ``.jsonl`` offset it
+        covers, or 0 (nothing taken) when there is none or it does not match the ``.jsonl``."""
+        saved = self.checkpoint.load()
+        if saved is None:
+            return 0
+        ids = SeenIds(self.ids.limits)
+        try:
+            ids.load(saved["seen"])
+            counts = [int(saved[k]) for k in ("stored", "corrupt_lines", "placeholders")]
+            restore(saved["state"])
+        except (KeyError, TypeError, ValueError) as exc:
+            self.checkpoint.note = f"unusable ({exc}): full replay"
+            log.warning("%s: %s", self.checkpoint.path, self.checkpoint.note)
+            return 0
+        self.ids = ids
+        self.stored, self.corrupt_lines, self.placeholders = counts
+        offset = int(saved["offset"])
+        self.checkpoint.saved_at = offset
+        return offset
+
+    def due(self, stopping: bool = False) -> bool:
+        """True when ``checkpoint_every`` bytes were written since the last checkpoint (when
+        the host is ``stopping``: :data:`CHECKPOINT_AT_STOP` bytes, or that much less)."""
+        every = min(self.checkpoint_every, CHECKPOINT_AT_STOP) if stopping else self.checkpoint_every
+        return self.bytes - self.checkpoint.saved_at >= every
+
+    def save_checkpoint(self, state: Any) -> None:
+        """Save the restart checkpoint: the ids, counts and ``state`` (JSON safe: what the
+        ``restore`` of :meth:`open` takes back) as of the ``.jsonl``'s current end. Best
+        effort: a failure is logged (the next start replays more)."""
+        self.checkpoint.save(
+            self.bytes,
+            {
+                "stored": self.stored,
+                "corrupt_lines": self.corrupt_lines,
+                "placeholders": self.placeholders,
+                "seen": self.ids.dump(),
+                "state": state,
+            },
+        )
+
+    def memory(self) -> Dict[str, Any]:
+        """The de-duplication memory and the start's replay (``vmr-host status --json``)."""
+        return {
+            **self.ids.stats(),
+            "replayed_lines": self.replayed_lines,
+            "replayed_bytes": self.replayed_bytes,
+            "checkpoint": self.checkpoint.note,
+        }
 
     def _replay_line(self, line: bytes, replay: Optional[Callable[[Event, float], None]]) -> None:
         try:
@@ -188,6 +372,7 @@ class VmLog:
             OSError: the disk refused the write (the caller must not acknowledge).
         """
         batch: Set[str] = set()
+        new_ids: List[str] = []
         new: List[Event] = []
         lines: List[bytes] = []
         readable: List[str] = []
@@ -202,6 +387,7 @@ class VmLog:
                 line = self._placeholder(event, received)
                 self.placeholders += 1
             batch.add(event.id)
+            new_ids.append(event.id)
             new.append(event)
             if size + len(line) > self.quota:
                 over_quota += 1
@@ -212,7 +398,7 @@ class VmLog:
             readable.append(describe_safe(event, self.readable))
         if lines:
             self._append(b"".join(lines))
-        self.ids.update(batch)
+        self.ids.update(new_ids)
         self.bytes = size
         self.stored += len(lines)
         self.dropped_events += over_quota

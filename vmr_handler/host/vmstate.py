@@ -38,6 +38,18 @@ from vmr_handler.host.sessionapi import ReportHost
 _P = TypeVar("_P", bound=Payload)
 _Apply = Callable[[Any, float], None]
 
+#: Entries kept as running per VM (a guest reporting more starts than ends cannot grow the
+#: host without bound; beyond it the oldest is no longer shown as running).
+MAX_RUNNING = 4096
+#: Earlier failures kept per VM (the oldest are dropped; ``failures`` still counts them all).
+MAX_FAILURE_HISTORY = 100
+#: What the stored reports set (:meth:`VmState.snapshot`, the restart checkpoint).
+REPLAYED = (
+    "schedule_state", "schedule_details", "stage", "stage_time", "stage_running", "stages_done",
+    "configured_at", "failed", "failed_at", "failed_entry", "failure_history", "complete",
+    "at_break", "paused", "last_entry", "last_seen", "max_lateness", "failures",
+)  # fmt: skip
+
 
 def short(text: Optional[str], limit: int = 128) -> Optional[str]:
     """A guest string made printable and cut to ``limit`` characters; None stays None."""
@@ -207,6 +219,7 @@ class VmState:
         self.paused = None
         if self.failed is not None:
             self.failure_history.append({"at": self.failed_at, "details": self.failed})
+            del self.failure_history[:-MAX_FAILURE_HISTORY]
             self.failed = None
             self.failed_at = None
 
@@ -238,7 +251,10 @@ class VmState:
         if p.lateness is not None and (self.max_lateness is None or p.lateness > self.max_lateness):
             self.max_lateness = p.lateness
         if p.index is not None:
+            self.running.pop(p.index, None)
             self.running[p.index] = received
+            if len(self.running) > MAX_RUNNING:
+                del self.running[next(iter(self.running))]
             self.last_entry = {"index": p.index, "start_time": p.start_time, "at": received}
 
     def _entry_failed(self, p: EntryFailed, received: float) -> None:
@@ -276,6 +292,36 @@ class VmState:
             self.schedule_details = short(p.details, 2000)
         else:
             self.host.on_resume_answer(self.name, p.answers, p.data, received)
+
+    # ------------------------------------------------------------------ checkpoint
+    def snapshot(self) -> Dict[str, Any]:
+        """What the stored reports set, JSON safe (the restart checkpoint, issue 16): the
+        members of :data:`REPLAYED` and ``running`` as ``[[index, host UTC], ...]``. A schedule
+        only *sent* is saved as ``pending`` (it is sent again at the next handshake)."""
+        data = {k: getattr(self, k) for k in REPLAYED}
+        if data["schedule_state"] == "sent":
+            data["schedule_state"] = "pending"
+        data["running"] = [[i, t] for i, t in self.running.items()]
+        return data
+
+    def restore(self, data: Any) -> None:
+        """Take a :meth:`snapshot` back (nothing changes when it is bad); the host is not told.
+
+        Raises:
+            ValueError: ``data`` is not a snapshot.
+        """
+        try:
+            values = {k: data[k] for k in REPLAYED}
+            running = {int(i): float(t) for i, t in data["running"]}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a VM state snapshot: {exc!r}") from exc
+        if values["schedule_state"] not in ("pending", "accepted", "rejected") or not isinstance(
+            values["failure_history"], list
+        ):
+            raise ValueError("not a VM state snapshot: bad schedule_state or failure_history")
+        for k, v in values.items():
+            setattr(self, k, v)
+        self.running = running
 
     # ------------------------------------------------------------------ status
     def word(self, start_time: Optional[float], now: float, connected: bool, connections: int) -> str:
