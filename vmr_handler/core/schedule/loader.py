@@ -14,6 +14,7 @@ from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from vmr_handler.core.errors import ScheduleFormatError
 from vmr_handler.core.gcpause import paused_gc
+from vmr_handler.core.schedule.limits import MAX_ENTRIES
 from vmr_handler.core.schedule.model import Schedule
 from vmr_handler.core.schedule.unpickler import PickledEntry, looks_like_pickle, unpickle_entries
 from vmr_handler.core.schedule.validate import validate_records
@@ -35,6 +36,12 @@ def _fast_yaml_loader() -> Any:
 
 #: Largest YAML/JSON schedule accepted, bytes.
 MAX_TEXT_BYTES = 256 * 1024 * 1024
+#: Largest YAML schedule accepted, bytes: libyaml parses about 4 MB/s (a 100 000-entry schedule
+#: is 8 MB, 2 s); a bigger schedule is written as JSON (issue 16: any input loads in seconds).
+MAX_YAML_BYTES = 32 * 1024 * 1024
+#: Largest YAML schedule that may be nested deeply enough to need the pure-Python parser
+#: (10x slower than libyaml), bytes.
+MAX_DEEP_YAML_BYTES = 2 * 1024 * 1024
 
 
 #: Nesting above this (an over-estimate) is parsed by the pure-Python loader, whose recursion
@@ -59,7 +66,14 @@ def _yaml_loader_for(text: str) -> Any:
         elif ch in "]}":
             depth = max(0, depth - 1)
     indent = max(map(len, _LEADING.findall(text)), default=0)
-    return yaml.SafeLoader if max_depth + indent > _MAX_C_LOADER_DEPTH else fast
+    if max_depth + indent <= _MAX_C_LOADER_DEPTH:
+        return fast
+    if len(text) > MAX_DEEP_YAML_BYTES:
+        raise ScheduleFormatError(
+            f"YAML nested more than {_MAX_C_LOADER_DEPTH} levels (brackets or indentation) and larger "
+            f"than {MAX_DEEP_YAML_BYTES:,} bytes: write it as JSON, or nest it less"
+        )
+    return yaml.SafeLoader
 
 
 def detect_format(data: bytes) -> str:
@@ -84,15 +98,22 @@ def _records_from_text(data: bytes, fmt: str) -> Sequence[Mapping[str, Any]]:
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as exc:
-            # JSON is also YAML; fall back only if YAML accepts it.
+            # JSON is also YAML; fall back only if YAML accepts it (and is small enough for YAML).
             yaml = _yaml()
             try:
-                doc = yaml.safe_load(text)
-            except (yaml.YAMLError, ValueError, RecursionError):
+                if len(data) > MAX_YAML_BYTES:
+                    raise ScheduleFormatError("too large for YAML")
+                doc = yaml.load(text, Loader=_yaml_loader_for(text))
+            except (yaml.YAMLError, ValueError, RecursionError, ScheduleFormatError):
                 raise ScheduleFormatError(f"invalid JSON: {exc}") from exc
         except (ValueError, RecursionError) as exc:  # too deep, integer too long
             raise ScheduleFormatError(f"invalid JSON: {type(exc).__name__}: {exc}") from exc
     else:
+        if len(data) > MAX_YAML_BYTES:
+            raise ScheduleFormatError(
+                f"YAML schedule is {len(data):,} bytes, more than the limit of {MAX_YAML_BYTES:,} "
+                "(write a bigger schedule as JSON)"
+            )
         yaml = _yaml()
         try:
             doc = yaml.load(text, Loader=_yaml_loader_for(text))
@@ -138,7 +159,12 @@ def _load(data: bytes, allowed_classes: Optional[Iterable[str]]) -> Schedule:
         records = _pickled_records(unpickle_entries(data, allowed_classes))
     else:
         records = _records_from_text(data, fmt)
-    entries, warnings = validate_records(records, strict_fields=fmt != "pickle")
+    if len(records) > MAX_ENTRIES:
+        raise ScheduleFormatError(
+            f"entry {MAX_ENTRIES:,} and later: the schedule has {len(records):,} entries, more than the "
+            f"limit of {MAX_ENTRIES:,}"
+        )
+    entries, warnings = validate_records(records, strict_fields=fmt != "pickle", source_size=len(data))
     return Schedule(entries, hashlib.sha256(data).hexdigest(), fmt, warnings)
 
 

@@ -24,13 +24,16 @@ import pickle
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional
 
 from vmr_handler.core.errors import ScheduleFormatError, UnsafePickleError
+from vmr_handler.core.schedule.pickle_scan import scan_pickle
 
 #: The reference system's schedule entry class (always allowed).
 REFERENCE_ENTRY_CLASS = "firewheel.vm_resource_manager.schedule_entry.ScheduleEntry"
 #: Allowed by default besides the reference class: the subclass name model components use.
 DEFAULT_ALLOWED_CLASSES: FrozenSet[str] = frozenset({REFERENCE_ENTRY_CLASS, "base_objects.ScheduleEntry"})
-#: Largest pickle accepted, bytes (a schedule with 100 000 entries is ~10 MB).
-MAX_PICKLE_BYTES = 256 * 1024 * 1024
+#: Largest pickle accepted, bytes (a schedule with 100 000 entries is 4-5 MB, the largest, of
+#: :data:`~vmr_handler.core.schedule.limits.MAX_ENTRIES`, 40-55 MB): the opcode scan of the
+#: largest takes at most ~5 s (issue 16).
+MAX_PICKLE_BYTES = 64 * 1024 * 1024
 
 
 class PickledEntry:
@@ -48,7 +51,9 @@ class PickledEntry:
 
     def __setstate__(self, state: Any) -> None:
         if type(state) is dict:  # what every reference entry carries: the checks below, in short
-            self.state = dict(state)
+            # kept, not copied: entries may share one state dict (a memo reference each, issue 16),
+            # and nothing changes it
+            self.state = state
             return
         if isinstance(state, tuple) and len(state) == 2:  # (dict, slotstate)
             merged: Dict[str, Any] = {}
@@ -189,10 +194,13 @@ def unpickle_entries(data: bytes, allowed_classes: Optional[Iterable[str]] = Non
 
     Raises:
         UnsafePickleError: the pickle names anything outside the allow-list.
-        ScheduleFormatError: not a pickle, too large, or not a list of schedule entries.
+        ScheduleFormatError: not a pickle, too large, an opcode that would allocate beyond the
+            file (:func:`~vmr_handler.core.schedule.pickle_scan.scan_pickle`, issue 16), or not
+            a list of schedule entries.
     """
     if len(data) > MAX_PICKLE_BYTES:
         raise ScheduleFormatError(f"pickle is {len(data)} bytes, more than the limit of {MAX_PICKLE_BYTES}")
+    scan_pickle(data)
     allowed = set(DEFAULT_ALLOWED_CLASSES) | set(allowed_classes or ())
     try:
         obj = RestrictedUnpickler(data, allowed).load()

@@ -9,20 +9,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import reprlib
 import sys
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, cast
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple, cast
 
 from vmr_handler.core.errors import ScheduleValidationError
-from vmr_handler.core.schedule.model import (
-    ContentDrop,
-    DataItem,
-    FileDrop,
-    PauseSpec,
-    ResumeMark,
-    ScheduleEntry,
-    TransferOut,
+from vmr_handler.core.schedule.items import _data_item, _duration, _names, _Problems, parse_number, show
+from vmr_handler.core.schedule.limits import (
+    MAX_ARGUMENTS_LENGTH,
+    MAX_PROBLEMS,
+    Budget,
+    LimitReached,
+    expanded_limit,
+    joined_arguments,
 )
+from vmr_handler.core.schedule.model import DataItem, PauseSpec, ResumeMark, ScheduleEntry
+
+__all__ = ["ENTRY_FIELDS", "SHORTHAND_FIELDS", "parse_number", "show", "validate_record", "validate_records"]
 
 ENTRY_FIELDS = frozenset(
     {"start_time", "executable", "arguments", "ignore_failure", "data", "pause", "on_host"}
@@ -30,243 +32,14 @@ ENTRY_FIELDS = frozenset(
 #: YAML/JSON shorthand: a top-level ``pause_duration`` makes a pause entry.
 SHORTHAND_FIELDS = frozenset({"pause_duration"})
 
-# The four data shapes (SPEC section 3): discriminating key -> allowed keys.
-_SHAPES: Dict[str, Tuple[frozenset[str], frozenset[str]]] = {
-    # discriminator: (required keys, optional keys)
-    "content": (frozenset({"location", "content"}), frozenset({"executable"})),
-    "filename": (frozenset({"location", "filename"}), frozenset({"executable"})),
-    "interval": (frozenset({"location"}), frozenset({"interval", "destination"})),
-    "pause_duration": (frozenset({"pause_duration"}), frozenset()),
-    # appended to a stored schedule by ``firewheel vm resume`` (reference lib/experiment_utils.py)
-    "resume": (frozenset({"resume"}), frozenset()),
-}
-
 # The reference adds sys.float_info.min (once or twice) to a pause's start_time; anything
 # this small is the reference's "0".
 _FLOAT_TRICK_LIMIT = 4 * sys.float_info.min
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def parse_number(value: Any) -> Optional[float]:
-    """A float from an int/float or a numeric string (``"1e3"``, ``"inf"``, ``"-.inf"``), else None.
-
-    Integers too large for a float give None (reported as invalid, never an OverflowError).
-    """
-    if _is_number(value):
-        try:
-            return float(value)
-        except OverflowError:
-            return None
-    if isinstance(value, str) and len(value) < 64:
-        text = value.strip().lower()
-        if text in (".inf", "+.inf"):
-            return math.inf
-        if text == "-.inf":
-            return -math.inf
-        try:
-            return float(text)
-        except ValueError:
-            return None
-    return None
-
-
-_REPR = reprlib.Repr()
-_REPR.maxlevel = 3
-_REPR.maxstring = 80
-_REPR.maxother = 80
-
-
-def show(value: Any) -> str:
-    """A short, safe ``repr`` of untrusted data for error messages (never raises)."""
-    try:
-        return _REPR.repr(value)
-    except (ValueError, RecursionError, TypeError):
-        return f"<{type(value).__name__}>"
-
-
-def _names(keys: Any) -> List[str]:
-    """Sorted printable names of mapping keys of any type."""
-    return sorted(k if isinstance(k, str) else show(k) for k in keys)
-
-
-class _Problems:
-    def __init__(self) -> None:
-        self.items: List[str] = []
-
-    def add(self, where: str, field: Any, message: str) -> None:
-        name = field if isinstance(field, str) else show(field)
-        self.items.append(f"{where}: field {name!r}: {message}")
-
-
 def _where(index: int, record: Mapping[str, Any]) -> str:
     exe = record.get("executable")
     return f"entry {index} ({show(exe)})" if isinstance(exe, str) and exe else f"entry {index}"
-
-
-# ---------------------------------------------------------------------------- data items
-# One validator per data shape: ``(raw item, where, field, problems) -> item or None``.
-# Each reports at most one problem, naming ``field`` (``data[N]``) or one of its keys.
-
-
-def _duration(value: Any) -> Optional[float]:
-    """A pause duration (seconds, ``inf`` for a break), or None when not a number >= 0."""
-    duration = parse_number(value)
-    if duration is None or math.isnan(duration) or duration < 0:
-        return None
-    return duration
-
-
-def _pause_item(raw: Mapping[str, Any], where: str, field: str, problems: _Problems) -> Optional[DataItem]:
-    """``{pause_duration: D}``: D a number >= 0 or inf."""
-    duration = _duration(raw["pause_duration"])
-    if duration is None:
-        problems.add(
-            where,
-            f"{field}.pause_duration",
-            f"must be a number >= 0 or inf, got {show(raw['pause_duration'])}",
-        )
-        return None
-    return PauseSpec(duration)
-
-
-def _resume_item(raw: Mapping[str, Any], where: str, field: str, problems: _Problems) -> Optional[DataItem]:
-    """``{resume: true}``, as ``firewheel vm resume`` writes it."""
-    if raw["resume"] is not True:
-        problems.add(where, f"{field}.resume", f"must be true (a RESUME), got {show(raw['resume'])}")
-        return None
-    return ResumeMark()
-
-
-def _location(raw: Mapping[str, Any], where: str, field: str, problems: _Problems) -> Optional[str]:
-    """The ``location`` of a drop or transfer: a non-empty path string without NUL."""
-    location = raw["location"]
-    if not isinstance(location, str) or not location or "\x00" in location:
-        problems.add(where, f"{field}.location", f"must be a non-empty path string, got {show(location)}")
-        return None
-    return location
-
-
-def _drop_executable(raw: Mapping[str, Any], where: str, field: str, problems: _Problems) -> Optional[bool]:
-    """The ``executable`` flag of a content/filename drop (null or absent is false)."""
-    executable = raw.get("executable", False)
-    if executable is None:
-        return False
-    if not isinstance(executable, bool):
-        problems.add(where, f"{field}.executable", f"must be true/false, got {show(executable)}")
-        return None
-    return executable
-
-
-def _content_bytes(content: Any, where: str, field: str, problems: _Problems) -> Optional[bytes]:
-    """A content drop's ``content``: text (stored as UTF-8) or bytes."""
-    if isinstance(content, str):
-        return content.encode("utf-8")
-    if isinstance(content, (bytes, bytearray)):
-        return bytes(content)
-    problems.add(where, f"{field}.content", f"must be text or bytes, got {type(content).__name__}")
-    return None
-
-
-def _filename(filename: Any, where: str, field: str, problems: _Problems) -> Optional[str]:
-    """A file drop's ``filename``: a non-empty string without NUL."""
-    if not isinstance(filename, str) or not filename or "\x00" in filename:
-        problems.add(where, f"{field}.filename", f"must be a non-empty string, got {show(filename)}")
-        return None
-    return filename
-
-
-def _drop_item(raw: Mapping[str, Any], where: str, field: str, problems: _Problems) -> Optional[DataItem]:
-    """``{location, content, executable}`` or ``{location, filename, executable}``."""
-    location = _location(raw, where, field, problems)
-    if location is None:
-        return None
-    executable = _drop_executable(raw, where, field, problems)
-    if executable is None:
-        return None
-    if "content" in raw:  # the shape check let exactly one of content/filename through
-        content = _content_bytes(raw["content"], where, field, problems)
-        return None if content is None else ContentDrop(location, content, executable)
-    filename = _filename(raw["filename"], where, field, problems)
-    return None if filename is None else FileDrop(location, filename, executable)
-
-
-def _transfer_item(raw: Mapping[str, Any], where: str, field: str, problems: _Problems) -> Optional[DataItem]:
-    """``{location, interval, destination}``: ``interval`` null or 0 is once (the reference loops
-    only on a truthy interval), else a number > 0."""
-    location = _location(raw, where, field, problems)
-    if location is None:
-        return None
-    interval_raw = raw.get("interval")
-    interval = None if interval_raw is None else parse_number(interval_raw)
-    if interval_raw is not None and (interval is None or not math.isfinite(interval) or interval < 0):
-        problems.add(
-            where, f"{field}.interval", f"must be a number > 0, or 0 or null (once), got {show(interval_raw)}"
-        )
-        return None
-    if interval == 0:
-        interval = None  # the reference loops only on a truthy interval: 0 is once
-    destination = raw.get("destination")
-    if destination is not None and not isinstance(destination, str):
-        problems.add(where, f"{field}.destination", f"must be a string or null, got {show(destination)}")
-        return None
-    return TransferOut(location, interval, destination)
-
-
-_ItemCheck = Callable[[Mapping[str, Any], str, str, _Problems], Optional[DataItem]]
-
-#: Data shape (its discriminating key, see :data:`_SHAPES`) -> its validator.
-_SHAPE_CHECKS: Dict[str, _ItemCheck] = {
-    "content": _drop_item,
-    "filename": _drop_item,
-    "interval": _transfer_item,
-    "pause_duration": _pause_item,
-    "resume": _resume_item,
-}
-
-
-def _shape_of(raw: Mapping[str, Any], where: str, field: str, problems: _Problems) -> Optional[str]:
-    """The one data shape ``raw`` has, with exactly its required and allowed keys, else None."""
-    keys = set(raw)
-    discriminators: List[str] = [k for k in ("content", "filename", "pause_duration", "resume") if k in keys]
-    if not discriminators and keys & {"interval", "destination"}:
-        discriminators = ["interval"]
-    if len(discriminators) != 1:
-        problems.add(
-            where,
-            field,
-            f"keys {_names(keys)} match none or several of the data shapes "
-            "{location, content, executable}, {location, filename, executable}, "
-            "{location, interval, destination}, {pause_duration}, {resume: true}",
-        )
-        return None
-    shape = discriminators[0]
-    required, optional = _SHAPES[shape]
-    missing = required - keys
-    extra = keys - required - optional - {shape}
-    if missing or extra:
-        detail = []
-        if missing:
-            detail.append(f"missing {_names(missing)}")
-        if extra:
-            detail.append(f"unknown {_names(extra)}")
-        problems.add(where, field, f"{shape} item: {', '.join(detail)}")
-        return None
-    return shape
-
-
-def _data_item(raw: Any, where: str, pos: int, problems: _Problems) -> Optional[DataItem]:
-    """Item ``pos`` of an entry's ``data`` list, or None (one problem reported)."""
-    field = f"data[{pos}]"
-    if not isinstance(raw, Mapping):
-        problems.add(where, field, f"must be a mapping, got {type(raw).__name__}")
-        return None
-    shape = _shape_of(raw, where, field, problems)
-    if shape is None:
-        return None
-    return _SHAPE_CHECKS[shape](raw, where, field, problems)
 
 
 # ---------------------------------------------------------------------------- entries
@@ -338,6 +111,7 @@ def _data_list(draft: _Draft) -> int:
     if not isinstance(data_raw, (list, tuple)):
         draft.add("data", f"must be a list of mappings, got {type(data_raw).__name__}")
         return 0
+    draft.problems.charge(draft.where, "data", items=len(data_raw))
     for pos, raw in enumerate(data_raw):
         item = _data_item(raw, draft.where, pos, draft.problems)
         if item is not None:
@@ -376,25 +150,38 @@ def _executable(draft: _Draft) -> None:
     if executable is not None and (not isinstance(executable, str) or not executable or "\x00" in executable):
         draft.add("executable", f"must be a non-empty string or null, got {show(executable)}")
         executable = None
+    elif executable is not None and len(executable) > MAX_ARGUMENTS_LENGTH:
+        draft.add("executable", f"{len(executable):,} characters, over the limit of {MAX_ARGUMENTS_LENGTH:,}")
+        executable = None
+    draft.problems.charge(draft.where, "executable", len(executable or ""))
     draft.executable = executable
     if draft.is_pause and executable:
         draft.add("executable", "a pause/break entry cannot run a program")
 
 
 def _arguments(draft: _Draft) -> None:
-    """``arguments``: a string, a list of strings (joined with spaces, as the reference does) or null."""
+    """``arguments``: a string, a list of strings (joined with spaces, as the reference does) or
+    null; at most :data:`MAX_ARGUMENTS_LENGTH` characters, checked before a list is joined."""
     arguments_raw = draft.record.get("arguments", "")
     arguments = ""
-    if arguments_raw is None:
-        arguments = ""
-    elif isinstance(arguments_raw, str):
+    if isinstance(arguments_raw, str):
         arguments = arguments_raw
-    elif isinstance(arguments_raw, (list, tuple)) and all(isinstance(a, str) for a in arguments_raw):
-        arguments = " ".join(arguments_raw)  # the reference joins lists with spaces
-    else:
+    elif isinstance(arguments_raw, (list, tuple)):
+        draft.problems.charge(draft.where, "arguments", items=len(arguments_raw))
+        try:
+            arguments = joined_arguments(arguments_raw)  # the reference joins lists with spaces
+        except TypeError:
+            draft.add("arguments", f"must be a string or a list of strings, got {show(arguments_raw)}")
+        except ValueError as exc:
+            draft.add("arguments", str(exc))
+    elif arguments_raw is not None:
         draft.add("arguments", f"must be a string or a list of strings, got {show(arguments_raw)}")
+    if len(arguments) > MAX_ARGUMENTS_LENGTH:
+        draft.add("arguments", f"{len(arguments):,} characters, over the limit of {MAX_ARGUMENTS_LENGTH:,}")
+        arguments = ""
     if "\x00" in arguments:
         draft.add("arguments", "must not contain NUL bytes")
+    draft.problems.charge(draft.where, "arguments", len(arguments))
     draft.arguments = arguments
 
 
@@ -476,8 +263,14 @@ def validate_record(
     """Validate one raw entry; append problems/warnings; return the entry or None if invalid.
 
     ``strict_fields``: unknown fields are problems (YAML/JSON) rather than warnings (pickles).
+
+    Raises:
+        LimitReached: the record's fields, or what its values expand to, take the schedule over
+            a limit of :mod:`.limits` (``problems.budget``).
     """
     draft = _Draft(index, record, _where(index, record), strict_fields, problems)
+    if len(record) > len(ENTRY_FIELDS) + 1:  # extra attributes: records may be shared (issue 16)
+        problems.charge(draft.where, "fields", items=len(record))
     _unknown_fields(draft, warnings)
     count_before = len(problems.items)
     for check in _FIELD_CHECKS:
@@ -498,16 +291,19 @@ _EXACT = 2**53
 def _plain_entry(index: int, record: Any) -> Optional[ScheduleEntry]:
     """``record`` (entry ``index``) as its entry when it is a *valid plain program entry*, else
     None: :func:`_plain_entries` of one record."""
-    entries, _doubtful = _plain_entries([record], index)
-    return entries[0]
+    return _plain_entries([record], index)[0][0]
 
 
-def _plain_entries(records: Sequence[Any], first: int = 0) -> Tuple[List[Optional[ScheduleEntry]], List[int]]:
-    """Each record as its entry when it is a *valid plain program entry*, else None; and the
-    indices (from ``first``) of the None ones, ascending: they take the full checks.
+def _plain_entries(
+    records: Sequence[Any], first: int = 0
+) -> Tuple[List[Optional[ScheduleEntry]], List[int], int]:
+    """Each record as its entry when it is a *valid plain program entry*, else None; the
+    indices (from ``first``) of the None ones, ascending: they take the full checks; and the
+    characters of the plain entries' executables and arguments (the expanded size, issue 16).
 
     Plain: a dict with only ``start_time`` (an int or float, finite, not 0), ``executable``
     (a non-empty string without NUL, or null), ``arguments`` (a string without NUL, or null),
+    both at most :data:`MAX_ARGUMENTS_LENGTH` characters,
     ``ignore_failure``/``on_host`` (true/false/null), ``pause`` (false or null, as the
     reference's pickles carry it) and ``data`` (absent, null or empty).
     These are the rules the field checks apply to such a record (:data:`_FIELD_CHECKS`), so
@@ -518,7 +314,8 @@ def _plain_entries(records: Sequence[Any], first: int = 0) -> Tuple[List[Optiona
     """
     entries: List[Optional[ScheduleEntry]] = []
     doubtful: List[int] = []
-    add, plain_keys, new = entries.append, _PLAIN_FIELDS.issuperset, _new
+    add, plain_keys, new, longest = entries.append, _PLAIN_FIELDS.issuperset, _new, MAX_ARGUMENTS_LENGTH
+    size = 0
     for index, record in enumerate(records, first):
         if type(record) is dict and plain_keys(record):
             get: Callable[[str], Any] = record.get
@@ -529,8 +326,8 @@ def _plain_entries(records: Sequence[Any], first: int = 0) -> Tuple[List[Optiona
                 # x - x is 0.0 only for a finite x: NaN and inf are not plain
                 ((kind is float and start - start == 0.0) or (kind is int and -_EXACT < start < _EXACT))
                 and start != 0
-                and (exe is None or (type(exe) is str and exe and "\x00" not in exe))
-                and (args is None or (type(args) is str and "\x00" not in args))
+                and (exe is None or (type(exe) is str and exe and len(exe) <= longest and "\x00" not in exe))
+                and (args is None or (type(args) is str and len(args) <= longest and "\x00" not in args))
                 and (ignore is None or type(ignore) is bool)
                 and (on_host is None or type(on_host) is bool)
                 and (data is None or (type(data) is list and not data))
@@ -551,17 +348,21 @@ def _plain_entries(records: Sequence[Any], first: int = 0) -> Tuple[List[Optiona
                 fields["pause"] = False
                 fields["on_host"] = on_host is True
                 add(entry)
+                if exe:
+                    size += len(exe)
+                if args:
+                    size += len(args)
                 continue
         add(None)
         doubtful.append(index)
-    return entries, doubtful
+    return entries, doubtful, size
 
 
 _new = object.__new__
 
 
 def validate_records(
-    records: Sequence[Mapping[str, Any]], *, strict_fields: bool
+    records: Sequence[Mapping[str, Any]], *, strict_fields: bool, source_size: Optional[int] = None
 ) -> Tuple[Tuple[ScheduleEntry, ...], Tuple[str, ...]]:
     """Validate all raw entries of a schedule.
 
@@ -569,21 +370,44 @@ def validate_records(
         records: one mapping per entry, in schedule order.
         strict_fields: True for YAML/JSON (unknown fields are errors), False for pickles
             (extra attributes are ignored with a warning).
+        source_size: bytes of the file the records come from (sets the expanded-size limit,
+            :func:`~vmr_handler.core.schedule.limits.expanded_limit`); None: the absolute limit.
 
     Returns:
         ``(entries, warnings)``.
 
     Raises:
-        ScheduleValidationError: listing every problem found.
+        ScheduleValidationError: listing every problem found (at most :data:`MAX_PROBLEMS`), or
+            the first entry and field over a limit of :mod:`.limits`, checked before the
+            allocation it guards.
     """
-    problems = _Problems()
+    fast, doubtful, size = _plain_entries(records)
+    limit = expanded_limit(source_size)
+    problems = _Problems(Budget(size, limit))
     warnings: List[str] = []
-    fast, doubtful = _plain_entries(records)
-    for index in doubtful:  # ascending: problems and warnings come in schedule order
-        fast[index] = validate_record(
-            index, records[index], strict_fields=strict_fields, problems=problems, warnings=warnings
-        )
+    try:
+        if size > limit:
+            _charge_plain(fast, limit)
+        for index in doubtful:  # ascending: problems and warnings come in schedule order
+            if len(problems.items) >= MAX_PROBLEMS:
+                problems.items.append(f"(validation stopped after {MAX_PROBLEMS} problems)")
+                break
+            fast[index] = validate_record(
+                index, records[index], strict_fields=strict_fields, problems=problems, warnings=warnings
+            )
+    except LimitReached as exc:
+        raise ScheduleValidationError([*problems.items, str(exc)]) from None
     if problems.items:
         raise ScheduleValidationError(problems.items)
     entries = tuple(e for e in fast if e is not None) if doubtful else tuple(fast)
     return cast(Tuple[ScheduleEntry, ...], entries), tuple(warnings)
+
+
+def _charge_plain(entries: Sequence[Optional[ScheduleEntry]], limit: int) -> None:
+    """Charge the plain entries one by one to a fresh budget: raises LimitReached naming the
+    first whose executable and arguments take the schedule over ``limit`` bytes."""
+    budget = _Problems(Budget(0, limit))
+    for entry in entries:
+        if entry is not None:
+            field = "arguments" if entry.arguments else "executable"
+            budget.charge(entry.label, field, len(entry.executable or "") + len(entry.arguments))
