@@ -86,8 +86,18 @@ class HostEnv:
             stderr=log,
         )
         log.close()
-        self.wait_for(lambda: (self.logs / "vmr-host.sock").exists(), "host control socket")
+        self.wait_for(self._answers, "the running host answering on its control socket")
         return self.host
+
+    def _answers(self) -> bool:
+        """The running host answers ``status`` (a stale socket of a killed host does not, and
+        ``status`` then reads the logs instead: ``offline``)."""
+        if not (self.logs / "vmr-host.sock").exists():
+            return False
+        res = self.cli("status", "--json")
+        if res.returncode not in (0, 1) or not res.stdout.strip():
+            return False
+        return not json.loads(res.stdout).get("offline")
 
     def kill_host(self) -> None:
         assert self.host is not None

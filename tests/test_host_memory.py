@@ -354,6 +354,13 @@ def test_restart_replays_only_the_tail_after_the_checkpoint(hosts_dir):
     assert quick["memory"]["replayed_lines"] == 2 and quick["memory"]["replayed_bytes"] == len(tail_bytes)
     assert quick["complete"] and quick["events"]["stored"] == lines + 2
     assert h.stop() == 0
+    # `vmr-host status` with no host running reads the same checkpoint and the tail (issue 13)
+    offline = json.loads(h.cli("status", "--json").stdout)
+    vm = next(v for v in offline["vms"] if v["vm"] == "vm1")
+    assert offline["offline"] and vm["read"]["checkpoint"].startswith("used")
+    assert vm["read"]["replayed_lines"] == 2 and vm["complete"] and vm["state"] == "complete"
+    same = [k for k in _SAME if k != "schedule"]  # the offline status does not know the digest
+    assert {k: vm[k] for k in same} == {k: quick[k] for k in same}
 
     # the same status as a full replay of the same log
     (h.logs / "vm1.ckpt").unlink()

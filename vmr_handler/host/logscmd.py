@@ -52,12 +52,16 @@ def log_path(logs: str, vm: str) -> str:
     return path
 
 
-def records(path: str, follow: bool = False, interval: float = FOLLOW_INTERVAL) -> Iterator[Dict[str, Any]]:
-    """The records of a ``.jsonl`` log; with ``follow``, then every record appended, forever.
+def records(
+    path: str, follow: bool = False, interval: float = FOLLOW_INTERVAL, start: int = 0
+) -> Iterator[Dict[str, Any]]:
+    """The records of a ``.jsonl`` log from byte ``start`` (a line start); with ``follow``,
+    then every record appended, forever.
 
     A last line still being written is read once it is whole; a line that is not JSON is
     skipped (the host never writes one; a torn line is cut back by the host)."""
     with open(path, "rb") as f:
+        f.seek(start)
         pending = b""
         while True:
             chunk = f.read(1 << 16)

@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from vmr_handler.core.errors import PayloadError, UsageError
 from vmr_handler.core.events import Event
 from vmr_handler.core.protocol import DecoderStats
 from vmr_handler.host.logscmd import records
+from vmr_handler.host.store import CHECKPOINT_SUFFIX, JSONL_SUFFIX, Checkpoint
 from vmr_handler.host.vmstate import Counters, VmState, frames_status
 
 #: Prefix of the ids of the ``schedule`` events the host sends (their ``result`` accepts or rejects).
@@ -51,8 +52,21 @@ def _experiment(logs: str) -> Dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-def _replay(vm: str, path: str, host: _Recorder) -> VmState:
-    recs = list(records(path))
+def _replay(
+    vm: str, path: str, host: _Recorder, use_checkpoint: bool = True
+) -> Tuple[VmState, Dict[str, Any]]:
+    """VM ``vm``'s state from its log: from its restart checkpoint (``<vm>.ckpt``, checked
+    against the ``.jsonl`` as the host does) and the tail after it, else the whole file; and
+    what was read (``{"checkpoint", "replayed_lines"}``)."""
+    start, saved = 0, None
+    checkpoint = Checkpoint(path[: -len(JSONL_SUFFIX)] + CHECKPOINT_SUFFIX, vm, path)
+    data = checkpoint.load() if use_checkpoint else None
+    if data is not None:
+        try:
+            saved, start = data["state"]["vm"], int(data["offset"])
+        except (KeyError, TypeError, ValueError):
+            saved, start = None, 0
+    recs = list(records(path, start=start))
     schedule_id = next(
         (str(r["event"]["data"].get("answers")) for r in recs
          if r["event"].get("type") == "result"
@@ -60,6 +74,11 @@ def _replay(vm: str, path: str, host: _Recorder) -> VmState:
         "",
     )  # fmt: skip
     state = VmState(vm, "", schedule_id, host)
+    if saved is not None:
+        try:
+            state.restore(saved)
+        except (KeyError, TypeError, ValueError):  # not what this version saves: read it all
+            return _replay(vm, path, host, use_checkpoint=False)
     for rec in recs:
         ev = rec["event"]
         try:
@@ -67,7 +86,8 @@ def _replay(vm: str, path: str, host: _Recorder) -> VmState:
             state.apply(event, float(rec.get("host_received") or event.timestamp))
         except (KeyError, TypeError, ValueError, PayloadError):
             continue  # the live host counted it as malformed; a status shows the rest
-    return state
+    note = checkpoint.note if use_checkpoint else "unusable: full replay"
+    return state, {"checkpoint": note, "replayed_lines": len(recs)}
 
 
 def offline_status(logs: str, now: Optional[float] = None) -> Dict[str, Any]:
@@ -91,11 +111,11 @@ def offline_status(logs: str, now: Optional[float] = None) -> Dict[str, Any]:
     vms = []
     for vm in sorted(set(names) | set(expected)):
         path = os.path.join(logs, f"{vm}.jsonl")
-        state = _replay(vm, path, host) if vm in names else VmState(vm, "", "", host)
+        state, read = _replay(vm, path, host) if vm in names else (VmState(vm, "", "", host), {})
         vms.append({
             "vm": vm, "expected": vm in expected, "connected": False, "silent": None,
             "state": state.word(start, now, False, 0), **state.fields(),
-            "frames": frames_status(DecoderStats()), "refused": Counters().refused(),
+            "frames": frames_status(DecoderStats()), "refused": Counters().refused(), "read": read,
         })  # fmt: skip
     configured = dict(barrier.get("configured") or host.configured)
     excluded = sorted(barrier.get("excluded") or [])
