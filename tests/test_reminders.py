@@ -52,3 +52,31 @@ def test_a_wrong_or_missing_port_is_said_at_the_default_level(tmp_path: Path) ->
     assert err.count("cannot be used") == 1, err  # said once, not at every retry
     err = _run(str(tmp_path / "missing"), tmp_path, FIRST + 2.5)
     assert "not there after 1" in err and "still trying" in err, err
+
+
+def test_the_reminders_look_at_a_cheap_status_that_never_builds_a_plan(monkeypatch) -> None:
+    """At the barrier the engine has no armed plan; building one for a big schedule every second
+    would cost CPU while the agent only waits (idle CPU 0 %)."""
+    from vmr_handler.agent import engine as engine_mod
+
+    class Holds:
+        current = None
+
+    class Timers:
+        plan = None
+
+    class Journal:
+        start_time = None
+        configured_at = 1795490376.3
+
+    class FakeEngine:
+        phase = AT_BARRIER
+        holds, timers, journal = Holds(), Timers(), Journal()
+
+    def boom(*_a: object, **_k: object) -> None:
+        raise AssertionError("waiting_status built a plan")
+
+    monkeypatch.setattr(engine_mod, "build_plan", boom)
+    status = engine_mod.waiting_status(FakeEngine())  # type: ignore[arg-type]
+    assert status == {"phase": AT_BARRIER, "configured_at": 1795490376.3, "blocked_by_break": None}
+    assert Reminder.situation(status) == ("barrier", 1795490376.3)

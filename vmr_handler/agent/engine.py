@@ -319,7 +319,7 @@ class Engine:
         Returns EXIT_OK also after a reboot request was carried out and after a stop.
         """
         done = asyncio.Event()
-        reminders = asyncio.ensure_future(remind(lambda: engine_status(self), self.clock, done))
+        reminders = asyncio.ensure_future(remind(lambda: waiting_status(self), self.clock, done))
         try:
             rc = await self._play()
         finally:
@@ -543,6 +543,19 @@ class Engine:
             self._save()
         with contextlib.suppress(JournalError, OSError):
             self.journal.close()
+
+
+def waiting_status(engine: Engine) -> Dict[str, Any]:
+    """What the reminders (:mod:`vmr_handler.agent.reminders`) look at once a second: the phase,
+    when it was configured, the break holding it. Cheap: never builds a plan (a schedule of
+    100 000 entries would cost ~0.1 s a second at the barrier)."""
+    start = engine.journal.start_time
+    plan = engine.timers.plan
+    hold = engine.holds.current
+    if hold is None and plan is not None and plan.blocked_by is not None and start is not None:
+        hold = engine.timers.active_hold(plan, engine.clock.time() - start)  # only with a break ahead
+    held = hold["index"] if hold is not None and hold.get("kind") == "break" else None
+    return {"phase": engine.phase, "configured_at": engine.journal.configured_at, "blocked_by_break": held}
 
 
 def engine_status(engine: Engine) -> Dict[str, Any]:
