@@ -71,7 +71,7 @@ def records(
                 for line in lines:
                     try:
                         rec = json.loads(line)
-                    except ValueError:
+                    except (ValueError, RecursionError):
                         continue
                     if isinstance(rec, dict) and isinstance(rec.get("event"), dict):
                         yield rec

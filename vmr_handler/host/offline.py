@@ -66,28 +66,27 @@ def _replay(
             saved, start = data["state"]["vm"], int(data["offset"])
         except (KeyError, TypeError, ValueError):
             saved, start = None, 0
-    recs = list(records(path, start=start))
-    schedule_id = next(
-        (str(r["event"]["data"].get("answers")) for r in recs
-         if r["event"].get("type") == "result"
-         and str((r["event"].get("data") or {}).get("answers", "")).startswith(SCHEDULE_ID_PREFIX)),
-        "",
-    )  # fmt: skip
-    state = VmState(vm, "", schedule_id, host)
+    state = VmState(vm, "", "", host)
     if saved is not None:
         try:
             state.restore(saved)
         except (KeyError, TypeError, ValueError):  # not what this version saves: read it all
             return _replay(vm, path, host, use_checkpoint=False)
-    for rec in recs:
+    read = 0
+    for rec in records(path, start=start):  # streamed: a 1 GB log is never held in memory
+        read += 1
         ev = rec["event"]
         try:
+            answers = str((ev.get("data") or {}).get("answers", ""))
+            schedule_answer = ev.get("type") == "result" and answers.startswith(SCHEDULE_ID_PREFIX)
+            if schedule_answer and not state.schedule_id:
+                state.schedule_id = answers  # its result accepts or rejects the schedule
             event = Event(str(ev["type"]), float(ev["timestamp"]), str(ev["id"]), dict(ev.get("data") or {}))
             state.apply(event, float(rec.get("host_received") or event.timestamp))
-        except (KeyError, TypeError, ValueError, PayloadError):
+        except (KeyError, TypeError, ValueError, AttributeError, PayloadError):
             continue  # the live host counted it as malformed; a status shows the rest
     note = checkpoint.note if use_checkpoint else "unusable: full replay"
-    return state, {"checkpoint": note, "replayed_lines": len(recs)}
+    return state, {"checkpoint": note, "replayed_lines": read}
 
 
 def offline_status(logs: str, now: Optional[float] = None) -> Dict[str, Any]:
