@@ -6,6 +6,7 @@ Every wait is bounded; nothing asserts on speed.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -222,3 +223,15 @@ class HostEnv:
             self.broker.stop()
         if os.environ.get("VMR_KEEP_TEST_DIRS") is None:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+def fill(directory: Path) -> Path:
+    """Write a file into ``directory`` until its file system is full (ENOSPC); the file."""
+    filler = directory / "filler"
+    with open(filler, "wb", buffering=0) as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 4096)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+    return filler

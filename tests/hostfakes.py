@@ -20,6 +20,8 @@ class FakeExperiment:
     signing; records the VMs configured and the RESUME answers."""
 
     signs = False
+    run_id = "run-fake"
+    kpi_interval = 10.0
 
     def __init__(self) -> None:
         self.configured: Dict[str, float] = {}

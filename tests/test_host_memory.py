@@ -170,6 +170,7 @@ def test_vmlog_refused_state_means_full_replay(tmp_path):
     again.close()
 
 
+@pytest.mark.faults
 def test_over_quota_ids_are_bounded_and_resends_are_still_duplicates(tmp_path):
     vmlog = VmLog(str(tmp_path), "vm", quota=5000, seen=SeenLimits(window=256, runs=2, prefixes=4, others=4))
     vmlog.open()
@@ -205,6 +206,7 @@ def _flood(a: FakeAgent, prefix: str, first: int, messages: int, per: int, line:
     return n
 
 
+@pytest.mark.faults
 def test_a_flooding_vm_past_its_quota_keeps_host_memory_bounded(hosts_dir):
     quota = 2_000_000
     h = hosts_dir(Host({"vm1": SIMPLE, "vm2": SIMPLE}, ["--log-quota", str(quota), "--dedup-window", "4096"]))

@@ -46,6 +46,7 @@ def test_vmlog_writes_each_id_once_and_rebuilds_after_restart(tmp_path):
     assert "line 3" in (tmp_path / "vm.log").read_text()
 
 
+@pytest.mark.faults
 def test_vmlog_on_a_full_disk_records_nothing_it_did_not_write(full_disk):
     # an id counted as seen before its write succeeded made the agent's resends "duplicates"
     # that were acknowledged and never stored (issue 16): a refused write must leave no trace
@@ -87,6 +88,7 @@ def test_vmlog_quota_counts_instead_of_storing(tmp_path):
     log.close()
 
 
+@pytest.mark.faults
 def test_vmlog_never_chokes_on_hostile_data(tmp_path):
     log = VmLog(str(tmp_path), "vm", quota=1 << 20)
     log.open()
@@ -153,6 +155,7 @@ def _deep_tree(root, depth: int, payload: bytes) -> None:
         os.close(fd)
 
 
+@pytest.mark.faults
 def test_a_tree_deeper_than_the_recursion_limit_does_not_stop_the_host_restarting(tmp_path):
     # what an older host stored for a hostile guest: 1,200 nested directories (os.walk raised
     # RecursionError in the start-up scan, so every later `vmr-host serve` on these logs died)
@@ -201,6 +204,7 @@ def test_transfer_out_of_order_chunks_and_new_versions(tmp_path):
     assert not any(p.name.endswith(".vmr-part") for p in f.parent.iterdir())
 
 
+@pytest.mark.faults
 def test_repeated_last_chunks_never_hash_what_was_hashed(tmp_path):
     # issue 16: one message of 100 one-byte `last` chunks of a big sparse file re-hashed the
     # whole file for each (~168 ms a chunk for 250 MiB); the running hash is kept instead

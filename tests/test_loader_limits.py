@@ -169,6 +169,7 @@ BOMBS: Dict[str, Callable[[], tuple[bytes, List[str]]]] = {
 }
 
 
+@pytest.mark.faults
 @pytest.mark.parametrize("name", sorted(BOMBS))
 def test_a_memory_bomb_is_refused_with_exit_2_naming_where(name: str, tmp_path: Path) -> None:
     data, words = BOMBS[name]()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from vmr_handler.agent.outbox import Outbox
 from vmr_handler.core.errors import JournalError
 from vmr_handler.core.events import EventFactory, EventType
@@ -28,6 +30,7 @@ def test_pending_until_acked_and_survives_restart(tmp_path):
     again.close()
 
 
+@pytest.mark.faults
 def test_torn_last_line_is_ignored(tmp_path):
     evs = _events(3)
     box = Outbox(str(tmp_path))
@@ -59,6 +62,7 @@ def test_compaction_keeps_only_pending(tmp_path):
     assert Outbox(str(tmp_path)).ids() == [e.id for e in evs[45:]]
 
 
+@pytest.mark.faults
 def test_a_full_disk_never_leaves_a_torn_record_to_send(full_disk):
     # tmpfs takes what fits of the last write and says nothing (a short write): the outbox cuts
     # it off again, so every pending record reads back whole, now and after a restart

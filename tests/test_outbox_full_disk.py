@@ -10,29 +10,21 @@ cannot be written waits on its pipe (back-pressure) instead of its output piling
 from __future__ import annotations
 
 import asyncio
-import errno
 import time
 from pathlib import Path
 from typing import List, Optional
 
 import psutil
+import pytest
 
-from tests.hostenv import HostEnv
+from tests.hostenv import HostEnv, fill
 from vmr_handler.agent.executor import ProcessRunner
+
+pytestmark = pytest.mark.faults
+
 
 LINES = 300
 
-
-def _fill(directory: Path) -> Path:
-    """Write a file into ``directory`` until its file system is full; the file."""
-    filler = directory / "filler"
-    with open(filler, "wb", buffering=0) as fh:
-        try:
-            while True:
-                fh.write(b"\0" * 4096)
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
-    return filler
 
 
 def test_a_full_state_dir_holds_reports_until_space_returns(full_disk):
@@ -48,7 +40,7 @@ def test_a_full_state_dir_holds_reports_until_space_returns(full_disk):
         env.start_host()
         agent = env.start_agent("a", "--state-dir", str(full_disk / "state"))
         env.wait_event("a", "entry_started", index=0)
-        filler = _fill(full_disk)
+        filler = fill(full_disk)
         (flags / "FULL").touch()
         env.wait_for(lambda: "holding them in memory" in env.agent_log("a"), "the agent holding reports")
         time.sleep(1.0)  # the entry's output is made now, with nowhere to write it
@@ -101,7 +93,7 @@ def test_a_journal_on_a_full_disk_keeps_entry_changes_until_it_can_save(full_dis
     journal = Journal(str(full_disk), "d" * 64)
     journal.save()
     journal.mark_running(0, 1234, 1.0)
-    filler = _fill(full_disk)
+    filler = fill(full_disk)
     marked = 0
     with caplog.at_level("ERROR"):
         while not journal.behind and marked < 1000:  # the log's last page takes a few more lines
@@ -135,7 +127,7 @@ def test_a_transfer_out_waits_for_space_and_arrives_whole(full_disk):
         env.start_host()
         agent = env.start_agent("a", "--state-dir", str(full_disk / "state"))
         env.wait_event("a", "experiment_started")
-        filler = _fill(full_disk)
+        filler = fill(full_disk)
         env.wait_for(lambda: "waits for space in the state dir" in env.agent_log("a"), "the transfer waiting")
         time.sleep(0.5)
         assert agent.poll() is None, env.agent_log("a")

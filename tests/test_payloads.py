@@ -83,6 +83,14 @@ GOOD: Dict[Type[P.Payload], Dict[str, Any]] = {
     },
     P.Ack: {"ids": ["host-1", "host-2"]},
     P.ClockReq: {"t1": T0 + 1.25},
+    P.Kpi: {
+        "cpu_percent": 12.5,
+        "load": [0.5, 0.25, 0.1],
+        "mem_used": 2**30,
+        "mem_total": 2**32,
+        "net": {"eth0": {"bytes_sent": 10.0, "bytes_recv": 20.0}},
+        "interval": 10,
+    },
 }
 
 #: The fields without which the event is malformed (everything else is optional).
@@ -101,6 +109,7 @@ NUMERIC = {
     P.BreakStarted: {"at"},
     P.ResumeReceived: {"at"},
     P.ClockReq: {"t1"},
+    P.Kpi: {"cpu_percent", "mem_used", "mem_total", "interval"},
 }
 CLASSES = list(GOOD)
 

@@ -11,6 +11,7 @@ the real host's RESUME ends it.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -20,12 +21,15 @@ from typing import Iterator
 
 import paho.mqtt.client as mqtt
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from paho.mqtt.enums import CallbackAPIVersion
 
 from tests.hostenv import HostEnv
+from vmr_handler.core.clockanswers import ClockAnswers, StampLead
+from vmr_handler.core.errors import SignatureError
 from vmr_handler.core.events import Event
-from vmr_handler.core.protocol import RESUME, encode_message
-from vmr_handler.core.signing import generate_keypair, load_private_key, sign
+from vmr_handler.core.protocol import CLOCK_REQ, CLOCK_RESP, RESUME, FrameDecoder, encode_message
+from vmr_handler.core.signing import Verifier, generate_keypair, load_private_key, sign
 
 BREAK = [
     {"start_time": -1, "executable": "/bin/true"},
@@ -72,10 +76,15 @@ def test_agent_with_a_key_refuses_an_unsigned_host(tmp_path: Path) -> None:
         keys = _keygen(env.root / "keys")
         env.start_host()  # no --signing-key
         env.start_agent("a", "--public-key", str(keys / "host.pub"))
-        refused = env.wait_event("a", "control_refused", type="schedule")["event"]["data"]
-        assert "unsigned" in refused["details"]
+        # its unsigned clock answers are refused first (issue 16): the agent never syncs, so it
+        # neither applies the (held) schedule nor sends a report; it says why in its own log
+        env.wait_for(
+            lambda: "refused clock_resp" in env.agent_log("a") and "unsigned" in env.agent_log("a"),
+            "the agent refusing the host's unsigned clock_resp",
+        )
         time.sleep(1.0)
         assert not env.events("a", "schedule_loaded")  # nothing unsigned was applied
+        assert not env.events("a", "configured")
     finally:
         env.close()
 
@@ -106,14 +115,20 @@ def _resume(ident: str, at: float = 5.0) -> Event:
     return Event(RESUME, time.time(), ident, {"at": at})
 
 
+def _signed_mqtt_host(env: HostEnv) -> tuple:
+    """Keys in ``env`` and its host started with the host key: (keys dir, host key, another key)."""
+    keys = _keygen(env.root / "keys")
+    host_key = load_private_key(str(keys / "host.key"))
+    other_key = load_private_key(str(_write_other_key(env.root / "other")))
+    env.start_host("--signing-key", str(keys / "host.key"))
+    return keys, host_key, other_key
+
+
 def test_forged_unsigned_stale_and_reused_resumes_are_refused(tmp_path: Path) -> None:
     env = HostEnv({"a": BREAK}, start_buffer=0.5, transport="mqtt")
     rogue = None
     try:
-        keys = _keygen(env.root / "keys")
-        host_key = load_private_key(str(keys / "host.key"))
-        other_key = load_private_key(str(_write_other_key(env.root / "other")))
-        env.start_host("--signing-key", str(keys / "host.key"))
+        keys, host_key, other_key = _signed_mqtt_host(env)
         env.start_agent("a", "--public-key", str(keys / "host.pub"))
         env.wait_event("a", "break_started")
         rogue = Rogue(env)
@@ -177,3 +192,158 @@ def _schedule_event_id(env: HostEnv) -> str:
         if answers.startswith("schedule-"):
             return str(answers)
     raise AssertionError("no answer to the schedule event in the host's log")
+
+
+# ------------------------------------------------------------------------ clock_resp (issue 16)
+def _clock_resp(ident: str, answers: str, t1: float, skew: float = 0.0) -> Event:
+    now = time.time() + skew
+    return Event(CLOCK_RESP, time.time(), ident, {"answers": answers, "t1": t1, "t2": now, "t3": now})
+
+
+def _verifying() -> tuple:
+    """A host key, another key, and ClockAnswers checking signatures for VM a."""
+    host_key = Ed25519PrivateKey.generate()
+    verifier = Verifier(host_key.public_key(), None)
+    answers = ClockAnswers(verifier, "a")
+    return host_key, Ed25519PrivateKey.generate(), answers
+
+
+def test_clock_answers_take_only_a_signed_answer_to_a_pending_request() -> None:
+    host_key, other_key, answers = _verifying()
+    t1 = 1795405290.123456
+    answers.asked("req-1", t1)
+    now = time.time()
+    refused = {
+        "unsigned": _clock_resp("r1", "req-1", t1, 1000),
+        "signed by another key": sign(other_key, _clock_resp("r2", "req-1", t1, 1000), "a", now),
+        "signed for VM 'b', this is 'a'": sign(host_key, _clock_resp("r3", "req-1", t1, 1000), "b", now),
+        "but its t1": sign(host_key, _clock_resp("r4", "req-1", t1 + 1e-6), "a", now),
+        "bad signature": _tampered(sign(host_key, _clock_resp("r5", "req-1", t1), "a", now)),
+        "never sent by this agent": sign(host_key, _clock_resp("r6", "req-0", t1), "a", now),
+    }
+    for why, event in refused.items():
+        with pytest.raises(SignatureError, match=why):
+            answers.take(event)
+        assert answers.waiting  # a refused answer leaves the request pending
+    genuine = sign(host_key, _clock_resp("r7", "req-1", t1), "a", now - 3600)  # no age check
+    assert answers.take(genuine) == t1
+    assert not answers.waiting
+    with pytest.raises(SignatureError, match="replayed: clock_req 'req-1' was answered already"):
+        answers.take(genuine)
+    # a late answer (the burst gave up waiting) is ignored once; a second copy is a replay
+    answers.asked("req-2", t1)
+    answers.expire()
+    late = sign(host_key, _clock_resp("r8", "req-2", t1), "a", now)
+    assert answers.take(late) is None
+    with pytest.raises(SignatureError, match="replayed"):
+        answers.take(late)
+
+
+def test_clock_answers_without_a_key_take_any_answer_to_a_pending_request() -> None:
+    answers = ClockAnswers()
+    answers.asked("req-1", 5.0)
+    assert answers.take(_clock_resp("r1", "req-0", 5.0)) is None
+    assert answers.take(_clock_resp("r2", "req-1", 5.0)) == 5.0
+    assert answers.take(_clock_resp("r3", "req-1", 5.0)) is None  # ignored, as before issue 16
+
+
+def test_stamp_lead_is_the_median_of_recent_stamp_to_send_times() -> None:
+    lead = StampLead(window=3, cap=0.01)
+    assert lead.value == 0.0
+    for seconds in (0.0001, 0.0003, 5.0, -1.0):  # 5 s clipped to the cap, a negative one dropped
+        lead.note(seconds)
+    assert lead.value == pytest.approx(0.0003)
+
+
+def _tampered(event: Event) -> Event:
+    return Event(event.type, event.timestamp, event.id, {**event.data, "t3": event.data["t3"] + 1000})
+
+
+class ClockRogue(Rogue):
+    """Answers every ``clock_req`` agent a sends with forged ``clock_resp``s that would move its
+    clock 1000 s ahead, and records the host's genuine ``clock_resp``s."""
+
+    def __init__(self, env: HostEnv, host_key: Ed25519PrivateKey, other_key: Ed25519PrivateKey) -> None:
+        super().__init__(env)
+        self.keys = (host_key, other_key)
+        self.forged: dict = {}  # id -> kind
+        self.client.on_message = self._on_message
+        self.client.subscribe(f"vmr/{env.experiment}/a/up", qos=1)
+
+    def _on_message(self, _client: object, _userdata: object, msg: mqtt.MQTTMessage) -> None:
+        payload = bytes(msg.payload)
+        if msg.topic.endswith("/down"):
+            self.seen.append(payload)
+            return
+        for message in FrameDecoder().feed(payload + b"\n"):
+            for ev in message.events:
+                if ev.type == CLOCK_REQ:
+                    self._forge(ev.id, float(ev.data["t1"]))
+
+    def _forge(self, answers: str, t1: float) -> None:
+        host_key, other_key = self.keys
+        n = len(self.forged)
+        now = time.time()
+        forged = {
+            "unsigned": _clock_resp(f"rogue-u{n}", answers, t1, 1000),
+            "signed by another key": sign(other_key, _clock_resp(f"rogue-k{n}", answers, t1, 1000), "a", now),
+            "signed for VM 'b'": sign(host_key, _clock_resp(f"rogue-b{n}", answers, t1, 1000), "b", now),
+        }
+        for kind, event in forged.items():
+            self.forged[event.id] = kind
+            self.client.publish(self.topic, encode_message([event], now), qos=1)
+
+    def genuine_clock_resps(self) -> list:
+        return [p for p in self.seen if b'"type":"clock_resp"' in p and b'"id":"host-' in p]
+
+
+def test_forged_and_replayed_clock_resps_are_refused_and_leave_the_clock_alone(tmp_path: Path) -> None:
+    env = HostEnv({"a": BREAK}, start_buffer=0.5, transport="mqtt")
+    rogue = None
+    try:
+        keys, host_key, other_key = _signed_mqtt_host(env)
+        rogue = ClockRogue(env, host_key, other_key)
+        time.sleep(0.5)  # subscribed before the agent's first clock_req
+        env.start_agent("a", "--public-key", str(keys / "host.pub"))
+        env.wait_event("a", "break_started")
+        for kind in ("unsigned", "signed by another key", "signed for VM 'b'"):
+            ident = next(i for i, k in rogue.forged.items() if k == kind)
+            details = env.wait_event("a", "control_refused", id=ident)["event"]["data"]
+            assert details["type"] == "clock_resp" and kind in details["details"], details
+        # a genuine, signed clock_resp the rogue recorded, published again: a replay
+        genuine = rogue.genuine_clock_resps()
+        assert genuine, "the host's signed clock_resp was seen on the down topic"
+        assert b'"signature"' in genuine[0]
+        replayed_id = _first_id(genuine[0])
+        rogue.client.publish(rogue.topic, genuine[0], qos=1).wait_for_publish(10)
+        details = env.wait_event("a", "control_refused", id=replayed_id)["event"]["data"]["details"]
+        assert "replayed: clock_req" in details and "answered already" in details
+        # the agent's clock is still the host's (same machine: true offset 0), not 1000 s off
+        status = _agent_status(env, "a")
+        assert abs(status["host"]["clock_offset"]) < 1.0, status["host"]
+        assert "clock offset to host 1000" not in env.agent_log("a")
+        for rec in env.events("a"):
+            assert abs(rec["event"]["timestamp"] - time.time()) < 300, rec
+    finally:
+        if rogue is not None:
+            rogue.close()
+        env.close()
+
+
+def _first_id(payload: bytes) -> str:
+    for message in FrameDecoder().feed(payload + b"\n"):
+        for ev in message.events:
+            return ev.id
+    raise AssertionError(f"no event in {payload[:200]!r}")
+
+
+def _agent_status(env: HostEnv, vm: str) -> dict:
+    res = subprocess.run(
+        [sys.executable, "-m", "vmr_handler", "status", "--state-dir", str(env.state(vm)), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    return dict(doc.get("result", doc))

@@ -14,6 +14,8 @@ import base64
 import statistics
 import time
 
+import pytest
+
 from tests.fakeagent import SIMPLE, FakeAgent, Host
 
 SIZE = 250 * 1024 * 1024
@@ -46,6 +48,7 @@ def _good_reports(good: FakeAgent, seconds: float) -> list:
     return lat
 
 
+@pytest.mark.faults
 def test_chunk_rehash_abuse_leaves_good_vms_alone():
     h = Host({"good": SIMPLE, "evil": SIMPLE})
     try:

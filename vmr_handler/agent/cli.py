@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 from vmr_handler import __version__
 from vmr_handler.agent.control_client import DEFAULT_STATE_DIR, ControlCommand, number_text, run_control
-from vmr_handler.core.errors import ControlError, JournalError, ScheduleError, VmrError
+from vmr_handler.core.errors import ControlError, JournalError, ScheduleError, UsageError, VmrError
 
 if TYPE_CHECKING:  # imported where used: `--version`, `status` and `resume` start quickly
     import argparse
@@ -159,6 +159,14 @@ def _add_run_local_options(run: argparse.ArgumentParser) -> None:
         help="shell command run on a reboot request (default: systemctl reboot || reboot)",
     )
     run.add_argument("--quiet", action="store_true", help="no readable log on stderr")
+    run.add_argument(
+        "--kpi-interval",
+        type=_seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="--local: report this VM's CPU, memory, disk and network every SECONDS (default 0 = off; "
+        "under vmr-host, the host sets it)",
+    )
 
 
 def _add_plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -477,7 +485,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     import asyncio
 
-    return asyncio.run(_run_local(schedule, config, args.report, quiet=args.quiet))
+    from vmr_handler.agent.localrun import run_local
+
+    return asyncio.run(run_local(schedule, config, args.report, args.quiet, args.kpi_interval))
 
 
 def _mqtt_options(args: argparse.Namespace, settings: Dict[str, Any], vm_name: str) -> Any:
@@ -497,41 +507,6 @@ def _mqtt_options(args: argparse.Namespace, settings: Dict[str, Any], vm_name: s
                 merged.pop("password", None)
     merged.setdefault("username", vm_name)
     return options_from(merged, "agent settings (flags, fw_cfg, config file)")
-
-
-async def _run_local(schedule: Schedule, config: Any, report: Optional[str], quiet: bool) -> int:
-    import asyncio
-    import signal
-
-    from vmr_handler.agent.engine import open_engine
-    from vmr_handler.agent.executor import install_child_watcher
-    from vmr_handler.core.control import ControlServer
-    from vmr_handler.transports.local import LocalReporter
-
-    install_child_watcher()
-    try:
-        reporter = LocalReporter(report, None if quiet else sys.stderr)
-    except OSError as exc:
-        raise VmrError(f"cannot open report file {report}: {exc.strerror or exc}") from exc
-    try:
-        engine = open_engine(schedule, config, reporter)
-        control = ControlServer(
-            config.state_dir,
-            {
-                "status": lambda _req: engine.status(),
-                "resume": lambda _req: engine.resume(),
-            },
-        )
-        await control.start()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, engine.stop, f"signal {signal.Signals(sig).name}")
-        try:
-            return await engine.run()
-        finally:
-            await control.close()
-    finally:
-        reporter.close()
 
 
 def _completion_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -586,7 +561,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return EXIT_USAGE
     try:
         return commands[args.command](args)
-    except ScheduleError as exc:
+    except (ScheduleError, UsageError) as exc:
         print(f"vmr-handler: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except ControlError as exc:

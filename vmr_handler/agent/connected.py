@@ -23,6 +23,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional
 
+from vmr_handler.agent.kpi import KpiSampler
 from vmr_handler.agent.link import LATER, HostLink
 from vmr_handler.agent.outbox import Outbox
 from vmr_handler.agent.reporthold import HoldLimits, ReportHold
@@ -30,7 +31,7 @@ from vmr_handler.agent.resources import HttpJobs, Resources
 from vmr_handler.agent.transfers import Transfers
 from vmr_handler.core import protocol as P
 from vmr_handler.core.clock import SystemClock
-from vmr_handler.core.errors import ChannelClosed, ScheduleError, VmrError
+from vmr_handler.core.errors import ChannelClosed, ScheduleError, UsageError, VmrError
 from vmr_handler.core.events import Event, EventType, ReadableLines
 from vmr_handler.core.fsutil import atomic_write
 from vmr_handler.core.schedule import Schedule, load_schedule_bytes
@@ -118,6 +119,9 @@ class ConnectedAgent:
         self.jobs = HttpJobs(self._stopped, config.state_dir, config.http_ca_file, config.mqtt)
         self.resources = Resources(config.state_dir, self.link, self._report, self.jobs)
         self.transfers = Transfers(config.state_dir, self.outbox, self.link, self._report, self.jobs)
+        #: the VM's KPIs, every ``kpi_interval`` s the host's welcome says (issue 14; off until then)
+        self.kpi = KpiSampler(self._report, self.clock, 0.0, path=config.state_dir, skip=self._held)
+        self.link.on_welcome = self._on_welcome
         #: control event type from the host -> its handler (:meth:`_on_control`)
         self._control_handlers: Dict[str, Callable[[Event], Optional[Dict[str, Any]]]] = {
             P.SCHEDULE: self._take_schedule,
@@ -283,6 +287,17 @@ class ConnectedAgent:
     def _report(self, type_: EventType, **data: Any) -> None:
         self.sink(self.link.events.make(type_, **data))
 
+    def _held(self) -> bool:
+        return len(self.reports) > 0  # a full disk: a KPI sample is not worth holding
+
+    def _on_welcome(self, welcome: Dict[str, Any]) -> None:
+        """The host's ``welcome``: sample KPIs at its ``kpi_interval`` (an older host: none)."""
+        if "kpi_interval" in welcome:
+            try:
+                self.kpi.set_interval(welcome["kpi_interval"])
+            except UsageError as exc:
+                log.warning("host's kpi_interval ignored: %s", exc)
+
     # -------------------------------------------------------------- main
     async def run(self) -> int:
         """Connect, get the schedule, run it; returns the engine's exit code."""
@@ -293,6 +308,7 @@ class ConnectedAgent:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, signal.Signals(sig).name)
         link_task = asyncio.ensure_future(self.link.run())
+        self.kpi.start()
         try:
             schedule = await self._wait_for_schedule()
             if schedule is None:
@@ -308,6 +324,7 @@ class ConnectedAgent:
             transfers = self.transfers.cancel()
             link_task.cancel()
             await asyncio.gather(link_task, *transfers, return_exceptions=True)
+            await self.kpi.close()
             self.reports.cancel()
             self.outbox.close()
             self.jobs.shutdown()  # its jobs were told to stop (cancel events)

@@ -226,6 +226,7 @@ class Engine:
             self.emit,
             self.workdirs,
             config.reboot_command,
+            self._persist,
         )
         self.holds = InitialHolds(
             schedule,
@@ -235,6 +236,7 @@ class Engine:
             self._set_phase,
             self._wait_woken,
             self._sleep_until_utc,
+            self._persist,
         )
         self.timers = PositiveTimers(
             schedule, self.journal, self.clock, self.emit, self._fire_group, self._wake.set
@@ -252,8 +254,9 @@ class Engine:
         self.reports(event)
         return event
 
-    def _save(self) -> None:
-        self.journal.save()
+    async def _persist(self) -> None:
+        """Snapshot the journal, waiting out a full disk (raises _Stopped on a stop; issue 16)."""
+        await self._syncer.save_durably(lambda s: self._sleep_until_utc(self.clock.time() + s))
 
     # ------------------------------------------------------------------ inputs
     def resume(
@@ -281,7 +284,7 @@ class Engine:
         outcome = {"at": at, "ended_break": ended, "ignored": ended is None}
         if resume_id is not None:
             self.journal.record_resume_id(resume_id, dict(outcome))
-        self._save()  # the RESUME and its id in one atomic write
+        self._syncer.save_soon()  # the RESUME and its id in one atomic write (or kept, retried)
         origin = {} if entry is None else {"index": entry, "origin": "schedule entry"}
         self.emit(
             EventType.RESUME_RECEIVED,
@@ -331,8 +334,8 @@ class Engine:
     async def _play(self) -> int:
         announce(self.emit, self.schedule, self.journal)
         self._recover()
-        self._save()
         try:
+            await self._persist()
             await self._preload()
             self._stored_resumes()
             await self.holds.run()
@@ -341,6 +344,7 @@ class Engine:
                 return EXIT_OK if outcome == "reboot" else self._fail_exit()
             await self._configured()
             await self._positive_phase()
+            await self._persist()  # complete only once the journal says so (a full disk waits)
         except _Stopped:
             pass
         finally:
@@ -391,7 +395,7 @@ class Engine:
         if await self.data.preload(
             list(self.schedule.entries), lambda i: self.journal.entry_state(i) is not None
         ):
-            self._save()
+            await self._persist()
 
     def _stored_resumes(self) -> None:
         """Apply the schedule's stored RESUME entries (``firewheel vm resume``; SPEC section 3), once."""
@@ -418,7 +422,7 @@ class Engine:
             if outcome != "ok":
                 return outcome
             self.journal.mark_stage_done(number)
-            self._save()
+            await self._persist()
         self.current_stage = None
         return "ok"
 
@@ -426,7 +430,7 @@ class Engine:
     async def _configured(self) -> None:
         if self.journal.configured_at is None:
             self.journal.configured_at = self.clock.time()
-            self._save()
+            await self._persist()
         self.phase = "configured"
         configured_at = self.journal.configured_at
         assert configured_at is not None
@@ -440,7 +444,7 @@ class Engine:
             )
         elif self.journal.start_time is None and self.config.local_start:
             self.journal.start_time = configured_at + self.config.start_buffer
-            self._save()
+            await self._persist()
             self.emit(
                 EventType.START_TIME_SET,
                 start_time=self.journal.start_time,
@@ -469,7 +473,7 @@ class Engine:
                 log.error("refused a different experiment start time %.6f (already %.6f)", start, current)
             return False
         self.journal.start_time = start
-        self._save()
+        self._syncer.save_soon()  # a full disk: kept in memory, retried (the host sends it again)
         self.emit(
             EventType.START_TIME_SET,
             start_time=start,
@@ -540,7 +544,7 @@ class Engine:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self._syncer.cancel()
         with contextlib.suppress(JournalError):
-            self._save()
+            self.journal.save()
         with contextlib.suppress(JournalError, OSError):
             self.journal.close()
 

@@ -30,6 +30,7 @@ class InitialHolds:
         set_phase: sets the engine's phase (``break`` / ``pause``).
         wait_woken: waits until the engine is woken (a RESUME); raises when it stops.
         sleep_until: sleeps until a reference UTC instant; raises when the engine stops.
+        persist: saves the journal durably (waits out a full disk; raises when the engine stops).
 
     Attributes:
         current: the hold being waited out, for status (``{"index", "kind", "at", "until"}``).
@@ -42,6 +43,7 @@ class InitialHolds:
     set_phase: Callable[[str], None]
     wait_woken: Callable[[], Awaitable[None]]
     sleep_until: Callable[[float], Awaitable[None]]
+    persist: Callable[[], Awaitable[None]]
     current: Optional[Dict[str, Any]] = field(default=None, init=False)
 
     async def run(self) -> None:
@@ -56,7 +58,7 @@ class InitialHolds:
                 await self._pause(entry)
             self.current = None
             self.journal.mark_initial_done(entry.index)
-            self.journal.save()
+            await self.persist()
 
     async def _break(self, entry: ScheduleEntry) -> None:
         self.set_phase("break")
@@ -74,7 +76,7 @@ class InitialHolds:
     async def _pause(self, entry: ScheduleEntry) -> None:
         duration = entry.pause_duration or 0.0
         began = self.journal.pause_began(entry.index, self.clock.time())
-        self.journal.save()
+        await self.persist()
         self.set_phase("pause")
         self.current = {"index": entry.index, "kind": "pause", "at": "-inf", "until": began + duration}
         self.emit(

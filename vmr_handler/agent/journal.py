@@ -25,7 +25,7 @@ import logging
 import math
 import os
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Awaitable, Callable, Dict, List, Optional
 
 from vmr_handler.core.errors import JournalError
 from vmr_handler.core.fsutil import append_whole, atomic_write
@@ -167,6 +167,14 @@ class Journal:
             atomic_write(self.path, json.dumps(self.data, separators=(",", ":")).encode("utf-8"))
             self._open_log(truncate=True)
         except OSError as exc:
+            if not self.behind:  # said once per episode; the state stays in memory meanwhile
+                log.error(
+                    "cannot write journal %s (%s): the agent's progress is kept in memory and "
+                    "saved as soon as the disk lets it (free space in the state dir)",
+                    self.path,
+                    exc.strerror or exc,
+                )
+            self.behind = True  # no appends after a lost snapshot: the next save writes it all
             raise JournalError(f"cannot write journal {self.path}: {exc.strerror or exc}") from exc
         if self.behind:
             self.behind = False
@@ -380,6 +388,34 @@ class SyncSoon:
                 log.error("%s", exc)
         if self.journal.behind:  # a full disk: try again until the snapshot is written
             self._handle = asyncio.get_running_loop().call_later(JOURNAL_RETRY, self._sync)
+
+    def save_soon(self) -> None:
+        """Snapshot the journal now; on a full disk keep the state in memory and retry every
+        :data:`JOURNAL_RETRY` seconds in the background (never raises). For changes that may
+        wait for the disk (a RESUME, the start time: the host sends them again after a crash);
+        before an act that must not be repeated use :meth:`save_durably`. Issue 16."""
+        try:
+            self.journal.save()
+        except JournalError:
+            self.changed()
+
+    async def save_durably(self, sleep: Callable[[float], Awaitable[None]]) -> None:
+        """Snapshot the journal, waiting (retried every :data:`JOURNAL_RETRY` seconds) until the
+        disk takes it: the engine waits rather than lose its progress (issue 16, full disk).
+
+        Args:
+            sleep: waits that many seconds (the engine's clock); it raises to give up (a stop).
+        """
+        from tenacity import AsyncRetrying, retry_if_exception_type, wait_fixed  # only when needed
+
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(JournalError),
+            wait=wait_fixed(JOURNAL_RETRY),
+            sleep=sleep,
+            reraise=True,
+        ):
+            with attempt:
+                self.journal.save()
 
     def cancel(self) -> None:
         """Drop a sync that is due (the caller saves or closes the journal itself)."""

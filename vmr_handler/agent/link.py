@@ -25,8 +25,10 @@ from vmr_handler.agent.outbox import Outbox
 from vmr_handler.agent.stamps import NotedEvents, PresyncGate, PresyncStamps
 from vmr_handler.core import protocol as P
 from vmr_handler.core.clock import SystemClock
-from vmr_handler.core.errors import ChannelClosed, VmrError
+from vmr_handler.core.clockanswers import ClockAnswers
+from vmr_handler.core.errors import ChannelClosed, SignatureError, VmrError
 from vmr_handler.core.events import Event, EventFactory, EventType
+from vmr_handler.core.runs import StartGate
 from vmr_handler.transports.base import ByteChannel, Opener
 
 if TYPE_CHECKING:
@@ -94,32 +96,33 @@ class HostLink:
         self.welcomed = asyncio.Event()
         self.synced = asyncio.Event()  # the clock offset to the host has been estimated once
         self.on_clock: Optional[Callable[[], None]] = None
+        self.on_welcome: Callable[[Dict[str, Any]], None] = lambda welcome: None  # each welcome's
         self._channel: Optional[ByteChannel] = None
         self._write_lock = asyncio.Lock()
         self._more = asyncio.Event()  # new reports or acks
         self._sent: Dict[str, float] = {}  # report id -> monotonic time sent on this connection
         self._samples: List[P.ClockSample] = []
-        self._clock_waiters: Dict[str, float] = {}
+        self._clock_waiters = ClockAnswers()  # clock_req ids in flight (signed answers with a key)
         self._requests: Dict[str, asyncio.Queue[Event]] = {}
-        self._last_rx = time.monotonic()
-        self._last_tx = time.monotonic()
+        self._last_rx = self._last_tx = time.monotonic()
         self._hello_sent_at = 0.0
         self.welcome: Dict[str, Any] = {}
         #: where refusals are reported (the agent's event sink); set by the agent
         self.report: Optional[Callable[[Event], None]] = None
         self.verifier: Any = None
         self._held: List[Event] = []  # signed control events waiting for the first clock sync
+        self.runs = StartGate(os.path.join(config.state_dir, "host-run.json"))  # whose start_time
         self._gate = PresyncGate(self.stamps, self.synced)  # nothing leaves before the first sync
         #: event type from the host -> its handler (:meth:`_dispatch`)
         self._handlers: Dict[str, Callable[[Event], Awaitable[None]]] = {
             P.HELLO: self._on_hello,
-            P.WELCOME: self._on_welcome,
+            P.WELCOME: self.runs.on_welcome(self._on_welcome, self._on_control_event),
             P.ACK: self._on_ack,
             P.CLOCK_RESP: self._on_clock_resp,
             P.RESOURCE_CHUNK: self._on_answer,
             P.RESULT: self._on_answer,
             P.SCHEDULE: self._on_control_event,
-            P.START_TIME: self._on_control_event,
+            P.START_TIME: self.runs.guard(self._on_control_event),  # only the host's run's (issue 16)
             P.RESUME: self._on_control_event,
             P.HEARTBEAT: self._on_heartbeat,
         }
@@ -131,6 +134,7 @@ class HostLink:
                 os.path.join(config.state_dir, "signed-ids.json"),
                 max_age=config.signature_max_age,
             )
+            self._clock_waiters = ClockAnswers(self.verifier, config.vm_name, self._refused)
 
     # ------------------------------------------------------------------ public
     def notify(self, event: Optional[Event] = None) -> None:
@@ -181,10 +185,7 @@ class HostLink:
     async def send_event(self, type_: str, **data: Any) -> None:
         """Send one answer now (e.g. a late ``result``), or at the first clock sync when it has
         not happened yet (:class:`PresyncStamps`). Raises ChannelClosed."""
-        await self._answer(self.events.make_raw(type_, **data))
-
-    async def _answer(self, event: Event) -> None:
-        await self._gate.answer(event, self._send)
+        await self._gate.answer(self.events.make_raw(type_, **data), self._send)
 
     def forget_request(self, ident: str) -> None:
         """Stop routing answers to the request ``ident`` (from :meth:`request`)."""
@@ -293,6 +294,7 @@ class HostLink:
 
     async def _on_welcome(self, event: Event) -> None:
         self.welcome = dict(event.data)
+        self.on_welcome(self.welcome)
         self.welcomed.set()
         self._more.set()
         log.info("host welcomed us as %s", event.data.get("vm"))
@@ -310,7 +312,7 @@ class HostLink:
     async def _on_clock_resp(self, event: Event) -> None:
         data = event.data
         t4 = self.clock.local_time()
-        t1 = self._clock_waiters.pop(str(data.get("answers")), None)
+        t1 = self._clock_waiters.take(event)  # with a key: signed, answering a pending request
         t2, t3 = data.get("t2"), data.get("t3")
         if t1 is not None and isinstance(t2, (int, float)) and isinstance(t3, (int, float)):
             self._samples = [*self._samples[-15:], P.ClockSample(t1, float(t2), float(t3), t4)]
@@ -341,28 +343,30 @@ class HostLink:
         if answer is LATER:
             pass
         elif answer is None:
-            await self._answer(self.events.make_raw(P.ACK, ids=[event.id]))
+            await self.send_event(P.ACK, ids=[event.id])
         else:
-            await self._answer(self.events.make_raw(P.RESULT, **answer))
+            await self.send_event(P.RESULT, **answer)
 
     def _verified(self, event: Event) -> bool:
         """Check ``event``'s signature; a refusal is reported (``control_refused``) and answered."""
-        from vmr_handler.core.errors import SignatureError, SigningError
+        from vmr_handler.core.errors import SigningError
 
         try:
             self.verifier.check(event, self.config.vm_name, self.clock.time())
             return True
         except SignatureError as exc:
-            log.error("refused %s %s from the host: %s", event.type, event.id, exc)
-            if self.report is not None:
-                refused = self.events.make(
-                    EventType.CONTROL_REFUSED, type=event.type, id=event.id, status="error", details=str(exc)
-                )
-                self.report(refused)
+            self._refused(event, exc)
             self._answer_later(P.result_data(event.id, False, f"refused: {exc}"))
         except SigningError as exc:  # the replay memory cannot be saved: not applied, host resends
             log.error("cannot check %s %s: %s", event.type, event.id, exc)
         return False
+
+    def _refused(self, event: Event, exc: Exception) -> None:
+        """Log and report (``control_refused``) a refused event from the host."""
+        log.error("refused %s %s from the host: %s", event.type, event.id, exc)
+        details = {"type": event.type, "id": event.id, "status": "error", "details": str(exc)}
+        if self.report is not None:
+            self.report(self.events.make(EventType.CONTROL_REFUSED, **details))
 
     def _answer_later(self, data: Dict[str, Any]) -> None:
         task = asyncio.ensure_future(self.send_event(P.RESULT, **data))
@@ -431,11 +435,11 @@ class HostLink:
                 event = self.events.make_raw(P.CLOCK_REQ, t1=0.0)
                 t1 = self.clock.local_time()
                 event = Event(event.type, event.timestamp, event.id, {"t1": t1})
-                self._clock_waiters[event.id] = t1
+                self._clock_waiters.asked(event.id, t1)
                 await self._send([event], ttl=2.0)
                 await asyncio.sleep(0.02)
             for _ in range(50):  # answers of this burst (bounded wait)
-                if not self._clock_waiters:
+                if not self._clock_waiters.waiting:
                     break
                 await asyncio.sleep(0.01)
             best = P.best_offset(self._samples)
@@ -451,7 +455,7 @@ class HostLink:
                 held, self._held = self._held, []
                 for event in held:
                     await self._control(event)
-            self._clock_waiters.clear()
+            self._clock_waiters.expire()
             # a noisy estimate (busy machine, long round trips) is refined soon, a good one hourly-ish
             good = best is not None and best.delay < GOOD_CLOCK_DELAY
             await asyncio.sleep(self.config.clock_interval if good else min(5.0, self.config.clock_interval))

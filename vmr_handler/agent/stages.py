@@ -12,7 +12,7 @@ import contextlib
 import logging
 import os
 from dataclasses import dataclass
-from typing import Callable, Dict, List
+from typing import Awaitable, Callable, Dict, List
 
 from vmr_handler.agent.entries import Emit, EntryLauncher, Prepared
 from vmr_handler.agent.executor import REBOOT_EXIT_CODE, REBOOT_FILE
@@ -37,6 +37,7 @@ class StageRunner:
         emit: ``emit(EventType, **data)``.
         workdirs: working dir per entry index (``reboot`` files).
         reboot_command: the shell command that reboots the machine.
+        persist: saves the journal durably (waits out a full disk; raises when the engine stops).
     """
 
     entries: EntryLauncher
@@ -46,6 +47,7 @@ class StageRunner:
     emit: Emit
     workdirs: Dict[int, str]
     reboot_command: str
+    persist: Callable[[], Awaitable[None]]
 
     def recover(self) -> None:
         """After a reboot the requesters run again: their ``reboot`` files and journal states go."""
@@ -107,7 +109,7 @@ class StageRunner:
         if not requesters:
             return "ok"
         self.journal.reboot = {"stage": number, "requesters": requesters}
-        self.journal.save()
+        await self.persist()  # on disk before the reboot, or the stage would run again
         self.emit(
             EventType.REBOOT_REQUESTED,
             stage=number,

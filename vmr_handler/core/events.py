@@ -20,7 +20,7 @@ from enum import Enum
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from vmr_handler.core.fsutil import utc_text
-from vmr_handler.core.readable import escaped, field_text
+from vmr_handler.core.readable import escaped, field_text, kpi_text
 
 PROTOCOL_VERSION = 1
 
@@ -54,6 +54,7 @@ class EventType(str, Enum):
     VM_FAILED = "vm_failed"
     SCHEDULE_COMPLETE = "schedule_complete"
     CONTROL_REFUSED = "control_refused"
+    KPI = "kpi"
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,8 @@ def _describe(event: Event) -> str:
             text = text[:200] + f"... ({len(text)} chars)"
         more = " [continued]" if d.get("continued") else ""
         return f"{utc_text(event.timestamp)} {what} {d.get('stream')}: {text!s}{more}"
+    if event.type == EventType.KPI.value:
+        return f"{utc_text(event.timestamp)} kpi {kpi_text(d)}"
     skip = {"index", "executable", "line", "line_b64"}
     extras = " ".join(
         f"{k}={field_text(k, v)}" for k, v in d.items() if k not in skip and v not in (None, [], {})

@@ -381,6 +381,73 @@ class ResumeReceived(Payload):
     details: Shown
 
 
+# ---------------------------------------------------------------------------- measurements
+#: Shortest KPI interval, seconds (a shorter one would flood the outbox); 0 means off.
+MIN_KPI_INTERVAL = 0.1
+#: Network interfaces a ``kpi`` sample carries (the agent sends at most these; a consumer
+#: keeps at most these of what a guest sends).
+MAX_KPI_INTERFACES = 32
+#: Each interface's rates in a ``kpi`` sample (per second since the previous sample).
+KPI_NET_FIELDS = ("bytes_sent", "bytes_recv", "packets_sent", "packets_recv")
+#: The ``kpi`` fields read as plain numbers (besides ``cpu_percent`` and ``load``).
+KPI_NUMBERS = (
+    "mem_used", "mem_available", "mem_total", "disk_used", "disk_total",
+    "disk_read_rate", "disk_write_rate", "interval", "duration",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Kpi(Payload):
+    """``kpi`` (issue 14 section 1): one sample of the VM's key performance indicators.
+
+    Every number is finite or None: ``cpu_percent`` (of all cores, 0-100), ``load_1``,
+    ``load_5``, ``load_15`` (the members of ``load``), ``mem_*`` and ``disk_used``/``disk_total``
+    (bytes), ``disk_read_rate``/``disk_write_rate`` (bytes/s), ``interval`` and ``duration`` (s).
+    ``net``: interface name (whole) -> ``{field: finite or None}`` for :data:`KPI_NET_FIELDS`
+    (per second), the first :data:`MAX_KPI_INTERFACES` interfaces that are objects.
+    """
+
+    TYPE = T.KPI.value
+    cpu_percent: Optional[float]
+    load_1: Optional[float]
+    load_5: Optional[float]
+    load_15: Optional[float]
+    mem_used: Optional[float]
+    mem_available: Optional[float]
+    mem_total: Optional[float]
+    disk_used: Optional[float]
+    disk_total: Optional[float]
+    disk_read_rate: Optional[float]
+    disk_write_rate: Optional[float]
+    interval: Optional[float]
+    duration: Optional[float]
+    net: Mapping[str, Any]
+
+    @classmethod
+    def _read(cls, f: _Fields) -> Kpi:
+        load = f.data.get("load")
+        loads = _Fields(
+            cls.TYPE, {str(i): v for i, v in enumerate(load[:3])} if isinstance(load, list) else {}, "load."
+        )
+        net = f.data.get("net")
+        interfaces: Dict[str, Dict[str, Optional[float]]] = {}
+        for name, rates in net.items() if isinstance(net, Mapping) else ():
+            if len(interfaces) == MAX_KPI_INTERFACES:
+                break
+            if isinstance(name, str) and isinstance(rates, Mapping):
+                one = _Fields(cls.TYPE, rates, f"net.{name[:64]}.")
+                interfaces[name] = {k: one.finite(k) for k in KPI_NET_FIELDS}
+        numbers = {k: f.finite(k) for k in KPI_NUMBERS}
+        return cls(
+            cpu_percent=f.finite("cpu_percent"),
+            load_1=loads.finite("0"),
+            load_5=loads.finite("1"),
+            load_15=loads.finite("2"),
+            net=interfaces,
+            **numbers,
+        )
+
+
 # ---------------------------------------------------------------------------- protocol (docs/protocol.md)
 @dataclass(frozen=True)
 class Result(Payload):
@@ -495,6 +562,7 @@ PAYLOADS: Dict[str, Type[Payload]] = {
         PauseEnded,
         BreakStarted,
         ResumeReceived,
+        Kpi,
         Result,
         Hello,
         Ack,

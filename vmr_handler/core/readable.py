@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, List, Mapping, Optional
 
 from vmr_handler.core.fsutil import utc_text
 
@@ -67,3 +67,91 @@ def field_text(key: str, value: Any) -> str:
 def escaped(data: bytes) -> str:
     """``data`` as text: UTF-8 where it is, ``\\xNN`` for every byte that is not."""
     return data.decode("utf-8", "backslashreplace")
+
+
+def size(count: float) -> str:
+    """A byte count with a binary unit: ``512 B``, ``1.5 KiB``, ``3.2 MiB``, ``1.21 GiB``."""
+    if not math.isfinite(count):
+        return number(count) + " B"
+    value, unit = float(count), "B"
+    for bigger in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(value) < 1024:
+            break
+        value, unit = value / 1024, bigger
+    if unit == "B":
+        return f"{value:.0f} B"
+    return f"{value:.2f} {unit}" if abs(value) < 10 else f"{value:.1f} {unit}"
+
+
+def _finite(data: Mapping[str, Any], key: str) -> Optional[float]:
+    """``data[key]`` when it is a finite number (not a bool), else None (guest data: any value)."""
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+#: Interfaces named in a readable KPI line (the rest are counted).
+KPI_INTERFACES_SHOWN = 4
+
+
+def kpi_brief(data: Mapping[str, Any]) -> str:
+    """The short form of a ``kpi`` sample (``vmr-host status``): ``cpu 12.5%, mem 1.21 GiB/3.85
+    GiB, load 0.52``; parts the sample lacks are left out ('-' when none is there)."""
+    parts: List[str] = []
+    cpu = _finite(data, "cpu_percent")
+    if cpu is not None:
+        parts.append(f"cpu {number(round(cpu, 1))}%")
+    used, total = _finite(data, "mem_used"), _finite(data, "mem_total")
+    if used is not None:
+        parts.append(f"mem {size(used)}" + (f"/{size(total)}" if total is not None else ""))
+    load = data.get("load")
+    first = _finite({"v": load[0]}, "v") if isinstance(load, list) and load else None
+    if first is not None:
+        parts.append(f"load {number(round(first, 2))}")
+    return ", ".join(parts) or "-"
+
+
+def kpi_text(data: Mapping[str, Any]) -> str:
+    """The readable line of a ``kpi`` event's data (issue 14): CPU, load, memory, disk and its
+    I/O rates, the network rates of the first :data:`KPI_INTERFACES_SHOWN` interfaces, what
+    could not be read, how long the sample took. Any value may be missing or odd (a guest's):
+    such parts are left out."""
+    parts: List[str] = []
+    cpu = _finite(data, "cpu_percent")
+    if cpu is not None:
+        parts.append(f"cpu {number(round(cpu, 1))}%")
+    load = data.get("load")
+    loads = [_finite({"v": v}, "v") for v in load[:3]] if isinstance(load, list) else []
+    if loads and None not in loads:
+        parts.append("load " + " ".join(number(round(v or 0.0, 2)) for v in loads))
+    mem = [_finite(data, k) for k in ("mem_used", "mem_total", "mem_available")]
+    if mem[0] is not None and mem[1] is not None:
+        avail = f" ({size(mem[2])} available)" if mem[2] is not None else ""
+        parts.append(f"mem {size(mem[0])}/{size(mem[1])}{avail}")
+    disk = [_finite(data, k) for k in ("disk_used", "disk_total", "disk_read_rate", "disk_write_rate")]
+    if disk[0] is not None and disk[1] is not None:
+        parts.append(f"disk {size(disk[0])}/{size(disk[1])}")
+    if disk[2] is not None and disk[3] is not None:
+        parts.append(f"disk read {size(disk[2])}/s write {size(disk[3])}/s")
+    net = data.get("net")
+    if isinstance(net, Mapping) and net:
+        shown = []
+        for name, rates in list(net.items())[:KPI_INTERFACES_SHOWN]:
+            rates = rates if isinstance(rates, Mapping) else {}
+            rx, tx = _finite(rates, "bytes_recv"), _finite(rates, "bytes_sent")
+            io = f" in {size(rx)}/s out {size(tx)}/s" if rx is not None and tx is not None else ""
+            shown.append(str(name)[:32] + io)
+        more = f" (+{len(net) - KPI_INTERFACES_SHOWN} more)" if len(net) > KPI_INTERFACES_SHOWN else ""
+        parts.append("net " + ", ".join(shown) + more)
+    errors = data.get("errors")
+    if isinstance(errors, Mapping) and errors:
+        parts.append("unavailable: " + field_text("errors", dict(list(errors.items())[:8]))[:300])
+    took = _finite(data, "duration")
+    if took is not None:
+        parts.append(f"sampled in {duration(took)}")
+    return "; ".join(parts) or "(no values)"

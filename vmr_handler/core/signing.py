@@ -39,6 +39,12 @@ dropped), persisted atomically as JSON in ``state_path`` so that the memory surv
 restart or a reboot. A captured message replayed later than ``max_age`` is stale; one
 replayed sooner is a redelivery (harmless, by the idempotence above).
 
+``clock_resp`` (issue 16). With a key the host also signs every ``clock_resp`` (same format);
+the agent checks it with :meth:`Verifier.authenticate` (the refusals above up to ``signed for
+VM``) and takes it only when it answers a ``clock_req`` still waiting, with that request's exact
+``t1`` (:class:`vmr_handler.core.clockanswers.ClockAnswers`): no age check (the clock is what is
+being synchronised) and no replay memory on disk (the request ids are single-use).
+
 Units: every time is UTC epoch seconds (float); ages are seconds.
 """
 
@@ -308,6 +314,40 @@ class Verifier:
             SigningError: the replay memory cannot be saved (the event is not accepted; a
                 redelivery is checked again).
         """
+        signed_at = self.authenticate(event, vm)
+
+        def refuse(reason: str) -> SignatureError:
+            return SignatureError(event.type, event.id, reason)
+
+        age = now - signed_at
+        if age > self.max_age:
+            raise refuse(f"stale: signed {age:.1f} s ago (limit {self.max_age:g} s)")
+        if -age > self.max_age:
+            raise refuse(f"signed {-age:.1f} s in the future (limit {self.max_age:g} s)")
+        digest = _content_digest(event)
+        known = self._seen.get(event.id)
+        if known == digest:
+            return  # a legitimate redelivery, re-signed by the host after a reconnect
+        if known is not None:
+            raise refuse(f"reused id: id {event.id!r} was signed before with different content")
+        self._seen[event.id] = digest
+        self._trim()
+        try:
+            self._save()
+        except OSError as exc:
+            del self._seen[event.id]
+            raise SigningError(f"cannot save replay memory {self.state_path}: {exc.strerror}") from exc
+
+    def authenticate(self, event: Event, vm: str) -> float:
+        """Check that ``event`` is signed by the host key for VM ``vm``, nothing more (no age,
+        no replay memory: the caller judges freshness, e.g. a ``clock_resp`` by the request
+        it answers, :mod:`vmr_handler.core.clockanswers`). Returns the signed ``signed_at``
+        (UTC epoch seconds, host clock).
+
+        Raises:
+            SignatureError: unsigned, malformed signature, unsupported alg, signed by another
+                key, bad signature, or signed for another VM (the module docstring's reasons).
+        """
         sig = event.data.get(SIGNATURE_FIELD)
 
         def refuse(reason: str) -> SignatureError:
@@ -335,24 +375,7 @@ class Verifier:
             raise refuse("bad signature (the message was altered or not signed by the host)") from None
         if signed_vm != vm:
             raise refuse(f"signed for VM {signed_vm!r}, this is {vm!r}")
-        age = now - signed_at
-        if age > self.max_age:
-            raise refuse(f"stale: signed {age:.1f} s ago (limit {self.max_age:g} s)")
-        if -age > self.max_age:
-            raise refuse(f"signed {-age:.1f} s in the future (limit {self.max_age:g} s)")
-        digest = _content_digest(event)
-        known = self._seen.get(event.id)
-        if known == digest:
-            return  # a legitimate redelivery, re-signed by the host after a reconnect
-        if known is not None:
-            raise refuse(f"reused id: id {event.id!r} was signed before with different content")
-        self._seen[event.id] = digest
-        self._trim()
-        try:
-            self._save()
-        except OSError as exc:
-            del self._seen[event.id]
-            raise SigningError(f"cannot save replay memory {self.state_path}: {exc.strerror}") from exc
+        return signed_at
 
     # ------------------------------------------------------------------ persistence
     def _trim(self) -> None:

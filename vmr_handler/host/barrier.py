@@ -24,6 +24,7 @@ Operator release (:meth:`Barrier.release`):
 
 from __future__ import annotations
 
+import heapq
 import math
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Set
 
@@ -73,7 +74,26 @@ class Barrier:
         """Sorted names of exactly the VMs the barrier waits for (empty once the start is set)."""
         if self.start_time is not None:
             return []
-        return sorted(self.active - set(self.configured))
+        return sorted(self.active - self.configured.keys())
+
+    def waiting_count(self) -> int:
+        """How many VMs the barrier waits for (0 once the start is set). Set operations only,
+        no sort: called at every ``configured`` (10 000 VMs: sorting the names each time made
+        the barrier quadratic)."""
+        if self.start_time is not None:
+            return 0
+        return len(self.active - self.configured.keys())
+
+    def first_waiting(self, n: int) -> List[str]:
+        """The ``n`` first names (sorted) of the VMs the barrier waits for, for a log line."""
+        if self.start_time is not None:
+            return []
+        return heapq.nsmallest(n, self.active - self.configured.keys())
+
+    def all_configured(self) -> bool:
+        """Every active VM configured (and at least one is active)."""
+        active = self.active
+        return bool(active) and active <= self.configured.keys()
 
     def last_configured(self) -> Optional[float]:
         """UTC at which the last still-expected configured VM configured, or None."""
@@ -96,7 +116,8 @@ class Barrier:
         if vm in self.configured:
             return False
         self.configured[vm] = t
-        if self.start_time is None and vm in self.active and not self.waiting_for():
+        counts = vm in self.expected and vm not in self.excluded  # (``active`` builds a set)
+        if self.start_time is None and counts and self.all_configured():
             # the latest configured time, not this one: peer hosts report times out of order
             self.start_time = max(t, self.last_configured() or t) + self.buffer
             return True
@@ -116,7 +137,7 @@ class Barrier:
             return False
         self.expected |= set(add)
         self.expected -= set(remove)
-        if self.active and not self.waiting_for():
+        if self.all_configured():
             last = self.last_configured()
             if last is not None:
                 self.start_time = last + self.buffer
@@ -154,7 +175,7 @@ class Barrier:
         if not names:
             self.released |= set(self.waiting_for())
             self.released_at = t
-        elif self.waiting_for():
+        elif self.waiting_count():
             return None
         last = self.last_configured()
         self.start_time = max(t if last is None else last, t) + self.buffer
@@ -218,9 +239,20 @@ class Barrier:
             if t is None:
                 raise ValueError(f"bad start_time {start!r}")
             barrier.start_time = t
-        elif barrier.active and not barrier.waiting_for():
+        elif barrier.all_configured():
             # every VM had configured but the host stopped before it saved the start
             last = barrier.last_configured()
             assert last is not None
             barrier.start_time = last + barrier.buffer
         return barrier
+
+
+def waiting_text(barrier: Barrier, shown: int = 8) -> str:
+    """Who the barrier waits for, for a log line: ``"a, b, c"``, ``"a, ... h and 9,992 more"``
+    or ``"nobody"`` (at most ``shown`` names: a line per ``configured`` naming all 10 000 VMs
+    made 441 MB of host log for one barrier)."""
+    count = barrier.waiting_count()
+    names = ", ".join(barrier.first_waiting(shown))
+    if count > shown:
+        return f"{names} and {count - shown:,} more"
+    return names or "nobody"

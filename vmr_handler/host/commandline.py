@@ -53,6 +53,16 @@ def _positive(text: str) -> float:
     return value
 
 
+def _kpi_interval(text: str) -> float:
+    """0 (off) or seconds >= ``MIN_KPI_INTERVAL`` between two KPI samples (``--kpi-interval``)."""
+    from vmr_handler.core.payloads import MIN_KPI_INTERVAL
+
+    value = _seconds(text)
+    if 0 < value < MIN_KPI_INTERVAL:
+        raise argparse.ArgumentTypeError(f"must be 0 (off) or >= {MIN_KPI_INTERVAL:g}, got {text!r}")
+    return value
+
+
 def _count(text: str) -> int:
     """A positive whole number (bytes, ids) of a tuning option."""
     try:
@@ -122,6 +132,13 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action="store_true",
         help="QEMU is the socket server (server=on,wait=off): connect to each <vm>.sock, reconnect "
         "with backoff",
+    )
+    serve.add_argument(
+        "--kpi-interval",
+        type=_kpi_interval,
+        default=10.0,
+        metavar="SECONDS",
+        help="each agent reports its VM's CPU, memory, disk and network every SECONDS (default 10; 0 = off)",
     )
     serve.add_argument(
         "--signing-key",
@@ -415,6 +432,7 @@ def build_config(args: argparse.Namespace) -> HostConfig:
         peers=peers,
         signing_key=signing_key,
         http=http,
+        kpi_interval=args.kpi_interval,
     )
 
 

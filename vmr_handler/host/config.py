@@ -148,6 +148,8 @@ class HostConfig:
             time and RESUME are signed with it (SPEC §7). None: unsigned.
         http: serve VM-resource files over HTTP(S) (``--http``, :mod:`vmr_handler.host.http`);
             None: only over the channel.
+        kpi_interval: seconds between two KPI samples of each agent (``--kpi-interval``; 0 = no
+            KPIs; issue 14, seed 004's ``repeat``); told to every agent in its ``welcome``.
     """
 
     vms: Dict[str, VmSpec]
@@ -165,3 +167,4 @@ class HostConfig:
     peers: FrozenSet[str] = frozenset()
     signing_key: Any = None
     http: Optional[HttpOptions] = None
+    kpi_interval: float = 10.0

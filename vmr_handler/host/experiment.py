@@ -16,13 +16,14 @@ import math
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Set, Tuple
+from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Protocol, Set, Tuple
 
 from vmr_handler import __version__
 from vmr_handler.core.events import Event
 from vmr_handler.core.names import VM_NAME
 from vmr_handler.core.protocol import RESUME, START_TIME
-from vmr_handler.host.barrier import Barrier
+from vmr_handler.core.runs import new_run_id, run_of
+from vmr_handler.host.barrier import Barrier, waiting_text
 from vmr_handler.host.config import HostConfig
 from vmr_handler.host.session import VmSession
 from vmr_handler.host.store import ExperimentStore
@@ -109,9 +110,9 @@ class Experiment:
         self.config = config
         self.sessions = sessions
         self.store = ExperimentStore(config.logs)
-        self.barrier = Barrier(self.barrier_expected(), config.start_buffer)
-        #: peer host id -> the VMs it announced (coordinator)
+        #: peer host id -> the VMs it announced (coordinator; kept in experiment.json)
         self.peer_vms: Dict[str, List[str]] = {}
+        self.barrier = Barrier(self.barrier_expected(), config.start_buffer)
         self.start_id: Optional[str] = None
         self.start_set_at: Optional[float] = None
         self.resumes: List[ResumeRecord] = []
@@ -120,6 +121,13 @@ class Experiment:
         #: VMs that failed / completed, for the running counts of the log (issue 13)
         self.outcomes: Dict[str, Set[str]] = {}
         self.mqtt: Optional[Publisher] = None  # the MqttService in mqtt mode
+        #: this host's run id: new with new logs, kept in experiment.json (issue 16)
+        self.run_id: str = new_run_id()
+        #: seconds between two KPI samples of each agent, told in ``welcome`` (issue 14)
+        self.kpi_interval = config.kpi_interval
+        #: member: the run of the coordinator, learnt from its retained ``_start`` topic
+        self.coordinator_run: Optional[str] = None
+        self._stale_noted: Set[Tuple[str, Optional[str]]] = set()  # (peer, run) said ignored
         self._pending_jobs: Set[str] = set()  # debounced jobs (_soon)
 
     # ------------------------------------------------------------------ state
@@ -136,6 +144,8 @@ class Experiment:
         barrier = saved.get("barrier", {})
         if not isinstance(barrier, Mapping):
             raise ValueError("'barrier' must be an object")
+        self.run_id = run_of(saved.get("run_id")) or self.run_id  # saved before run ids: a new one
+        self.peer_vms = restore_peers(saved.get("peer_vms"), self.config.peers)
         self.barrier = Barrier.from_dict(barrier, self.barrier_expected(), self.config.start_buffer)
         start_id = saved.get("start_time_id")
         self.start_id = start_id if isinstance(start_id, str) and start_id else None
@@ -163,6 +173,8 @@ class Experiment:
         return {
             "version": STATE_VERSION,
             "host_version": __version__,
+            "run_id": self.run_id,
+            "peer_vms": self.peer_vms,
             "barrier": self.barrier.to_dict(),
             "start_time_id": self.start_id,
             "start_set_at": self.start_set_at,
@@ -201,22 +213,29 @@ class Experiment:
 
     # ------------------------------------------------------------------ several hosts
     def barrier_expected(self) -> Set[str]:
-        """What the barrier waits for: this host's expected VMs, plus ``host:<peer>`` for each
-        peer not yet announced (coordinator) or ``host:coordinator`` (member: never decides)."""
+        """What the barrier waits for: this host's expected VMs, plus the VMs each peer
+        announced or ``host:<peer>`` until it does (coordinator), or ``host:coordinator``
+        (member: never decides)."""
         cfg = self.config
         names = set(cfg.expected)
         if cfg.role == "coordinator":
-            names |= {PEER_PREFIX + p for p in cfg.peers}
+            names |= {PEER_PREFIX + p for p in cfg.peers if p not in self.peer_vms}
+            names = names.union(*self.peer_vms.values())
         elif cfg.role == "member":
             names.add(PEER_PREFIX + "coordinator")
         return names
 
-    def host_state(self) -> Dict[str, Any]:
+    def host_state(self) -> Optional[Dict[str, Any]]:
         """This host's announcement to the coordinator (member): its VMs and their configured
-        times (UTC, this host's clock; hosts sharing a broker keep NTP time)."""
+        times (UTC, this host's clock; hosts sharing a broker keep NTP time), its run and the
+        coordinator's run it answers; None until that run is known (issue 16)."""
+        if self.coordinator_run is None:
+            return None
         own = set(self.config.expected) - self.barrier.excluded
         return {
             "host": self.config.host_id,
+            "run": self.run_id,
+            "coordinator_run": self.coordinator_run,
             "expected": sorted(own),
             "configured": {vm: t for vm, t in sorted(self.barrier.configured.items()) if vm in own},
             "sent_at": time.time(),
@@ -231,6 +250,8 @@ class Experiment:
             return
         if peer not in self.config.peers:
             log.warning("announcement from host %r ignored: not a --peers host", peer)
+            return
+        if not self._of_this_run(peer, doc):
             return
         expected, configured = doc.get("expected"), doc.get("configured")
         if not isinstance(expected, list) or not isinstance(configured, dict) or len(expected) > MAX_PEER_VMS:
@@ -254,13 +275,43 @@ class Experiment:
         else:
             self.save()
 
+    def _of_this_run(self, peer: str, doc: Mapping[str, Any]) -> bool:
+        """Whether ``peer``'s announcement answers this coordinator's run; if not (a retained
+        announcement of an earlier run, issue 16) it is logged once per peer and run."""
+        answers = run_of(doc.get("coordinator_run"))
+        if answers == self.run_id:
+            return True
+        if (peer, answers) not in self._stale_noted:
+            self._stale_noted.add((peer, answers))
+            log.warning(
+                "announcement from host %s ignored: it answers run %s, this coordinator's run is "
+                "%s (a stale retained announcement of an earlier run; the host announces again "
+                "once it sees this run)",
+                peer,
+                answers or "(none)",
+                self.run_id,
+            )
+        return False
+
     def on_coordinator_start(self, doc: Mapping[str, Any]) -> None:
-        """The coordinator's start (member): adopt it unless it is stale.
+        """The coordinator's run and start (member): learn its run (and announce this host's
+        VMs to it), then adopt the start unless it is stale.
 
         A retained start left from an earlier run of the same experiment name would name this
         host's VMs as configured at times this host never saw: such a start is ignored.
         """
-        if self.config.role != "member" or self.barrier.start_time is not None:
+        if self.config.role != "member":
+            return
+        run = run_of(doc.get("run"))
+        if run is None:
+            log.warning("start from the coordinator without a run id ignored (another version?)")
+            return
+        if run != self.coordinator_run:
+            log.info("coordinator %s runs %s", doc.get("coordinator"), run)
+            self.coordinator_run = run
+            if self.mqtt is not None:
+                self.mqtt.publish_host_state()
+        if self.barrier.start_time is not None or doc.get("start_time") is None:
             return
         start, configured = doc.get("start_time"), doc.get("configured")
         released = doc.get("released") or []
@@ -285,16 +336,18 @@ class Experiment:
         self.barrier.restore_start(float(start))
         self._start_was_set()
 
-    def start_announcement(self) -> Optional[Dict[str, Any]]:
-        """The start as the coordinator publishes it to member hosts (None before it is set)."""
+    def start_announcement(self) -> Dict[str, Any]:
+        """What the coordinator publishes (retained) to member hosts: its run, and the start
+        once it is set (``start_time`` None before)."""
         b = self.barrier
+        doc: Dict[str, Any] = {"run": self.run_id, "coordinator": self.config.host_id, "start_time": None}
         if b.start_time is None:
-            return None
+            return doc
         return {
+            **doc,
             "start_time": b.start_time,
             "configured": dict(sorted(b.configured.items())),
             "released": sorted(b.released | b.excluded),
-            "coordinator": self.config.host_id,
         }
 
     # ------------------------------------------------------------------ HostApi
@@ -303,7 +356,8 @@ class Experiment:
         start = self.barrier.start_time
         if start is None or self.start_id is None:
             return None
-        return Event(START_TIME, self.start_set_at or start, self.start_id, {"start_time": start})
+        data = {"start_time": start, "run": self.run_id}  # an agent takes only its host's run's
+        return Event(START_TIME, self.start_set_at or start, self.start_id, data)
 
     def pending_resumes(self, vm: str) -> List[Event]:
         """``resume`` events issued to ``vm`` and not yet answered, oldest first."""
@@ -314,11 +368,10 @@ class Experiment:
         if vm in self.barrier.configured:
             return
         just_set = self.barrier.configure(vm, at)
-        if vm in self.barrier.active:
-            waiting = self.barrier.waiting_for()
-            done = len(self.barrier.configured.keys() & self.barrier.expected)
-            log.info("%s configured (%d/%d); barrier waits for %s", vm, done, len(self.barrier.expected),
-                     ", ".join(waiting) or "nobody")  # fmt: skip
+        if vm in self.barrier.expected and vm not in self.barrier.excluded:
+            log.info("%s configured (%d/%d); barrier waits for %s", vm,
+                     len(self.barrier.configured.keys() & self.barrier.expected), len(self.barrier.expected),
+                     waiting_text(self.barrier))  # fmt: skip
         if just_set:
             self._start_was_set()
         elif not self.loading:
@@ -431,6 +484,7 @@ class Experiment:
         """The ``experiment`` member of ``vmr-host status`` at UTC ``now``."""
         b = self.barrier
         return {
+            "run_id": self.run_id,
             "start_time": b.start_time,
             "start_in": None if b.start_time is None else b.start_time - now,
             "start_buffer": b.buffer,
@@ -441,3 +495,21 @@ class Experiment:
             "released": sorted(b.released),
             "released_at": b.released_at,
         }
+
+
+def restore_peers(saved: Any, peers: Collection[str]) -> Dict[str, List[str]]:
+    """The peers' announced VMs as ``experiment.json`` keeps them (``{peer: [vm, ...]}``), for
+    the ``--peers`` hosts still configured (a coordinator restarted with the same logs knows
+    them before their retained announcements arrive again).
+
+    Raises:
+        ValueError: ``saved`` is not such a mapping.
+    """
+    if saved is None:
+        return {}
+    if not isinstance(saved, Mapping) or not all(
+        isinstance(vms, list) and all(isinstance(v, str) and VM_NAME.match(v) for v in vms)
+        for vms in saved.values()
+    ):
+        raise ValueError("'peer_vms' must map host ids to lists of VM names")
+    return {str(p): sorted(vms) for p, vms in saved.items() if p in peers}

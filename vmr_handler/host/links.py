@@ -205,8 +205,9 @@ class SessionReader:
                 data = await self.channel.read()
                 self.session.feed(data, time.time())
                 wait = self.pause(len(data)) if self.pause is not None else 0.0
-                if wait > 0:
-                    await asyncio.sleep(min(wait, MAX_READ_PAUSE))
+                # always yield: with bytes already buffered, read() returns without letting
+                # any other VM's reader run, so a flooding VM would hold the loop (issue 16)
+                await asyncio.sleep(min(wait, MAX_READ_PAUSE) if wait > 0 else 0)
             self.reason = "closed by host"
         except ChannelClosed as exc:
             if isinstance(exc.__cause__, OSError):  # the connection failed, not just ended

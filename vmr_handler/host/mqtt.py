@@ -14,14 +14,18 @@ barrier, logs and de-duplication by event id). What differs (``docs/mqtt.md``):
   connection carries every VM: reading cannot pause for one);
 * the start time is also published **retained** on ``vmr/E/V/start``, so a late or rebooted
   VM learns it from the broker even while this host is away; a host that starts an
-  experiment with no start time yet clears those retained messages first;
+  experiment with no start time yet clears those retained messages first, and every start
+  names this host's run (:mod:`vmr_handler.core.runs`): an agent ignores another run's;
 * a lost broker connection detaches every VM and reconnects with backoff (tenacity).
 
-Several hosts, one broker (``--coordinator`` / ``--member``): a member publishes its VMs and
-their configured times retained on ``vmr/E/_hosts/<host>/state``; the coordinator waits
-for every ``--peers`` host's announcement and their VMs as for its own, decides the start
-and publishes it retained on ``vmr/E/_hosts/_start``; members adopt it and pass it to their
-VMs. The broker (a mosquitto bridge, or a clustered broker) is the distributed part.
+Several hosts, one broker (``--coordinator`` / ``--member``): the coordinator publishes its
+run retained on ``vmr/E/_hosts/_start``; a member that has seen it publishes its VMs, their
+configured times and that run retained on ``vmr/E/_hosts/<host>/state``; the coordinator
+takes only announcements of its run (an earlier run's retained ones are ignored), waits for
+every ``--peers`` host's VMs as for its own, decides the start and publishes it on
+``_start``; members adopt it and pass it to their VMs. The broker (a mosquitto bridge, or a
+clustered broker) is the distributed part; a coordinator restarted on its logs is the same
+run and carries on (``docs/mqtt.md``).
 """
 
 from __future__ import annotations
@@ -77,8 +81,9 @@ class MqttHost(Protocol):
     def signs(self) -> bool:
         """Whether control events are signed."""
 
-    def host_state(self) -> Dict[str, Any]:
-        """This host's state document for its peers (retained on the broker)."""
+    def host_state(self) -> Optional[Dict[str, Any]]:
+        """This host's state document for its peers (retained on the broker); None while it
+        has nothing to announce (a member that has not seen the coordinator's run yet)."""
 
     def on_peer_state(self, peer: str, doc: Mapping[str, Any]) -> None:
         """A member host's state document arrived (coordinator only)."""
@@ -89,8 +94,8 @@ class MqttHost(Protocol):
     def start_event(self) -> Optional[Event]:
         """The ``start_time`` event, once the start is set."""
 
-    def start_announcement(self) -> Optional[Dict[str, Any]]:
-        """The start document a coordinator announces to its members."""
+    def start_announcement(self) -> Dict[str, Any]:
+        """The run (and start, once set) a coordinator announces to its members."""
 
     def sign_for(self, vm: str, event: Event) -> Event:
         """``event`` signed for ``vm`` (unchanged when signing is off)."""
@@ -161,8 +166,6 @@ class MqttService:
             if first and self.server.barrier.start_time is None:
                 for vm in self.server.sessions:  # a stale start of an earlier run must not be learnt
                     bridge.publish_nowait(self.topics(vm).start, b"", retain=True)
-                if self.role == "coordinator":
-                    bridge.publish_nowait(self.hosts_topic("_start"), b"", retain=True)
             first = False
             self.publish_start()
             self.publish_host_state()
@@ -213,8 +216,9 @@ class MqttService:
 
     def publish_host_state(self) -> None:
         """Announce this member's VMs and configured times (retained; no-op for other roles)."""
-        if self.role == "member" and self.bridge is not None:
-            doc = json.dumps(self.server.host_state(), separators=(",", ":")).encode()
+        state = self.server.host_state() if self.role == "member" and self.bridge is not None else None
+        if state is not None and self.bridge is not None:
+            doc = json.dumps(state, separators=(",", ":")).encode()
             self.bridge.publish_nowait(self.hosts_topic(f"{self.host_id}/state"), doc, retain=True)
 
     def _on_host_message(self, topic: str, payload: bytes) -> None:
@@ -316,10 +320,17 @@ class MqttService:
             self.publish_start()
 
     def publish_start(self) -> None:
-        """Publish the start time retained on every VM's ``start`` topic (no-op before it is set)."""
+        """Publish the start time retained on every VM's ``start`` topic (once it is set), and
+        a coordinator's run and start on ``_hosts/_start`` (retained; replaces an earlier run's,
+        so members answer this run, issue 16)."""
         bridge = self.bridge
+        if bridge is None:
+            return
+        if self.role == "coordinator":
+            doc = json.dumps(self.server.start_announcement(), separators=(",", ":")).encode()
+            bridge.publish_nowait(self.hosts_topic("_start"), doc, retain=True)
         start = self.server.start_event()
-        if bridge is None or start is None:
+        if start is None:
             return
         expiry = SIGNED_START_EXPIRY if self.server.signs else None
         for vm in self.server.sessions:
@@ -327,10 +338,6 @@ class MqttService:
             # signed: expires with its signature (300 s), re-published every START_REFRESH s,
             # so no stale copy waits in the queue of a VM that is away
             bridge.publish_nowait(self.topics(vm).start, frame, retain=True, expiry=expiry)
-        announcement = self.server.start_announcement()
-        if self.role == "coordinator" and announcement is not None:
-            doc = json.dumps(announcement, separators=(",", ":")).encode()
-            bridge.publish_nowait(self.hosts_topic("_start"), doc, retain=True)
 
 
 def _presence_state(payload: bytes) -> Optional[str]:

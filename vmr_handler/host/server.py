@@ -31,11 +31,13 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 from vmr_handler import __version__
 from vmr_handler.core.control import ControlServer
 from vmr_handler.core.errors import ControlError, HostSetupError, ResourceRefused
+from vmr_handler.host.barrier import waiting_text
 from vmr_handler.host.channels import Channels, channel_mode
 from vmr_handler.host.config import HostConfig, VmSpec
 from vmr_handler.host.control_api import ControlApi
 from vmr_handler.host.control_client import control_socket_path
 from vmr_handler.host.experiment import Experiment
+from vmr_handler.host.fdlimit import ensure_fd_limit, fd_needs
 from vmr_handler.host.http import ResourceHttp
 from vmr_handler.host.httpcommon import NoteFn
 from vmr_handler.host.resources import ResourceStore
@@ -103,11 +105,14 @@ class HostServer:
         """Create directories, restore ``experiment.json``, replay every VM's ``.jsonl``.
 
         Raises:
-            HostSetupError: a path is too long (exit 2), or the state cannot be read or the
-                directories cannot be made (exit 1).
+            HostSetupError: a path is too long (exit 2), or the state cannot be read, the
+                directories cannot be made or the open-files limit cannot be raised to what
+                the VMs need (exit 1; :mod:`vmr_handler.host.fdlimit`).
         """
         self.check_paths()
         cfg = self.config
+        http_per_vm = self.limits.resource_streams if cfg.http is not None else 0
+        ensure_fd_limit(fd_needs(len(cfg.vms), self.mode, http_per_vm))  # before any log is opened
         try:
             os.makedirs(cfg.logs, mode=0o750, exist_ok=True)
             self._lock_logs()
@@ -215,7 +220,6 @@ class HostServer:
         """
         if not self._opened:
             self.open()
-        _raise_fd_limit(5 * len(self.sessions) + 64)
         try:
             api = ControlApi(self.experiment, self.mode)
             self._control = ControlServer(
@@ -237,7 +241,7 @@ class HostServer:
                 len(self.sessions),
                 self.mode,
                 self.channels.describe(),
-                ", ".join(self.experiment.barrier.waiting_for()) or "nobody",
+                waiting_text(self.experiment.barrier),
             )
             await stop.wait()
         finally:
@@ -297,16 +301,3 @@ class HostServer:
             if s.log.due(stopping=True):
                 save_checkpoint(s)
             s.log.close()
-
-
-def _raise_fd_limit(needed: int) -> None:
-    """Raise the soft open-files limit towards ``needed`` (listener, connection, two logs per VM)."""
-    try:
-        import resource
-
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft != resource.RLIM_INFINITY and soft < needed:
-            target = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    except (ImportError, ValueError, OSError) as exc:
-        log.warning("cannot raise the open-files limit to %d: %s", needed, exc)

@@ -31,6 +31,7 @@ import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, TypeVar
 
 from vmr_handler import __version__
+from vmr_handler.core.clockanswers import StampLead
 from vmr_handler.core.errors import PayloadError
 from vmr_handler.core.events import Event
 from vmr_handler.core.payloads import Ack, ClockReq, Hello
@@ -65,10 +66,14 @@ from vmr_handler.host.sessionapi import HostApi, HostEvents, Link
 from vmr_handler.host.store import DurableAcks, VmLog
 from vmr_handler.host.transfers import TransferStore
 from vmr_handler.host.vmstate import Counters, VmState, add_stats, frames_status
+from vmr_handler.host.writespell import WriteSpell
 
 log = logging.getLogger("vmr_handler.host")
 _T = TypeVar("_T")
 
+#: How far ahead a clock_resp's t3 is stamped: what signing and sending take after the stamp,
+#: measured over this host's recent answers (every VM's; issue 16, docs/protocol.md).
+CLOCK_LEAD = StampLead()
 #: Event types only the host sends; a guest sending one breaks the protocol.
 HOST_ONLY = frozenset({WELCOME, SCHEDULE, CLOCK_RESP, RESOURCE_CHUNK, START_TIME, RESUME})
 #: Handshakes answered per VM: 2 per second, burst 10 (an agent says hello twice per
@@ -208,12 +213,10 @@ class VmSession:
         self.link: Optional[Link] = None
         self.decoder: Optional[FrameDecoder] = None
         self.stats_base = DecoderStats()
-        self.connections = 0
+        self.connections = self.handshakes = 0
         self.connected_since: Optional[float] = None
         self.handshaken = False
-        self.handshakes = 0
-        self._last_send = 0.0  # monotonic
-        self._last_recv = 0.0  # monotonic
+        self._last_send = self._last_recv = 0.0  # monotonic
         self.silent = False
         self.bucket = TokenBucket(limits.rate, limits.burst)
         self.hello_bucket = TokenBucket(HELLO_RATE, HELLO_BURST)
@@ -226,6 +229,7 @@ class VmSession:
         self._warned: Dict[str, int] = {}
         self.intake = TransferIntake(transfers, self.counters, self.warn, self._store)
         self.acks = DurableAcks(vmlog, lambda ids: self._send([self.events.make(ACK, {"ids": ids})]))
+        self._write_spell = WriteSpell(self.name)
         #: unstored control event type -> its handler (event, host UTC received)
         self._handlers: Dict[str, Callable[[Event, float], None]] = {
             HELLO: self._on_hello_limited,
@@ -391,8 +395,9 @@ class VmSession:
         try:
             new = self.log.write([(e, recv_time) for e in to_store])
         except OSError as exc:
-            log.error("%s: cannot write the log (%s): events left unacknowledged", self.name, exc)
+            self._write_spell.failed(exc)
             return
+        self._write_spell.ok()
         self.counters.unstorable += self.log.placeholders - placeholders
         for ev in new:
             self.apply(ev, recv_time)
@@ -470,6 +475,8 @@ class VmSession:
             "schedule_digest": self.spec.digest,
             "start_time": start.data["start_time"] if start is not None else None,
             "resumes": [r.id for r in pending],
+            "run": self.host.run_id,  # the agent takes only start times of this run (issue 16)
+            "kpi_interval": self.host.kpi_interval,  # the agent samples its VM (issue 14)
         }
         self._send([self.events.make(WELCOME, welcome)])
         if digest != self.spec.digest:
@@ -502,11 +509,11 @@ class VmSession:
             self.counters.protocol_errors += 1
             self.warn("clock", "clock_req without a finite t1", recv_time)
             return
-        t3 = time.time()
-        resp = Event(
-            CLOCK_RESP, t3, self.events.next_id(), {"answers": ev.id, "t1": req.t1, "t2": recv_time, "t3": t3}
-        )
-        self._send([resp])
+        now = time.time()  # t3: stamped ahead by what signing (issue 16) and sending take after it
+        data = {"answers": ev.id, "t1": req.t1, "t2": recv_time, "t3": now + CLOCK_LEAD.value}
+        resp = self.host.sign_for(self.name, Event(CLOCK_RESP, now, self.events.next_id(), data))
+        self._send_raw(encode_message([resp], time.time()))
+        CLOCK_LEAD.note(time.time() - now)
 
     # ------------------------------------------------------------------ pushes from the host
     def push_start_time(self) -> None:

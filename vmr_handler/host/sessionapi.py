@@ -57,6 +57,15 @@ class HostApi(ReportHost, Protocol):
     """What a session needs from the experiment (implemented by
     :class:`~vmr_handler.host.experiment.Experiment`)."""
 
+    @property
+    def run_id(self) -> Optional[str]:
+        """This host's run id (``vmr_handler.core.runs``), told in ``welcome`` (issue 16)."""
+
+    @property
+    def kpi_interval(self) -> float:
+        """Seconds between two KPI samples of each agent (``serve --kpi-interval``; 0 = off),
+        told in ``welcome`` (issue 14, seed 004)."""
+
     def start_event(self) -> Optional[Event]:
         """The ``start_time`` event (stable id), or None before the start is set."""
 

@@ -13,7 +13,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from vmr_handler.core.fsutil import utc_text
-from vmr_handler.core.readable import duration
+from vmr_handler.core.readable import duration, kpi_brief
 
 #: The order of states in the counts line: problems first.
 STATE_ORDER = (
@@ -69,6 +69,19 @@ def phase(vm: Dict[str, Any], start: Optional[float], now: float) -> str:
     if isinstance(stage_time, (int, float)) and vm.get("configured_at") is None:
         return f"stage {stage_time:g}"
     return "configured" if vm.get("configured_at") is not None else "-"
+
+
+def kpi_cell(vm: Dict[str, Any], now: float) -> str:
+    """The VM's latest KPI sample in short (``cpu 12.5%, mem 1.21 GiB/3.85 GiB, load 0.52``),
+    with its age when it is older than 3 intervals; ``-`` when it reported none (issue 14)."""
+    kpi = vm.get("kpi")
+    if not kpi:
+        return "-"
+    text = kpi_brief(kpi)
+    at, interval = kpi.get("at"), kpi.get("interval")
+    if isinstance(at, (int, float)) and isinstance(interval, (int, float)) and now - at > 3 * interval:
+        text += f" ({duration(now - at)} old)"
+    return text
 
 
 def keep(vm: Dict[str, Any], states: Sequence[str], names: Sequence[str]) -> bool:
@@ -162,8 +175,10 @@ def format_status(
         + (f"; released: {', '.join(exp['released'])}" if exp["released"] else "")
     )
     lines.append(counts(result["vms"]))
-    header = ("VM", "CONN", "STATE", "WHERE", "LAST SEEN", "LATENESS", "FAILURES", "NOTES")
-    rows = [header]
+    kpis = any(vm.get("kpi") for vm in result["vms"])  # the column only when some VM reports KPIs
+    header = ("VM", "CONN", "STATE", "WHERE", "LAST SEEN", "LATENESS", "FAILURES", *(["KPI"] if kpis else []))
+    header += ("NOTES",)
+    rows: List[Sequence[str]] = [header]
     for vm in result["vms"]:
         if not keep(vm, states, names):
             continue
@@ -188,6 +203,7 @@ def format_status(
                 _ago(now, vm["last_seen"]),
                 "-" if late is None else duration(late),
                 str(vm["failures"]),
+                *([kpi_cell(vm, now)] if kpis else []),
                 "; ".join(notes),
             )
         )

@@ -7,8 +7,10 @@ dispatches its typed payload through a table.
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple, Type, TypeVar
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple, Type, TypeVar
 
 from vmr_handler.core.events import Event
 from vmr_handler.core.payloads import (
@@ -20,6 +22,7 @@ from vmr_handler.core.payloads import (
     EntryInterrupted,
     EntryStarted,
     Hello,
+    Kpi,
     PauseEnded,
     PauseStarted,
     Payload,
@@ -49,6 +52,65 @@ REPLAYED = (
     "configured_at", "failed", "failed_at", "failed_entry", "failure_history", "complete",
     "at_break", "paused", "last_entry", "last_seen", "max_lateness", "failures",
 )  # fmt: skip
+
+
+#: KPI samples kept per VM for series (sparklines): the last N, whatever a guest sends (issue 14).
+KPI_HISTORY = 60
+#: What each kept KPI sample holds, in order (:meth:`VmState.kpi_series`): host UTC received,
+#: CPU %, memory used (bytes), 1 min load, network in/out of every interface and disk
+#: read/write (bytes/s).
+KPI_SERIES = (
+    "at", "cpu_percent", "mem_used", "load_1", "net_recv", "net_sent", "disk_read_rate", "disk_write_rate",
+)  # fmt: skip
+#: Characters of an interface name kept (a guest's).
+KPI_NAME = 64
+
+_Sample = Tuple[Optional[float], ...]
+
+
+def kpi_record(p: Kpi, received: float) -> Dict[str, Any]:
+    """The latest-sample form of a ``kpi`` payload (``vmr-host status``'s ``kpi``, JSON safe):
+    ``at`` (host UTC received), ``interval``, ``cpu_percent``, ``load`` ``[1, 5, 15 min]``,
+    ``mem_*``/``disk_*`` (bytes, bytes/s) and ``net`` (interface, made printable and cut to
+    :data:`KPI_NAME` characters -> its rates); a value the guest did not send well is None."""
+    return {
+        "at": received,
+        "interval": p.interval,
+        "cpu_percent": p.cpu_percent,
+        "load": [p.load_1, p.load_5, p.load_15],
+        "mem_used": p.mem_used,
+        "mem_available": p.mem_available,
+        "mem_total": p.mem_total,
+        "disk_used": p.disk_used,
+        "disk_total": p.disk_total,
+        "disk_read_rate": p.disk_read_rate,
+        "disk_write_rate": p.disk_write_rate,
+        "net": {short(name, KPI_NAME): dict(rates) for name, rates in p.net.items()},
+    }
+
+
+def _net_total(p: Kpi, key: str) -> Optional[float]:
+    """The sum of ``key`` over the interfaces that sent it (None when none did)."""
+    values = [v for rates in p.net.values() if (v := rates.get(key)) is not None]
+    return math.fsum(values) if values else None
+
+
+def _kpi_snapshot(data: Any) -> Tuple[Optional[Dict[str, Any]], List[_Sample]]:
+    """The KPI members of a :meth:`VmState.snapshot` (none in a checkpoint of an older host).
+
+    Raises:
+        ValueError: they are not what a snapshot holds.
+    """
+    kpi, history = data.get("kpi"), data.get("kpi_history", [])
+    good = isinstance(history, list) and all(
+        isinstance(s, list)
+        and len(s) == len(KPI_SERIES)
+        and all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in s)
+        for s in history
+    )
+    if (kpi is not None and not isinstance(kpi, dict)) or not good:
+        raise ValueError("not a VM state snapshot: bad kpi or kpi_history")
+    return kpi, [tuple(s) for s in history[-KPI_HISTORY:]]
 
 
 def short(text: Optional[str], limit: int = 128) -> Optional[str]:
@@ -160,6 +222,9 @@ class VmState:
         self.max_lateness: Optional[float] = None
         self.failures = 0
         self.start_acked = False
+        #: the latest KPI sample (:func:`kpi_record`) and the last :data:`KPI_HISTORY` ones
+        self.kpi: Optional[Dict[str, Any]] = None
+        self.kpi_history: Deque[_Sample] = deque(maxlen=KPI_HISTORY)
         #: report type -> what its typed payload changes (payload, host UTC received)
         self._appliers: Dict[str, _Apply] = dict(
             [
@@ -178,6 +243,7 @@ class VmState:
                 _on(PauseEnded, self._pause_ended),
                 _on(ResumeReceived, self._resume_received),
                 _on(Result, self._result),
+                _on(Kpi, self._kpi),
             ]
         )
 
@@ -293,15 +359,29 @@ class VmState:
         else:
             self.host.on_resume_answer(self.name, p.answers, p.data, received)
 
+    def _kpi(self, p: Kpi, received: float) -> None:
+        self.kpi = kpi_record(p, received)
+        net = (_net_total(p, "bytes_recv"), _net_total(p, "bytes_sent"))
+        self.kpi_history.append(
+            (received, p.cpu_percent, p.mem_used, p.load_1, *net, p.disk_read_rate, p.disk_write_rate)
+        )
+
+    def kpi_series(self) -> Dict[str, List[Optional[float]]]:
+        """The kept KPI samples as series, oldest first: :data:`KPI_SERIES` name -> values."""
+        return {name: [s[i] for s in self.kpi_history] for i, name in enumerate(KPI_SERIES)}
+
     # ------------------------------------------------------------------ checkpoint
     def snapshot(self) -> Dict[str, Any]:
         """What the stored reports set, JSON safe (the restart checkpoint, issue 16): the
-        members of :data:`REPLAYED` and ``running`` as ``[[index, host UTC], ...]``. A schedule
-        only *sent* is saved as ``pending`` (it is sent again at the next handshake)."""
+        members of :data:`REPLAYED`, ``running`` as ``[[index, host UTC], ...]``, the latest
+        ``kpi`` and ``kpi_history`` (lists of :data:`KPI_SERIES` values). A schedule only *sent*
+        is saved as ``pending`` (it is sent again at the next handshake)."""
         data = {k: getattr(self, k) for k in REPLAYED}
         if data["schedule_state"] == "sent":
             data["schedule_state"] = "pending"
         data["running"] = [[i, t] for i, t in self.running.items()]
+        data["kpi"] = self.kpi
+        data["kpi_history"] = [list(sample) for sample in self.kpi_history]
         return data
 
     def restore(self, data: Any) -> None:
@@ -319,9 +399,12 @@ class VmState:
             values["failure_history"], list
         ):
             raise ValueError("not a VM state snapshot: bad schedule_state or failure_history")
+        kpi, history = _kpi_snapshot(data)
         for k, v in values.items():
             setattr(self, k, v)
         self.running = running
+        self.kpi = kpi
+        self.kpi_history = deque(history, maxlen=KPI_HISTORY)
 
     # ------------------------------------------------------------------ status
     def word(self, start_time: Optional[float], now: float, connected: bool, connections: int) -> str:
@@ -347,7 +430,7 @@ class VmState:
         return "not_seen"
 
     def fields(self) -> Dict[str, Any]:
-        """The status members from ``schedule`` to ``agent`` (JSON safe, in their order)."""
+        """The status members from ``schedule`` to ``kpi`` (JSON safe, in their order)."""
         stage: Optional[str] = None
         if self.stage is not None:
             where = f" ({self.stage_time:g})" if self.stage_time is not None else ""
@@ -383,4 +466,5 @@ class VmState:
                 "claimed_vm": self.claimed_vm,
                 "unacked": self.unacked,
             },
+            "kpi": dict(self.kpi) if self.kpi is not None else None,
         }

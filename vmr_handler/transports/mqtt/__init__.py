@@ -10,7 +10,8 @@ topic                     written by     what
 ``vmr/E/V/presence``      agent          retained ``{"state": "online"|"offline", ...}``;
                                          ``offline`` is the agent's last will
 ``vmr/E/V/start``         host           retained ``start_time`` frame: a late or rebooted VM
-                                         learns the experiment start at once
+                                         learns the experiment start at once (if of its
+                                         host's run, ``vmr_handler.core.runs``)
 ``vmr/E/_hosts/...``      hosts          host-to-host coordination (never VMs)
 ========================  =============  ======================================================
 
