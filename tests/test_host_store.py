@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 
+import psutil
 import pytest
 
 from vmr_handler.core.errors import TransferRefused
@@ -464,3 +465,29 @@ def test_acks_wait_for_the_fsync_of_what_they_acknowledge(tmp_path, monkeypatch,
     with caplog.at_level("ERROR"):
         asyncio.run(go())
     assert any("cannot fsync" in r.getMessage() for r in caplog.records)
+
+
+def test_readable_logs_of_many_vms_share_a_bounded_number_of_open_files(tmp_path):
+    # 10 000 VMs held 20 000 log files open (issue 16): the readable .log now goes through a
+    # pool of at most `limit` open files; every line still lands in its own VM's file, in order
+    from vmr_handler.host.appendfiles import AppendFiles
+
+    pool = AppendFiles(limit=3)
+    logs = [VmLog(str(tmp_path), f"vm{i}", quota=1 << 30) for i in range(10)]
+    for vl in logs:
+        vl.readable_files = pool
+        vl.open()
+    me = psutil.Process()
+    fds_before = me.num_fds()
+    for round_ in range(3):
+        for i, vl in enumerate(logs):
+            vl.write([(_ev(100 * round_ + i), 5.0)])
+            vl.note(f"note {round_}", 5.0)
+            assert len(pool._open) <= 3
+    assert me.num_fds() <= fds_before  # no descriptor more than the pool's
+    for i, vl in enumerate(logs):
+        vl.close()
+        text = (tmp_path / f"vm{i}.log").read_text().splitlines()
+        assert [line.split("] ")[-1] for line in text if "[host]" in line] == ["note 0", "note 1", "note 2"]
+        assert sum(line.endswith(f"line {100 * r + i}") for line in text for r in range(3)) == 3
+    assert pool.opens > 3 and not pool._open

@@ -1,7 +1,8 @@
 """The open-files limit ``vmr-host serve`` needs, raised by the host itself (issue 16).
 
-What holds descriptors, per VM: its two log files (``<vm>.jsonl`` and the readable
-``<vm>.log``, open for the whole run), plus its channel: listen mode a listening unix socket
+What holds descriptors, per VM: its ``<vm>.jsonl``, open for the whole run (the readable
+``<vm>.log`` files of all VMs share :data:`~vmr_handler.host.appendfiles.READABLE_OPEN` open
+files, counted in :data:`BASE`), plus its channel: listen mode a listening unix socket
 and the connection (2), connect mode the connection (1), MQTT none (every VM shares the one
 broker socket; the *broker* holds a socket per VM and has its own limit). Passing: a resource
 file being streamed, an uploaded file being written (counted as one more per VM). Whole
@@ -23,15 +24,16 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from vmr_handler.core.errors import HostSetupError
+from vmr_handler.host.appendfiles import READABLE_OPEN
 
 log = logging.getLogger("vmr_handler.host")
 
-#: Descriptors of the whole process, whatever the number of VMs.
-BASE = 64
+#: Descriptors of the whole process, whatever the number of VMs (with the readable logs').
+BASE = 64 + READABLE_OPEN
 #: Channel descriptors per VM, by channel mode (``host.channels.channel_mode``).
 CHANNEL_FDS = {"listen": 2, "connect": 1, "mqtt": 0}
 #: Log files per VM, open for the whole run.
-LOG_FDS = 2
+LOG_FDS = 1
 #: Passing descriptors per VM (a resource file streamed, an upload being written).
 PASSING_FDS = 1
 
@@ -63,7 +65,7 @@ def fd_needs(vms: int, mode: str, http_per_vm: int = 0) -> FdNeeds:
         raise ValueError(f"counts must be >= 0, got vms={vms}, http_per_vm={http_per_vm}")
     required = BASE + (LOG_FDS + CHANNEL_FDS[mode]) * vms
     channel = {"listen": " + socket and connection", "connect": " + connection", "mqtt": ""}[mode]
-    why = f"{vms} VMs over {mode}: {LOG_FDS} log files{channel} per VM + {BASE}"
+    why = f"{vms} VMs over {mode}: its .jsonl{channel} per VM + {BASE}"
     return FdNeeds(required, required + (PASSING_FDS + http_per_vm) * vms, why)
 
 

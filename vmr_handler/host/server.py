@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 from vmr_handler import __version__
 from vmr_handler.core.control import ControlServer
 from vmr_handler.core.errors import ControlError, HostSetupError, ResourceRefused
+from vmr_handler.host.appendfiles import AppendFiles
 from vmr_handler.host.barrier import waiting_text
 from vmr_handler.host.channels import Channels, channel_mode
 from vmr_handler.host.config import HostConfig, VmSpec
@@ -72,6 +73,7 @@ class HostServer:
         self.experiment = Experiment(config, self.sessions)
         self.channels = channels(config, self.experiment)
         self.resources = ResourceStore(config.resources)
+        self.readable = AppendFiles()  # every VM's readable .log, a bounded number open at once
         self.http: Optional[ResourceHttp] = None  # with --http
         self._opened = False
         self._tasks: List[asyncio.Task[None]] = []
@@ -145,6 +147,7 @@ class HostServer:
         """
         limits = self.limits
         vmlog = VmLog(self.config.logs, name, limits.log_quota, limits.seen_limits(), limits.checkpoint_every)
+        vmlog.readable_files = self.readable
         transfers = TransferStore(
             self.config.logs, name, self.limits.transfer_file, self.limits.transfer_total
         )
@@ -301,3 +304,4 @@ class HostServer:
             if s.log.due(stopping=True):
                 save_checkpoint(s)
             s.log.close()
+        self.readable.close_all()

@@ -35,6 +35,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from vmr_handler.core.events import Event, ReadableLines, describe, json_safe
 from vmr_handler.core.fsutil import append_whole, atomic_write, utc_text
+from vmr_handler.host.appendfiles import AppendFiles
 from vmr_handler.host.logtext import printable
 from vmr_handler.host.seenids import SeenIds, SeenLimits
 
@@ -226,8 +227,11 @@ class VmLog:
         quota: int,
         seen: Optional[SeenLimits] = None,
         checkpoint_every: int = CHECKPOINT_EVERY,
+        readable_files: Optional[AppendFiles] = None,
     ) -> None:
         self.vm = vm
+        #: where the readable ``.log`` is appended (shared by every VM of a host: bounded fds)
+        self.readable_files = readable_files or AppendFiles(1)
         #: the readable ``.log``'s lines, with the experiment time once the start is known
         self.readable = ReadableLines()
         self.jsonl_path = os.path.join(logs, vm + JSONL_SUFFIX)
@@ -249,7 +253,6 @@ class VmLog:
         #: events stored as a placeholder because their data cannot be encoded
         self.placeholders = 0
         self._jsonl: Any = None
-        self._log: Any = None
 
     def open(
         self,
@@ -285,7 +288,7 @@ class VmLog:
             pass
         # unbuffered: a write that fails leaves nothing behind in a buffer to come out later
         self._jsonl = open(self.jsonl_path, "ab", buffering=0)  # noqa: SIM115 - kept open for the run
-        self._log = open(self.log_path, "a", encoding="utf-8", errors="replace")  # noqa: SIM115
+        self.readable_files.write(self.log_path, "")  # made now, written through the shared files
 
     def _restore(self, restore: Callable[[Any], None]) -> int:
         """Take the checkpoint (ids, counts, ``restore(state)``); the ``.jsonl`` offset it
@@ -405,8 +408,7 @@ class VmLog:
         self.dropped_bytes += over_bytes
         if readable:
             try:
-                self._log.write("".join(r + "\n" for r in readable))
-                self._log.flush()
+                self.readable_files.write(self.log_path, "".join(r + "\n" for r in readable))
             except OSError as exc:  # the .jsonl holds the events: the readable copy is best effort
                 log.warning("%s: cannot write the readable log: %s", self.log_path, exc)
         return new
@@ -455,9 +457,8 @@ class VmLog:
 
     def note(self, text: str, now: float) -> None:
         """A host remark in the readable log (connections, refusals, hostile input)."""
-        if self._log is not None:
-            self._log.write(f"{utc_text(now)} [host] {printable(text)}\n")
-            self._log.flush()
+        if self._jsonl is not None:
+            self.readable_files.write(self.log_path, f"{utc_text(now)} [host] {printable(text)}\n")
 
     def dup_jsonl(self) -> Optional[int]:
         """A new descriptor of the open ``.jsonl`` (for an fsync in a worker thread, which
@@ -470,14 +471,14 @@ class VmLog:
             return None
 
     def close(self) -> None:
-        """Flush and close both files."""
-        for fh in (self._jsonl, self._log):
-            if fh is not None:
-                try:
-                    fh.close()
-                except OSError:
-                    pass
-        self._jsonl = self._log = None
+        """Close the ``.jsonl`` and the readable log."""
+        if self._jsonl is not None:
+            try:
+                self._jsonl.close()
+            except OSError:
+                pass
+        self._jsonl = None
+        self.readable_files.close(self.log_path)
 
 
 # ---------------------------------------------------------------------------------- acks
