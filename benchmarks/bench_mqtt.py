@@ -897,7 +897,7 @@ def run_once(
         # ---- RESUME
         cpu = {k: sampler.cpu(k) for k in ("host", "broker")}
         t_cli = time.time()
-        r = subprocess.run([*vmr_host(), "resume", "--all", "--logs", logs, "--json"],
+        r = subprocess.run([*vmr_host(), "resume", "--all", "--force", "--logs", logs, "--json"],
                            capture_output=True, text=True, timeout=WAIT)  # fmt: skip
         fig["cli_wall_s"] = time.time() - t_cli
         fig["cli_rc"] = r.returncode

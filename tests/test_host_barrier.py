@@ -174,6 +174,8 @@ def test_the_log_line_names_a_few_waiting_vms_and_counts_the_rest() -> None:
     for i in range(9_997):
         assert not b.configure(f"vm{i:05d}", 100.0 + i)
     assert b.waiting_count() == 3 and waiting_text(b) == "vm09997, vm09998, vm09999"
+    with pytest.raises(BarrierError, match=r"\(expected: vm00000, .*, vm00007 and 9,992 more\)"):
+        b.release(20_000.0, exclude=["nope"])  # an error names a few, not all 10 000
     b.release(20_000.0, exclude=["vm09999"])
     assert b.waiting_count() == 2 and b.start_time is None
     assert not b.configure("vm09997", 20_001.0)

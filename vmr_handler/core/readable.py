@@ -155,3 +155,12 @@ def kpi_text(data: Mapping[str, Any]) -> str:
     if took is not None:
         parts.append(f"sampled in {duration(took)}")
     return "; ".join(parts) or "(no values)"
+
+
+def few_names(names: List[str], shown: int = 8) -> str:
+    """``names`` for a line people read: all of them when there are at most ``shown``, else the
+    first ``shown`` and how many more (``"vm1, vm2 and 9,998 more"``); ``""`` for none. A line
+    naming every one of 10 000 VMs is unreadable and, logged per event, quadratic."""
+    if len(names) <= shown:
+        return ", ".join(names)
+    return f"{', '.join(names[:shown])} and {len(names) - shown:,} more"

@@ -29,6 +29,7 @@ import math
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Set
 
 from vmr_handler.core.errors import BarrierError
+from vmr_handler.core.readable import few_names
 
 
 def _finite(value: Any) -> Optional[float]:
@@ -168,8 +169,8 @@ class Barrier:
         unknown = names - self.expected
         if unknown:
             raise BarrierError(
-                f"cannot exclude {', '.join(sorted(unknown))}: not an expected VM "
-                f"(expected: {', '.join(sorted(self.expected)) or 'none'})"
+                f"cannot exclude {few_names(sorted(unknown))}: not an expected VM "
+                f"(expected: {few_names(sorted(self.expected)) or 'none'})"
             )
         self.excluded |= names
         if not names:
@@ -252,7 +253,7 @@ def waiting_text(barrier: Barrier, shown: int = 8) -> str:
     or ``"nobody"`` (at most ``shown`` names: a line per ``configured`` naming all 10 000 VMs
     made 441 MB of host log for one barrier)."""
     count = barrier.waiting_count()
-    names = ", ".join(barrier.first_waiting(shown))
+    names = ", ".join(barrier.first_waiting(shown))  # (few_names needs the whole sorted list)
     if count > shown:
         return f"{names} and {count - shown:,} more"
     return names or "nobody"

@@ -12,6 +12,7 @@ from typing import Any, Dict, List
 
 from vmr_handler import __version__
 from vmr_handler.core.control import Handler
+from vmr_handler.core.readable import few_names
 from vmr_handler.host.experiment import Experiment
 
 
@@ -86,7 +87,7 @@ class ControlApi:
             return {"dry_run": True, "targets": targets, "at_break": at_break, "not_at_break": not_at_break}
         if not_at_break and request.get("force", True) is False:
             raise ValueError(
-                f"not at a break: {', '.join(not_at_break)}; a RESUME now would end their next break as soon "
+                f"not at a break: {few_names(not_at_break)}; a RESUME now would end their next break as soon "
                 "as it comes. Send it anyway with --force (or --yes); see whom it reaches with --dry-run"
             )
         record, sent = self.experiment.resume(targets)

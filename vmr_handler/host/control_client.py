@@ -187,7 +187,9 @@ def _resume_text(result: Dict[str, Any]) -> str:
     if result.get("dry_run"):
         lines = [f"would RESUME: {_held(result, result['targets'])}"]
         if result["not_at_break"]:
-            others = ", ".join(result["not_at_break"])
+            from vmr_handler.core.readable import few_names  # only here: the lean path stays lean
+
+            others = few_names(result["not_at_break"])
             lines.append(f"not at a break: {others} (it would end their next break early; use --force)")
         return "\n".join([*lines, "nothing sent (--dry-run)"])
     at = result["at"]
