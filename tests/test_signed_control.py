@@ -85,6 +85,9 @@ def test_agent_with_a_key_refuses_an_unsigned_host(tmp_path: Path) -> None:
         time.sleep(1.0)
         assert not env.events("a", "schedule_loaded")  # nothing unsigned was applied
         assert not env.events("a", "configured")
+        # the operator learns why on the host: the agent's hello says it expects signatures
+        assert "this host has no --signing-key" in env.host_log()
+        assert "this host has no --signing-key" in (env.logs / "a.log").read_text()
     finally:
         env.close()
 

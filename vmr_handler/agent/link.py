@@ -229,6 +229,7 @@ class HostLink:
                     vm=self.config.vm_name,
                     journal=journal,
                     unacked=len(self.outbox),
+                    signed=self.verifier is not None,  # the host says so when it cannot sign
                 )
             ],
             ttl=2 * self.config.heartbeat,  # a newer hello follows every heartbeat until welcomed

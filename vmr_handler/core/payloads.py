@@ -481,6 +481,8 @@ class Hello(Payload):
         agent_version, boot_id: strings or None. unacked: an integer or None.
         journal_digest: ``journal.digest`` (a string or None).
         journal_configured_at: ``journal.configured_at`` (finite or None).
+        expects_signed: ``signed`` is true: the agent has a host public key and takes only
+            signed control messages (issue 16; an older agent sends no ``signed``).
     """
 
     TYPE = HELLO
@@ -493,6 +495,7 @@ class Hello(Payload):
     unacked: Optional[int]
     journal_digest: Optional[str]
     journal_configured_at: Optional[float]
+    expects_signed: bool
 
     @classmethod
     def _read(cls, f: _Fields) -> Hello:
@@ -513,6 +516,7 @@ class Hello(Payload):
             f.integer("unacked"),
             journal.string("digest"),
             journal.finite("configured_at"),
+            f.data.get("signed") is True,
         )
 
 

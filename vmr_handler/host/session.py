@@ -74,6 +74,12 @@ _T = TypeVar("_T")
 #: How far ahead a clock_resp's t3 is stamped: what signing and sending take after the stamp,
 #: measured over this host's recent answers (every VM's; issue 16, docs/protocol.md).
 CLOCK_LEAD = StampLead()
+#: Said (``warn``) when an agent with a public key says hello to a host without a signing key.
+UNSIGNED_HOST = (
+    "the agent takes only signed control messages (it has a public_key) but this host has no "
+    "--signing-key: the VM cannot sync its clock, take its schedule or start; restart vmr-host "
+    "with the --signing-key its public_key belongs to"
+)
 #: Event types only the host sends; a guest sending one breaks the protocol.
 HOST_ONLY = frozenset({WELCOME, SCHEDULE, CLOCK_RESP, RESOURCE_CHUNK, START_TIME, RESUME})
 #: Handshakes answered per VM: 2 per second, burst 10 (an agent says hello twice per
@@ -233,7 +239,7 @@ class VmSession:
         #: unstored control event type -> its handler (event, host UTC received)
         self._handlers: Dict[str, Callable[[Event, float], None]] = {
             HELLO: self._on_hello_limited,
-            HEARTBEAT: self._on_heartbeat,
+            HEARTBEAT: lambda ev, now: None,  # seen (last_seen) is all it says
             ACK: self._on_ack,
             CLOCK_REQ: self._on_clock_req,
             RESOURCE_REQUEST: self.streams.request,
@@ -424,9 +430,6 @@ class VmSession:
             return None
 
     # ------------------------------------------------------------------ handlers
-    def _on_heartbeat(self, ev: Event, now: float) -> None:
-        pass
-
     def _on_host_only(self, ev: Event, now: float) -> None:
         self.counters.protocol_errors += 1
         self.warn("host-only", f"guest sent a host-only {ev.type!r} event: ignored", now)
@@ -462,6 +465,8 @@ class VmSession:
                 f"agent says it is {self.state.claimed_vm!r}; this channel is {self.name!r} (channel wins)",
                 now,
             )
+        if hello.expects_signed and not self.host.signs:  # said: the VM cannot even sync its clock
+            self.warn("unsigned", UNSIGNED_HOST, now)
         digest = hello.journal_digest
         if hello.journal_configured_at is not None and digest == self.spec.digest:
             # the agent configured earlier but its `configured` report never reached this host
