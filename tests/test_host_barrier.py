@@ -181,3 +181,29 @@ def test_the_log_line_names_a_few_waiting_vms_and_counts_the_rest() -> None:
     assert not b.configure("vm09997", 20_001.0)
     assert b.configure("vm09998", 20_002.0) and b.start_time == 20_003.0
     assert waiting_text(b) == "nobody" and b.waiting_count() == 0
+
+
+def test_the_kept_waiting_list_always_equals_the_sets() -> None:
+    # the sorted list of waiting VMs is kept by configure() and dropped by every other change:
+    # after any sequence it must say exactly what the sets say
+    import random
+
+    rng = random.Random(16)
+    for _ in range(200):
+        names = [f"vm{i}" for i in range(rng.randint(1, 12))]
+        b = Barrier(rng.sample(names, rng.randint(1, len(names))), buffer=1.0)
+        for step in range(rng.randint(1, 15)):
+            if b.start_time is not None:
+                break
+            pick = rng.random()
+            if pick < 0.6:
+                b.configure(rng.choice([*names, "stranger"]), 100.0 + step)
+            elif pick < 0.8:
+                b.update_expected(add=rng.sample(names, 1), remove=rng.sample(names, 1))
+            elif b.expected:
+                b.release(200.0 + step, exclude=rng.sample(sorted(b.expected), 1))
+            if b.start_time is None:
+                want = sorted((b.expected - b.excluded) - b.configured.keys())
+                assert b.waiting_for() == want and b.waiting_count() == len(want)
+                active = len(b.expected - b.excluded)
+                assert b.progress() == (active - len(want), active)
