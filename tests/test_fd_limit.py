@@ -126,8 +126,15 @@ def test_a_host_that_may_raise_its_hard_limit_does(monkeypatch: pytest.MonkeyPat
 def test_fd_needs_by_mode() -> None:
     base = 64 + 256  # the process, and the readable logs open at once (host/appendfiles.py)
     assert fd_needs(10_000, "mqtt").required == base + 10_000
-    assert fd_needs(10_000, "mqtt").wanted == base + 2 * 10_000
+    assert fd_needs(10_000, "mqtt").wanted == base + 3 * 10_000  # + a passing file + its .log
     assert fd_needs(10, "connect").required == base + 2 * 10
-    assert fd_needs(10, "listen", http_per_vm=2).wanted == base + 3 * 10 + 3 * 10
+    assert fd_needs(10, "listen", http_per_vm=2).wanted == base + 3 * 10 + 4 * 10
+    from vmr_handler.host.fdlimit import readable_pool
+
+    needs = fd_needs(5_000, "mqtt")  # soft enough for everything: every readable log stays open
+    assert readable_pool(needs.wanted, needs, 5_000) == 5_000
+    assert readable_pool(needs.wanted - 4_000, needs, 5_000) == 1_000
+    assert readable_pool(needs.required, needs, 5_000) == 256  # the shared files counted in BASE
+    assert readable_pool(-1, needs, 5_000) == 5_000
     with pytest.raises(ValueError, match="unknown channel mode 'tcp'"):
         fd_needs(1, "tcp")

@@ -37,7 +37,7 @@ LOG_FDS = 1
 #: Passing descriptors per VM (a resource file streamed, an upload being written).
 PASSING_FDS = 1
 
-__all__ = ["BASE", "FdNeeds", "ensure_fd_limit", "fd_needs"]
+__all__ = ["BASE", "FdNeeds", "ensure_fd_limit", "fd_needs", "readable_pool"]
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,18 @@ def fd_needs(vms: int, mode: str, http_per_vm: int = 0) -> FdNeeds:
     required = BASE + (LOG_FDS + CHANNEL_FDS[mode]) * vms
     channel = {"listen": " + socket and connection", "connect": " + connection", "mqtt": ""}[mode]
     why = f"{vms} VMs over {mode}: its .jsonl{channel} per VM + {BASE}"
-    return FdNeeds(required, required + (PASSING_FDS + http_per_vm) * vms, why)
+    # wanted: room for a passing file per VM and for every VM's readable log to stay open
+    return FdNeeds(required, required + (PASSING_FDS + http_per_vm + 1) * vms, why)
+
+
+def readable_pool(soft: int, needs: FdNeeds, vms: int) -> int:
+    """How many readable logs to keep open under the soft limit ``soft`` (``-1``: unlimited):
+    one per VM when the limit leaves room for them (no re-opening), else what it leaves, at
+    least :data:`~vmr_handler.host.appendfiles.READABLE_OPEN` (counted in ``required``)."""
+    if soft == resource.RLIM_INFINITY:
+        return max(vms, 1)
+    room = soft - (needs.wanted - vms)  # what is left beside everything else wanted
+    return max(READABLE_OPEN, min(vms, room))
 
 
 def ensure_fd_limit(needs: FdNeeds) -> Tuple[int, int]:
@@ -109,7 +120,8 @@ def ensure_fd_limit(needs: FdNeeds) -> Tuple[int, int]:
     if target < needs.wanted:
         log.warning(
             "open-files limit raised to its hard limit %d: enough for %s (%d), short of the %d "
-            "that leave room for a resource download or upload per VM at once",
+            "that leave room for a resource download or upload per VM at once and every VM's "
+            "readable log open (they share fewer open files, re-opened in turn)",
             target,
             needs.why,
             needs.required,

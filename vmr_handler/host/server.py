@@ -38,7 +38,7 @@ from vmr_handler.host.config import HostConfig, VmSpec
 from vmr_handler.host.control_api import ControlApi
 from vmr_handler.host.control_client import control_socket_path
 from vmr_handler.host.experiment import Experiment
-from vmr_handler.host.fdlimit import ensure_fd_limit, fd_needs
+from vmr_handler.host.fdlimit import ensure_fd_limit, fd_needs, readable_pool
 from vmr_handler.host.http import ResourceHttp
 from vmr_handler.host.httpcommon import NoteFn
 from vmr_handler.host.resources import ResourceStore
@@ -114,7 +114,9 @@ class HostServer:
         self.check_paths()
         cfg = self.config
         http_per_vm = self.limits.resource_streams if cfg.http is not None else 0
-        ensure_fd_limit(fd_needs(len(cfg.vms), self.mode, http_per_vm))  # before any log is opened
+        needs = fd_needs(len(cfg.vms), self.mode, http_per_vm)
+        soft, _hard = ensure_fd_limit(needs)  # before any log is opened
+        self.readable.limit = readable_pool(soft, needs, len(cfg.vms))
         try:
             os.makedirs(cfg.logs, mode=0o750, exist_ok=True)
             self._lock_logs()

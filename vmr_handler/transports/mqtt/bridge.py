@@ -78,7 +78,9 @@ class PahoBridge:
             protocol=mqtt.MQTTv5,
             reconnect_on_failure=False,
         )
-        client.max_inflight_messages_set(MAX_INFLIGHT)
+        # paho's own window re-scans its whole queue at every PUBACK (quadratic in a host's
+        # fan-out of 20 000 start messages): unlimited in paho, bounded here (publish) instead
+        client.max_inflight_messages_set(0)
         client.max_queued_messages_set(0)
         if options.username is not None:
             client.username_pw_set(options.username, options.password)
