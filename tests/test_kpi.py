@@ -511,3 +511,15 @@ def test_the_hosts_interval_reaches_connected_agents_and_their_samples_come_back
         assert "cpu " in text and "mem " in text
     finally:
         env.close()
+
+
+def test_cpu_busy_a_tick_below_the_last_sample_is_zero_percent_not_missing() -> None:
+    # /proc/stat's idle and iowait move in 10 ms ticks and iowait may go back: over 0.2 s the
+    # busy share (total - idle - iowait) came out a tick lower than before, and the sample had
+    # no cpu_percent at all (seen in CI); psutil calls that 0 %
+    from vmr_handler.agent.kpi import _rates
+
+    out = _rates({"cpu": (10.00, 100.30)}, {"cpu": (10.01, 100.10)}, 0.2)
+    assert out["cpu_percent"] == 0.0
+    assert _rates({"cpu": (10.10, 100.30)}, {"cpu": (10.00, 100.10)}, 0.2)["cpu_percent"] == 50.0
+    assert "cpu_percent" not in _rates({"cpu": (1.0, 50.0)}, {"cpu": (10.0, 100.0)}, 0.2)  # a reset

@@ -320,9 +320,12 @@ class KpiSampler:
 def _rates(now: Mapping[str, Any], before: Mapping[str, Any], elapsed: float) -> Dict[str, Any]:
     """The members of a sample measured since the previous one, over ``elapsed`` seconds."""
     out: Dict[str, Any] = {}
-    cpu = _delta(now.get("cpu"), before.get("cpu"))
-    if cpu is not None and cpu[1] > 0:
-        out["cpu_percent"] = round(min(100.0, max(0.0, 100.0 * cpu[0] / cpu[1])), 2)
+    cpu_now, cpu_before = now.get("cpu"), before.get("cpu")
+    if cpu_now is not None and cpu_before is not None and cpu_now[1] > cpu_before[1]:
+        # busy is total - idle - iowait of counters in 10 ms ticks (and iowait may go back):
+        # over a short interval it can come out a tick below the last one; 0, as psutil says
+        busy = max(0.0, float(cpu_now[0]) - float(cpu_before[0]))
+        out["cpu_percent"] = round(min(100.0, 100.0 * busy / (cpu_now[1] - cpu_before[1])), 2)
     io = _delta(now.get("disk_io"), before.get("disk_io"))
     if io is not None:
         out.update(disk_read_bytes=int(io[0]), disk_write_bytes=int(io[1]))
