@@ -27,6 +27,8 @@ import yaml
 from tests.hostenv import WAIT
 from vmr_handler.host.fdlimit import fd_needs
 
+pytestmark = pytest.mark.faults
+
 VMS = 100
 PR_CAPBSET_DROP = 24
 CAP_SYS_RESOURCE = 24

@@ -29,6 +29,8 @@ from vmr_handler.core.runs import StartGate, new_run_id
 from vmr_handler.host.config import HostConfig
 from vmr_handler.host.experiment import Experiment
 
+pytestmark = pytest.mark.faults
+
 FAST = [
     {"start_time": -1, "executable": "sleep", "arguments": "0.2"},
     {"start_time": 1, "executable": "/bin/echo", "arguments": "fires"},
