@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import os
 from pathlib import Path
 from typing import Any, Coroutine
 
@@ -21,6 +22,7 @@ import pytest
 from tests.enginefakes import T0, Harness
 from vmr_handler.agent import journal as journal_module
 from vmr_handler.agent.engine import EXIT_OK
+from vmr_handler.core.errors import JournalError
 
 pytestmark = pytest.mark.faults
 
@@ -33,7 +35,7 @@ def run(coro: Coroutine[Any, Any, None]) -> None:
 class Full:
     """Makes the journal's atomic snapshot fail with ENOSPC while :attr:`on`."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, code: int = errno.ENOSPC) -> None:
         self.on = False
         self.refused = 0
         real = journal_module.atomic_write
@@ -41,7 +43,7 @@ class Full:
         def atomic_write(path: str, data: bytes) -> None:
             if self.on:
                 self.refused += 1
-                raise OSError(errno.ENOSPC, "No space left on device")
+                raise OSError(code, os.strerror(code))
             real(path, data)
 
         monkeypatch.setattr(journal_module, "atomic_write", atomic_write)
@@ -179,3 +181,25 @@ def test_the_schedule_completes_only_once_the_journal_is_on_disk(
         assert on_disk(h)["entries"]["1"]["state"] == "done"
 
     run(go())
+
+
+def test_a_read_only_state_dir_still_fails_the_run_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # only what waiting can cure is waited out (ENOSPC, EDQUOT, EIO): a read-only file system
+    # is a configuration error, said at once (exit 1 from the CLI), not an agent hanging
+    full = Full(monkeypatch, errno.EROFS)
+    sched = [{"start_time": -20, "executable": "first"}, {"start_time": -10, "executable": "second"}]
+
+    async def go() -> None:
+        h = Harness(tmp_path, sched, {"first": (1.0, 0, b"")}, start_buffer=0.0)
+        await h.start()
+        full.on = True
+        with pytest.raises(JournalError, match="Read-only file system"):
+            await h.finish()
+        assert full.refused >= 1 and h.processes.started_at("second") == []
+
+    with caplog.at_level("ERROR"):
+        run(go())
+    said = [r.getMessage() for r in caplog.records if "cannot write journal" in r.getMessage()]
+    assert len(said) == 1 and "make the state dir writable" in said[0]

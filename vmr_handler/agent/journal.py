@@ -20,6 +20,7 @@ A journal made for a different schedule digest is moved aside
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import math
@@ -168,11 +169,14 @@ class Journal:
             self._open_log(truncate=True)
         except OSError as exc:
             if not self.behind:  # said once per episode; the state stays in memory meanwhile
+                waits = exc.errno in WAIT_ERRNOS
                 log.error(
-                    "cannot write journal %s (%s): the agent's progress is kept in memory and "
-                    "saved as soon as the disk lets it (free space in the state dir)",
+                    "cannot write journal %s (%s): the agent's progress is kept in memory %s",
                     self.path,
                     exc.strerror or exc,
+                    "and saved as soon as the disk lets it (free space in the state dir)"
+                    if waits
+                    else "only: make the state dir writable (read-only file system? permissions?)",
                 )
             self.behind = True  # no appends after a lost snapshot: the next save writes it all
             raise JournalError(f"cannot write journal {self.path}: {exc.strerror or exc}") from exc
@@ -362,6 +366,15 @@ class Journal:
         self.data["reboot"] = value
 
 
+#: Why a journal write may succeed later: no space, over quota, an I/O error (a full or failing
+#: disk). Anything else (read-only, permissions) fails the run at once, as before issue 16.
+WAIT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO})
+
+
+def _worth_waiting(exc: BaseException) -> bool:
+    return isinstance(exc, JournalError) and getattr(exc.__cause__, "errno", None) in WAIT_ERRNOS
+
+
 class SyncSoon:
     """fsyncs a journal's appended changes within :data:`JOURNAL_SYNC_DELAY` of the first one:
     one fsync per burst, off the firing path (a timer on the running asyncio loop).
@@ -405,11 +418,15 @@ class SyncSoon:
 
         Args:
             sleep: waits that many seconds (the engine's clock); it raises to give up (a stop).
+
+        Raises:
+            JournalError: the disk refused it for a reason waiting cannot cure (a read-only
+                file system, permissions: :data:`WAIT_ERRNOS` lists what is waited out).
         """
-        from tenacity import AsyncRetrying, retry_if_exception_type, wait_fixed  # only when needed
+        from tenacity import AsyncRetrying, retry_if_exception, wait_fixed  # only when needed
 
         async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(JournalError),
+            retry=retry_if_exception(_worth_waiting),
             wait=wait_fixed(JOURNAL_RETRY),
             sleep=sleep,
             reraise=True,
