@@ -435,3 +435,20 @@ def test_report_of_a_real_experiment_through_the_cli():
         assert "<th>RESUMEs issued</th><td>1</td>" in page
     finally:
         env.close()
+
+
+def test_a_vm_that_fails_in_a_stage_ends_the_stage_there_in_red():
+    # issue 14: a VM that failed at t=-25 s showed its stage as an open bar to the end of the run
+    records = [
+        rec("a", T0, "stage_started", stage=0, start_time=-30, entries=[0]),
+        rec("a", T0 + 5, "vm_failed", index=0, status="error", details="entry 0 could not start"),
+        rec("b", T0 + 60, "agent_started"),
+    ]
+    html = render_report(records, {})
+    svg = svg_of(html)
+    a = lane(svg, "a")
+    assert not of_class(a, "st") and not of_class(a, "open")
+    (stage,) = of_class(a, "stf")
+    assert right(stage) == pytest.approx(x_of(svg, T0 + 5), abs=0.15)  # ends at the failure
+    assert "ended here: the VM failed" in title(stage)
+    assert "stage ended by a failure" in html  # in the legend

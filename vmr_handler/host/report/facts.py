@@ -14,7 +14,7 @@ class Span:
     """A stage, pause or break of one VM.
 
     Attributes:
-        kind: ``stage``, ``pause`` or ``break``.
+        kind: ``stage``, ``failed stage`` (ended by ``vm_failed``), ``pause`` or ``break``.
         start: UTC epoch seconds.
         end: UTC epoch seconds, or None when it had not ended at the end of the logs.
         label: short text (unescaped, already cleaned).

@@ -328,6 +328,10 @@ class VmTimeline:
 
     def _on_vm_failed(self, t: float, p: VmFailed) -> None:
         self.failed = True
+        for span in self._open_stage.values():  # the stage ends where the VM failed (issue 14)
+            span.end, span.kind = t, "failed stage"
+            span.tip.append("ended here: the VM failed")
+        self._open_stage.clear()
         self._mark("failed", t, f"VM failed (entry #{_index(p.index)})", _show(p.details))
 
     def _on_control_refused(self, t: float, p: ControlRefused) -> None:

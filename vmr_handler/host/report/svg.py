@@ -39,7 +39,7 @@ text{font:11px sans-serif;fill:#222}
 .ax{stroke:#bbb;stroke-width:1}.grid{stroke:#e4e4e4;stroke-width:1}
 .tk{font-size:10px;fill:#444}.tk2{font-size:10px;fill:#1f4e9c}
 .l0{fill:#fafafa}.l1{fill:#f0f2f5}
-.st{fill:#9ec5ea;stroke:#5b8fc7;stroke-width:.5}.stl{font-size:10px;fill:#12355b}
+.st{fill:#9ec5ea;stroke:#5b8fc7;stroke-width:.5}.stf{fill:#f4b6b0;stroke:#c62828;stroke-width:.8}.stl{font-size:10px;fill:#12355b}
 .e-success{fill:#2e9d4f}.e-error{fill:#e08a00}.e-failed{fill:#d62728}
 .e-interrupted{fill:#8c8c8c}.e-running{fill:#3b6fd1}
 .pa{fill:url(#hp);stroke:#d9a400;stroke-width:.6}.br{fill:url(#hb);stroke:#7b4fa6;stroke-width:.6}
@@ -112,6 +112,7 @@ def _pack(bars: Sequence[Tuple[float, float]], rows: int) -> List[int]:
 def _legend(y: float) -> List[str]:
     items = [
         ('<rect x="0" y="-8" width="22" height="9" class="st"/>', "stage (negative time)"),
+        ('<rect x="0" y="-8" width="22" height="9" class="stf"/>', "stage ended by a failure"),
         ('<rect x="0" y="-7" width="22" height="5" class="e-success"/>', "entry ok"),
         ('<rect x="0" y="-7" width="22" height="5" class="e-error"/>', "exit code not 0"),
         ('<rect x="0" y="-7" width="22" height="5" class="e-failed"/>', "failed to start"),
@@ -217,7 +218,8 @@ def _lane(out: List[str], g: _Lanes, i: int, name: str, v: VmTimeline, name_ever
         sx, ex = x(s.start), x(s.end if s.end is not None else g.end_t)
         w = max(ex - sx, 1.0)
         box = f'x="{sx}" y="{top}" width="{w:.1f}" height="{stage_h:.1f}"'
-        out.append(f'<rect {box} class="st">{_title(_span_tip(name, s, g.start))}</rect>')
+        cls = "stf" if s.kind == "failed stage" else "st"
+        out.append(f'<rect {box} class="{cls}">{_title(_span_tip(name, s, g.start))}</rect>')
         if s.end is None:
             out.append(f'<rect {box} class="open"/>')
         if stage_h >= 8 and w >= 6.2 * len(s.label) + 4:
