@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, List, Mapping, Optional
+from typing import Any, List, Mapping, Optional, Sequence
 
 from vmr_handler.core.fsutil import utc_text
 
@@ -157,10 +157,10 @@ def kpi_text(data: Mapping[str, Any]) -> str:
     return "; ".join(parts) or "(no values)"
 
 
-def few_names(names: List[str], shown: int = 8) -> str:
+def few_names(names: Sequence[str], shown: int = 8) -> str:
     """``names`` for a line people read: all of them when there are at most ``shown``, else the
     first ``shown`` and how many more (``"vm1, vm2 and 9,998 more"``); ``""`` for none. A line
     naming every one of 10 000 VMs is unreadable and, logged per event, quadratic."""
     if len(names) <= shown:
         return ", ".join(names)
-    return f"{', '.join(names[:shown])} and {len(names) - shown:,} more"
+    return f"{', '.join(names[:shown])} and {len(names) - shown:,} more"  # slices: no copy of all

@@ -233,8 +233,9 @@ class TransferIntake:
             self._hashed(taken, now, error)
             return None
         self._busy = True
-        delay = self._budget.spend(self._monotonic(), 0)  # in debt from earlier hashes: wait
-        self._budget.spend(self._monotonic(), taken.hashing.missing)
+        mono = self._monotonic()
+        delay = self._budget.spend(mono, 0)  # in debt from earlier hashes: wait
+        self._budget.spend(mono, taken.hashing.missing)
         if delay > 0:
             self.hash_waits += 1
             self.hash_waited += delay

@@ -148,8 +148,10 @@ class HostServer:
             HostSetupError: its logs cannot be opened.
         """
         limits = self.limits
-        vmlog = VmLog(self.config.logs, name, limits.log_quota, limits.seen_limits(), limits.checkpoint_every)
-        vmlog.readable_files = self.readable
+        vmlog = VmLog(
+            self.config.logs, name, limits.log_quota, limits.seen_limits(), limits.checkpoint_every,
+            readable_files=self.readable,
+        )  # fmt: skip
         transfers = TransferStore(
             self.config.logs, name, self.limits.transfer_file, self.limits.transfer_total
         )
