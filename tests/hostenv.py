@@ -225,6 +225,17 @@ class HostEnv:
             shutil.rmtree(self.root, ignore_errors=True)
 
 
+def write_pki(directory: Path) -> None:
+    """A test CA and a server certificate for 127.0.0.1 (made like ``vmr-host mqtt-config
+    --tls``): ``ca.crt``, ``server.crt`` and ``server.key`` in ``directory``."""
+    from vmr_handler.host.mqtttls import make_pki
+
+    pki = make_pki("t", ["127.0.0.1"], 1)
+    (directory / "ca.crt").write_bytes(pki.ca_cert)
+    (directory / "server.crt").write_bytes(pki.server_cert)
+    (directory / "server.key").write_bytes(pki.server_key)
+
+
 def fill(directory: Path) -> Path:
     """Write a file into ``directory`` until its file system is full (ENOSPC); the file."""
     filler = directory / "filler"

@@ -27,6 +27,7 @@ class FakeExperiment:
         self.configured: Dict[str, float] = {}
         self.answers: List[Tuple[str, Mapping[str, Any]]] = []
         self.outcomes: List[Tuple[str, str]] = []
+        self.stored: List[Event] = []
 
     def start_event(self) -> Optional[Event]:
         return None
@@ -42,6 +43,9 @@ class FakeExperiment:
 
     def on_outcome(self, vm: str, outcome: str, details: Optional[str], at: float) -> None:
         self.outcomes.append((vm, outcome))
+
+    def on_stored(self, vm: str, events: List[Event], received: float) -> None:
+        self.stored.extend(events)
 
     def on_resume_answer(self, vm: str, resume_id: str, data: Mapping[str, Any], at: float) -> None:
         self.answers.append((resume_id, data))

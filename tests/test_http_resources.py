@@ -21,7 +21,7 @@ import requests
 
 from tests import test_connected
 from tests.broker import free_port
-from tests.hostenv import HostEnv
+from tests.hostenv import HostEnv, write_pki
 
 MB = 1024 * 1024
 #: the contract fixtures of test_connected: each experiment over unix sockets and MQTT / unix only
@@ -234,15 +234,7 @@ def test_schedule_event_carries_url_and_token_signed(unix_env_factory, tmp_path:
 def test_https_with_the_experiment_ca(unix_env_factory, tmp_path: Path):
     """HTTPS: the agent trusts vmr-host's certificate through ``--http-ca-file`` (a CA made
     like ``vmr-host mqtt-config``'s); an agent without that CA refuses at once, no retries."""
-    from vmr_handler.host.mqtttls import make_pki
-
-    pki = make_pki("t", ["127.0.0.1"], 1)
-    for name, pem in (
-        ("ca.crt", pki.ca_cert),
-        ("server.crt", pki.server_cert),
-        ("server.key", pki.server_key),
-    ):
-        (tmp_path / name).write_bytes(pem)
+    write_pki(tmp_path)
     env = unix_env_factory({"a": [_drop("f.bin")], "b": [_drop("f.bin")]}, start_buffer=0.5)
     data = os.urandom(3 * MB)
     (env.resources / "f.bin").write_bytes(data)

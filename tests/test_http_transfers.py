@@ -20,7 +20,7 @@ import requests
 
 from tests import test_connected
 from tests.broker import free_port
-from tests.hostenv import HostEnv
+from tests.hostenv import HostEnv, write_pki
 from tests.test_http_resources import _start_http_host, _tokens, _vm_log
 from vmr_handler.agent.transfers import HTTP_TRANSFER_MIN, TRANSFER_CHUNK
 
@@ -208,15 +208,7 @@ def test_https_upload_with_the_ca_and_channel_fallback_without_it(
     """HTTPS uploads: an agent given the CA (config key ``http_ca_file``) uploads a file of
     more than 64 KiB byte-identical, with no ``transfer_chunk``; one without it fails
     certificate verification at once (no retries), says so and sends the file over the channel."""
-    from vmr_handler.host.mqtttls import make_pki
-
-    pki = make_pki("t", ["127.0.0.1"], 1)
-    for name, pem in (
-        ("ca.crt", pki.ca_cert),
-        ("server.crt", pki.server_cert),
-        ("server.key", pki.server_key),
-    ):
-        (tmp_path / name).write_bytes(pem)
+    write_pki(tmp_path)
     (tmp_path / "agent.yaml").write_text(f"http_ca_file: {tmp_path / 'ca.crt'}\n")
     env = unix_env_factory({}, start_buffer=0.5)
     files = {}

@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from vmr_handler import __version__
 from vmr_handler.core.errors import ControlError, UsageError
 from vmr_handler.host.config import HostConfig, Limits
+from vmr_handler.host.console.options import add_console_args, console_options, experiment_name
 from vmr_handler.host.control_client import (
     DEFAULT_LOGS,
     EXIT_OK,
@@ -34,6 +35,7 @@ from vmr_handler.host.control_client import (
     run_client,
     runtime_error,
 )
+from vmr_handler.host.httpopts import http_options
 from vmr_handler.host.specs import load_specs
 
 log = logging.getLogger("vmr_handler.host")
@@ -164,6 +166,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     serve.add_argument("--checkpoint-every", type=_count, default=every, help=argparse.SUPPRESS)
     serve.add_argument("--http-debug-rate", type=_positive, metavar="BYTES/S", help=argparse.SUPPRESS)
     _add_serve_http(serve)
+    add_console_args(serve)
 
 
 def _add_serve_mqtt(serve: argparse.ArgumentParser) -> None:
@@ -394,18 +397,6 @@ def build_config(args: argparse.Namespace) -> HostConfig:
             signing_key = load_private_key(args.signing_key)
         except SigningError as exc:
             raise UsageError(f"--signing-key: {exc}") from exc
-    http = None
-    if args.http:
-        from vmr_handler.host.httpopts import parse_http_options
-
-        try:
-            http = parse_http_options(
-                args.http, args.http_url, args.http_cert, args.http_key, args.http_debug_rate
-            )
-        except ValueError as exc:
-            raise UsageError(str(exc)) from exc
-    elif args.http_url or args.http_cert or args.http_key:
-        raise UsageError("--http-url/--http-cert/--http-key need --http HOST:PORT")
     mqtt = None
     if args.transport == "mqtt":
         mqtt = mqtt_options(args)
@@ -431,8 +422,10 @@ def build_config(args: argparse.Namespace) -> HostConfig:
         role=role,
         peers=peers,
         signing_key=signing_key,
-        http=http,
+        http=http_options(args),
         kpi_interval=args.kpi_interval,
+        console=console_options(args),
+        name=experiment_name(args, mqtt.experiment if mqtt is not None else None),
     )
 
 

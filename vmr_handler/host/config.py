@@ -38,6 +38,25 @@ class HttpOptions:
     debug_rate: Optional[float] = None
 
 
+@dataclass(frozen=True)
+class ConsoleOptions:
+    """Where ``vmr-host serve --console`` serves the operators' console (issue 14): the web page,
+    the REST API ``/api/v1``, its event stream and ``/metrics`` (:mod:`vmr_handler.host.console`).
+
+    Attributes:
+        host: address to bind (loopback by default; beyond loopback every request needs the
+            token of ``<logs>/console.token``).
+        port: TCP port to bind (1-65535; 0: any free port, told in the host's log).
+        cert_file: PEM server certificate (chain) for HTTPS; None: plain HTTP.
+        key_file: PEM private key of ``cert_file`` (None: the key is in ``cert_file``).
+    """
+
+    host: str
+    port: int
+    cert_file: Optional[str] = None
+    key_file: Optional[str] = None
+
+
 MiB = 1024 * 1024
 GiB = 1024 * MiB
 
@@ -150,6 +169,9 @@ class HostConfig:
             None: only over the channel.
         kpi_interval: seconds between two KPI samples of each agent (``--kpi-interval``; 0 = no
             KPIs; issue 14, seed 004's ``repeat``); told to every agent in its ``welcome``.
+        console: serve the operators' console (``--console``); None: no console.
+        name: the experiment's name (``--name``; default the MQTT experiment or the schedules
+            directory's name): the console's and the report's title, kept in ``experiment.json``.
     """
 
     vms: Dict[str, VmSpec]
@@ -168,3 +190,5 @@ class HostConfig:
     signing_key: Any = None
     http: Optional[HttpOptions] = None
     kpi_interval: float = 10.0
+    console: Optional[ConsoleOptions] = None
+    name: str = ""

@@ -161,12 +161,27 @@ class Experiment:
         self.mqtt: Optional[Publisher] = None  # the MqttService in mqtt mode
         #: this host's run id: new with new logs, kept in experiment.json (issue 16)
         self.run_id: str = new_run_id()
-        #: seconds between two KPI samples of each agent, told in ``welcome`` (issue 14)
-        self.kpi_interval = config.kpi_interval
+        #: called with ``(vm, new reports, host UTC received)`` after a VM's reports are stored
+        #: and applied (the console: its live timeline, stream and metrics; issue 14)
+        self.watchers: List[Callable[[str, List[Event], float], None]] = []
         #: member: the run of the coordinator, learnt from its retained ``_start`` topic
         self.coordinator_run: Optional[str] = None
         self._stale_noted: Set[Tuple[str, Optional[str]]] = set()  # (peer, run) said ignored
         self._debounced = Debouncer()  # experiment.json saves and announcements, per burst
+
+    @property
+    def kpi_interval(self) -> float:
+        """Seconds between two KPI samples of each agent (``--kpi-interval``), told in ``welcome``."""
+        return self.config.kpi_interval
+
+    def on_stored(self, vm: str, events: List[Event], received: float) -> None:
+        """``vm``'s new reports were stored and applied: tell every watcher (a failing watcher
+        is logged, never lets a report go unacknowledged)."""
+        for watch in self.watchers:
+            try:
+                watch(vm, events, received)
+            except Exception:
+                log.exception("%s: a watcher of stored reports failed", vm)
 
     # ------------------------------------------------------------------ state
     def load(self) -> None:
@@ -212,6 +227,7 @@ class Experiment:
             "version": STATE_VERSION,
             "host_version": __version__,
             "run_id": self.run_id,
+            "name": self.config.name,
             "peer_vms": self.peer_vms,
             "barrier": self.barrier.to_dict(),
             "start_time_id": self.start_id,

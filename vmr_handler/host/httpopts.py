@@ -7,6 +7,7 @@ so a restarted host keeps them. The server itself is :mod:`vmr_handler.host.http
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -14,7 +15,7 @@ import secrets
 import urllib.parse
 from typing import Any, Dict, Optional
 
-from vmr_handler.core.errors import HostSetupError
+from vmr_handler.core.errors import HostSetupError, UsageError
 from vmr_handler.host.config import HttpOptions
 from vmr_handler.host.store import atomic_write_json
 
@@ -60,6 +61,24 @@ def parse_http_options(
     if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
         raise ValueError(f"--http-url {url!r}: expected http[s]://HOST[:PORT][/PREFIX]")
     return HttpOptions(host, int(port_text), url.rstrip("/"), cert_file, key_file, debug_rate)
+
+
+def http_options(args: argparse.Namespace) -> Optional[HttpOptions]:
+    """The ``--http*`` flags (:func:`~vmr_handler.host.httpopts.parse_http_options`), or None.
+
+    Raises:
+        UsageError: a malformed flag, or ``--http-url/--http-cert/--http-key`` without ``--http``.
+    """
+    if not args.http:
+        if args.http_url or args.http_cert or args.http_key:
+            raise UsageError("--http-url/--http-cert/--http-key need --http HOST:PORT")
+        return None
+    try:
+        return parse_http_options(
+            args.http, args.http_url, args.http_cert, args.http_key, args.http_debug_rate
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def load_tokens(logs: str, vms: Any) -> Dict[str, str]:

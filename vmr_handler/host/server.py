@@ -78,6 +78,7 @@ class HostServer:
         self._opened = False
         self._tasks: List[asyncio.Task[None]] = []
         self._control: Optional[ControlServer] = None
+        self.console: Any = None  # the Console with --console (host.console.app, imported then)
         self._lock_fd: Optional[int] = None
 
     @property
@@ -240,6 +241,8 @@ class HostServer:
         try:
             if self.http is not None:
                 self.http.start(self._http_notes(asyncio.get_running_loop()))
+            if self.config.console is not None:
+                await self._start_console(api)
             await self.channels.start(stop)
             self._tasks.append(asyncio.ensure_future(self._ticker()))
             log.info(
@@ -253,6 +256,20 @@ class HostServer:
             await stop.wait()
         finally:
             await self._shutdown()
+
+    async def _start_console(self, api: ControlApi) -> None:
+        """``--console``: the operators' web page, REST API and metrics (issue 14).
+
+        Raises:
+            HostSetupError: its address cannot be bound, its certificate or token not loaded.
+        """
+        from vmr_handler.host.console.app import Console
+        from vmr_handler.host.console.live import LiveExperiment
+
+        assert self.config.console is not None
+        live = LiveExperiment(self.experiment, self.mode)
+        self.console = Console(self.config.console, self.config.logs, live, api)
+        await self.console.start()
 
     def _http_notes(self, loop: asyncio.AbstractEventLoop) -> NoteFn:
         """The thread-safe ``note`` of the HTTP resource server: on the loop, a download or a
@@ -291,6 +308,8 @@ class HostServer:
                     log.exception("%s: tick failed", s.name)
 
     async def _shutdown(self) -> None:
+        if self.console is not None:
+            await self.console.close()
         if self.http is not None:
             await asyncio.to_thread(self.http.stop)
         for s in self.sessions.values():

@@ -407,6 +407,7 @@ class VmSession:
         self.counters.unstorable += self.log.placeholders - placeholders
         for ev in new:
             self.apply(ev, recv_time)
+        self.host.on_stored(self.name, new, recv_time)
         if self.log.due():
             save_checkpoint(self)
         ids = [e.id for e in to_store if self.log.seen(e.id)]

@@ -66,6 +66,10 @@ class HostApi(ReportHost, Protocol):
         """Seconds between two KPI samples of each agent (``serve --kpi-interval``; 0 = off),
         told in ``welcome`` (issue 14, seed 004)."""
 
+    def on_stored(self, vm: str, events: List[Event], received: float) -> None:
+        """``vm``'s new reports ``events`` were stored and applied, received at host UTC
+        ``received`` (the console watches them; issue 14)."""
+
     def start_event(self) -> Optional[Event]:
         """The ``start_time`` event (stable id), or None before the start is set."""
 

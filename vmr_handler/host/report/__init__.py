@@ -10,22 +10,29 @@ Two layers:
 
 * pure: :class:`ExperimentTimeline` folds host log records (``{"vm", "host_received",
   "event": {"timestamp", "type", "id", "data"}}``, ``docs/host.md``) one at a time into a
-  small per-VM summary (spans, markers, counters: never the output lines themselves), and
-  :func:`render_html` turns that summary and the contents of ``experiment.json`` into an
-  HTML string (inline SVG and CSS, no script, no external asset). :func:`render_report`
-  does both.
+  small per-VM summary (spans, markers, counters, each entry run's command line and last
+  output lines, KPI series of bounded length), :func:`timeline_fragment` turns it and the
+  contents of ``experiment.json`` into the timeline as an HTML fragment (shared with the live
+  console, ``GET /api/v1/timeline``; issue 14) and :func:`render_html` into the whole page
+  (the fragment, the facts and the VM table, with ``static/timeline.css`` and
+  ``static/timeline.js`` inlined: one self-contained file, nothing fetched).
+  :func:`render_report` folds and renders.
 * I/O: :func:`write_report` streams ``<logs>/*.jsonl`` line by line through the fold, reads
   ``<logs>/experiment.json`` and writes the HTML atomically; :func:`cmd_report` is the
   command-line front end.
 
 Modules: :mod:`~vmr_handler.host.report.text` (cleaning guest strings, formatting numbers),
-:mod:`~vmr_handler.host.report.facts` (spans, entry runs, markers),
-:mod:`~vmr_handler.host.report.fold` (the fold: one handler per event type),
-:mod:`~vmr_handler.host.report.experiment` (what ``experiment.json`` says),
-:mod:`~vmr_handler.host.report.svg` (the timeline picture),
-:mod:`~vmr_handler.host.report.render` (the HTML page), :mod:`~vmr_handler.host.report.files`
-(the I/O and the command). This package re-exports their public names; a limit is read in the
-module that defines it (patch it there, e.g. ``fold.MAX_ITEMS``).
+:mod:`~vmr_handler.host.report.facts` (spans, entry runs, markers, KPI series),
+:mod:`~vmr_handler.host.report.fold` (the fold: one handler per event type, the lanes'
+categories), :mod:`~vmr_handler.host.report.experiment` (what ``experiment.json`` says),
+:mod:`~vmr_handler.host.report.svg` (one lane's picture), :mod:`~vmr_handler.host.report.axis`
+(time axis, lines across the lanes, legend), :mod:`~vmr_handler.host.report.chart` (the
+fragment: counts, lanes in order, the collapsed group), :mod:`~vmr_handler.host.report.table`
+(facts and VM table with sparklines), :mod:`~vmr_handler.host.report.render` (the fragment
+and the page), :mod:`~vmr_handler.host.report.files` (the I/O and the command). The browser
+side is ``static/timeline.js`` (``VmrTimeline.attach``: layout to the window, zoom, pan,
+filter) and ``static/timeline.css``. This package re-exports the public names; a limit is
+read in the module that defines it (patch it there, e.g. ``fold.MAX_ITEMS``).
 
 Every guest is hostile (SPEC section 7): every string taken from a log is made printable,
 cut to :data:`MAX_LABEL` characters and HTML-escaped; numbers that are not finite are
@@ -38,23 +45,36 @@ seconds after the experiment start time (negative before it).
 
 from __future__ import annotations
 
+from vmr_handler.host.report.axis import MAX_RESUME_LINES
+from vmr_handler.host.report.chart import COLLAPSE_OVER
 from vmr_handler.host.report.experiment import Facts
-from vmr_handler.host.report.facts import EntryRun, Marker, Span
+from vmr_handler.host.report.facts import EntryRun, KpiSeries, Marker, Span
 from vmr_handler.host.report.files import cmd_report, read_jsonl, write_report
-from vmr_handler.host.report.fold import MAX_ITEMS, MAX_SKEW, ExperimentTimeline, VmTimeline
-from vmr_handler.host.report.render import render_html, render_report
-from vmr_handler.host.report.svg import LABELS_UP_TO, MAX_RESUME_LINES
+from vmr_handler.host.report.fold import (
+    CATEGORIES,
+    MAX_ITEMS,
+    MAX_SKEW,
+    PROBLEMS,
+    ExperimentTimeline,
+    VmTimeline,
+)
+from vmr_handler.host.report.render import render_html, render_report, timeline_fragment
+from vmr_handler.host.report.svg import LABELS_UP_TO
 from vmr_handler.host.report.text import MAX_LABEL
 
 __all__ = [
+    "CATEGORIES",
+    "COLLAPSE_OVER",
     "LABELS_UP_TO",
     "MAX_ITEMS",
     "MAX_LABEL",
     "MAX_RESUME_LINES",
     "MAX_SKEW",
+    "PROBLEMS",
     "EntryRun",
     "ExperimentTimeline",
     "Facts",
+    "KpiSeries",
     "Marker",
     "Span",
     "VmTimeline",
@@ -62,5 +82,6 @@ __all__ = [
     "read_jsonl",
     "render_html",
     "render_report",
+    "timeline_fragment",
     "write_report",
 ]

@@ -11,6 +11,23 @@ from vmr_handler.host.report.text import _clean, _num
 
 
 @dataclass
+class ResumeFact:
+    """A RESUME the operator issued, as ``experiment.json`` keeps it.
+
+    Attributes:
+        id: its id. at: the experiment time it was stamped with (text: ``-inf`` before the
+        start). issued: when it was issued (UTC) or None. targets: the VMs it was sent to
+        (cleaned names). answered: how many answered.
+    """
+
+    id: str
+    at: str
+    issued: Optional[float]
+    targets: List[str]
+    answered: int
+
+
+@dataclass
 class Facts:
     """What ``experiment.json`` says (SPEC section 4, the barrier), read defensively.
 
@@ -18,8 +35,8 @@ class Facts:
         start: experiment start time (UTC); ``start_source`` says where it came from.
         buffer: start buffer, seconds. set_at: when the host set the start (UTC).
         configured: VM -> host receive time of its ``configured`` report (UTC).
-        resumes: ``(id, at, issued, targets, answered)``: ``at`` in experiment seconds
-            (``-inf`` text before the start), ``issued`` UTC.
+        resumes: the RESUMEs issued (:class:`ResumeFact`).
+        name: the experiment's name (``name``; empty when none).
     """
 
     start: Optional[float] = None
@@ -30,7 +47,8 @@ class Facts:
     excluded: List[str] = field(default_factory=list)
     released: List[str] = field(default_factory=list)
     configured: Dict[str, float] = field(default_factory=dict)
-    resumes: List[Tuple[str, str, Optional[float], int, int]] = field(default_factory=list)
+    resumes: List[ResumeFact] = field(default_factory=list)
+    name: str = ""
 
     @classmethod
     def read(cls, experiment: Mapping[str, Any], timeline: ExperimentTimeline) -> Facts:
@@ -44,6 +62,8 @@ class Facts:
                 sorted(_clean(v, 64) for v in value if isinstance(v, str)) if isinstance(value, list) else []
             )
 
+        name = experiment.get("name") if isinstance(experiment, Mapping) else None
+        f.name = _clean(name, 120) if isinstance(name, str) else ""
         f.start = _num(barrier.get("start_time"))
         f.start_source = "experiment.json" if f.start is not None else ""
         f.buffer = _num(barrier.get("buffer"))
@@ -72,11 +92,11 @@ class Facts:
                 answered = r.get("answered") if isinstance(r.get("answered"), Mapping) else {}
                 at = _num(r.get("at"))
                 f.resumes.append(
-                    (
+                    ResumeFact(
                         _clean(r.get("id"), 40),
                         f"{at:.3f}" if at is not None else _clean(r.get("at"), 10),
                         _num(r.get("issued")),
-                        len(targets or []),
+                        [_clean(t, 64) for t in targets or []],
                         len(answered or {}),
                     )
                 )

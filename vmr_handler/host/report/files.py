@@ -85,7 +85,7 @@ def write_report(logs: str, out: str, now: Optional[float] = None) -> str:
         experiment,
         notes,
         time.time() if now is None else now,
-        title=f"vmr-handler experiment: {os.path.basename(os.path.abspath(logs))}",
+        source=os.path.abspath(logs),
     )
     atomic_write(out, text.encode("utf-8"), 0o644)
     return out

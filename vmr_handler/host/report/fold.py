@@ -2,9 +2,12 @@
 
 :class:`ExperimentTimeline` takes host log records (``{"vm", "host_received", "event":
 {"timestamp", "type", "id", "data"}}``, ``docs/host.md``) one at a time and keeps per VM a
-:class:`VmTimeline`: spans, markers and counters, never the output lines themselves. Each event
-type the report shows has one small handler method, found through the table :data:`_FOLD`,
-which takes the event's typed payload (:mod:`vmr_handler.core.payloads`).
+:class:`VmTimeline`: spans, markers and counters, each entry run's command line and last
+output lines (:data:`~vmr_handler.host.report.facts.TAIL_LINES`), and KPI series of bounded
+length; the lane's category (:data:`CATEGORIES`, problems first). Each event type the report
+shows has one small handler method, found through the table :data:`_FOLD`, which takes the
+event's typed payload (:mod:`vmr_handler.core.payloads`; the raw data of the event is at hand
+for the two fields no payload reads: an entry's ``command``, an output ``line``).
 
 Every guest is hostile (SPEC section 7): an event time further than :data:`MAX_SKEW` seconds
 from the host's receive time is replaced by the receive time, at most :data:`MAX_ITEMS` spans and
@@ -14,12 +17,13 @@ are counted as unreadable, never fatal.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Type, TypeVar
 
 from vmr_handler.core.errors import PayloadError
 from vmr_handler.core.payloads import (
-    PAYLOADS,
     AgentStarted,
     BreakStarted,
     Configured,
@@ -30,12 +34,14 @@ from vmr_handler.core.payloads import (
     EntryInterrupted,
     EntryStarted,
     ExperimentStarted,
+    Kpi,
     Number,
     Output,
     PauseEnded,
     PauseStarted,
     Payload,
     RebootRequested,
+    Result,
     ResumeReceived,
     ScheduleComplete,
     Shown,
@@ -44,13 +50,24 @@ from vmr_handler.core.payloads import (
     StartTimeSet,
     VmFailed,
 )
-from vmr_handler.host.report.facts import EntryRun, Marker, Span
+from vmr_handler.host.report.facts import COMMAND_CHARS, TAIL_CHARS, EntryRun, KpiSeries, Marker, Span
 from vmr_handler.host.report.text import _MAPS, MAX_LABEL, _clean, _num, _num_text
 
 #: Spans and markers of each kind kept per VM; beyond it they are only counted.
 MAX_ITEMS = 5000
 #: An event time further than this from its host receive time (s) is replaced by the latter.
 MAX_SKEW = 86400.0
+#: What a VM's lane is, problems first (:attr:`VmTimeline.category`): the order of the lanes
+#: and of the counts above the timeline (issue 14).
+CATEGORIES = (
+    "failed", "rejected", "with failures", "interrupted", "at break", "paused", "running",
+    "configured", "configuring", "seen", "no events", "complete",
+)  # fmt: skip
+#: The categories that are problems: their lanes come first.
+PROBLEMS = CATEGORIES[:4]
+#: The ``answers`` of a ``result`` that accepts or rejects the VM's schedule start so
+#: (``host/delivery.py``: the schedule event's id).
+SCHEDULE_ANSWER = "schedule-"
 
 _P = TypeVar("_P", bound=Payload)
 
@@ -85,9 +102,12 @@ class VmTimeline:
         last_seen: latest host receive time (UTC).
         configured_at: when the VM reported ``configured`` (its ``at``, UTC).
         vm_start: the start time this VM reported (``start_time_set``), UTC.
-        output_lines: output lines of all entries (counted, never kept).
+        output_lines: output lines of all entries (counted; each run keeps its last few).
         failures: entry runs that exited non-zero or could not start (``vm_failed`` shows in
             ``state``). refused: control messages the VM refused. restarts: agent restarts.
+        rejected: the VM's last answer to its schedule was a refusal (``rejection``: why).
+        cpu, mem: the VM's ``kpi`` samples, CPU % (of all cores) and memory used % (of
+            ``mem_total``), for sparklines.
         dropped: spans/markers over :data:`MAX_ITEMS`, counted only.
     """
 
@@ -108,6 +128,10 @@ class VmTimeline:
     failures: int = 0
     refused: int = 0
     restarts: int = 0
+    rejected: bool = False
+    rejection: str = ""
+    cpu: KpiSeries = field(default_factory=KpiSeries)
+    mem: KpiSeries = field(default_factory=KpiSeries)
     complete: bool = False
     failed: bool = False
     started: bool = False
@@ -119,6 +143,9 @@ class VmTimeline:
     _open_run: Dict[int, EntryRun] = field(default_factory=dict, repr=False)
     _last_run: Dict[int, EntryRun] = field(default_factory=dict, repr=False)
     _agent_seen: bool = field(default=False, repr=False)
+    #: the raw ``data`` of the event being folded, for the fields no payload reads (an
+    #: entry's ``command``, an output ``line``)
+    _data: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def state(self) -> str:
@@ -135,6 +162,32 @@ class VmTimeline:
         if self.configuring:
             return "configuring"
         return "seen" if self.events else "no events"
+
+    @property
+    def category(self) -> str:
+        """What the lane is, one of :data:`CATEGORIES`, problems first: ``failed``,
+        ``rejected`` (schedule), ``with failures`` (an entry exited non-zero or could not
+        start), ``interrupted`` (a run was interrupted and the schedule did not complete),
+        ``at break`` / ``paused`` (one is open at the end of the logs), then :attr:`state`."""
+        if self.failed:
+            return "failed"
+        if self.rejected:
+            return "rejected"
+        if self.failures:
+            return "with failures"
+        if not self.complete:
+            if any(r.status == "interrupted" for r in self._last_run.values()):
+                return "interrupted"
+            if self._open_break:
+                return "at break"
+            if self._open_pause:
+                return "paused"
+        return self.state
+
+    @property
+    def problem(self) -> bool:
+        """The lane is a problem (:data:`PROBLEMS`): it comes first."""
+        return self.category in PROBLEMS
 
     def latenesses(self) -> List[float]:
         """Lateness (s) of every run of a positive entry that reported one."""
@@ -173,14 +226,16 @@ class VmTimeline:
             self.last_seen = received if self.last_seen is None else max(self.last_seen, received)
         if not isinstance(kind, str):
             return
-        handler = _FOLD.get(kind)
-        if handler is None:  # an event the report does not show: counted in ``events`` only
+        row = _FOLD.get(kind)
+        if row is None:  # an event the report does not show: counted in ``events`` only
             return
+        parser, handler = row
         try:
-            payload = PAYLOADS[kind].parse(data)  # as parse_payload does, without making an Event
+            payload = parser.parse(data)  # as parse_payload does, without making an Event
         except PayloadError:  # hostile shapes: counted, never fatal
             self.unreadable += 1
             return
+        self._data = data
         handler(self, t, payload)
 
     def _near(self, value: Optional[float], t: float) -> float:
@@ -233,6 +288,8 @@ class VmTimeline:
             self._near(p.spawned_at, t),
             positive=p.scheduled is not None or (p.start_time or 0) > 0,
             lateness=p.lateness,
+            command=_raw_text(self._data.get("command"), COMMAND_CHARS),
+            scheduled=p.scheduled if p.scheduled is not None and abs(p.scheduled - t) <= MAX_SKEW else None,
         )
         if self._keep(self.runs, run):
             self._open_run[index] = run
@@ -277,7 +334,7 @@ class VmTimeline:
         self.output_lines += 1
         last = self._last_run.get(_index(p.index))
         if last is not None:
-            last.output += 1
+            last.add_output(_output_line(self._data))
 
     def _on_reboot_requested(self, t: float, p: RebootRequested) -> None:
         self._mark("reboot", t, "reboot requested", f"requesters {_show(p.requesters)}")
@@ -323,8 +380,10 @@ class VmTimeline:
         if span is not None:
             span.end = t
             span.tip.append(f"ended by a RESUME stamped t={_show_number(p.at)}")
-        elif p.ignored or brk is None:
+        if p.ignored or brk is None:
             self._mark("ignored", t, "RESUME ignored (no active break)", _show(p.details))
+        else:
+            self._mark("resume", t, f"RESUME received: ended break #{brk}", f"stamped t={_show_number(p.at)}")
 
     def _on_vm_failed(self, t: float, p: VmFailed) -> None:
         self.failed = True
@@ -346,18 +405,67 @@ class VmTimeline:
     def _on_schedule_complete(self, t: float, p: ScheduleComplete) -> None:
         self.complete = True
 
+    def _on_result(self, t: float, p: Result) -> None:
+        if p.answers.startswith(SCHEDULE_ANSWER):  # the VM's answer to its schedule
+            self.rejected = not p.ok
+            self.rejection = _clean(p.details or "", MAX_LABEL) if not p.ok else ""
+            if not p.ok:
+                self._mark("rejected", t, "schedule rejected", self.rejection)
+
+    def _on_kpi(self, t: float, p: KpiShown) -> None:
+        if p.cpu_percent is not None:
+            self.cpu.add(t, min(max(p.cpu_percent, 0.0), 100.0))
+        if p.mem_used is not None and p.mem_total:
+            self.mem.add(t, min(max(100.0 * p.mem_used / p.mem_total, 0.0), 100.0))
+
+
+@dataclass(frozen=True)
+class KpiShown(Payload):
+    """The part of a ``kpi`` sample the report draws (CPU %, memory used and total), read by
+    the rules of :mod:`vmr_handler.core.payloads` (whose :class:`~vmr_handler.core.payloads.Kpi`
+    also reads load, disk and every network interface: three times the cost, for nothing
+    shown here)."""
+
+    TYPE = Kpi.TYPE
+    cpu_percent: Optional[float]
+    mem_used: Optional[float]
+    mem_total: Optional[float]
+
+
+def _raw_text(value: Any, cap: int) -> str:
+    """A string field no payload reads, cleaned and cut to ``cap`` ("" when not a string)."""
+    return _clean(value, cap) if isinstance(value, str) else ""
+
+
+def _output_line(data: Mapping[str, Any]) -> str:
+    """The line of an ``output`` event (``line``, or ``line_b64`` decoded with ``\\xNN`` for
+    bytes that are not UTF-8), without its line end, cleaned and cut to :data:`TAIL_CHARS`."""
+    line = data.get("line")
+    if not isinstance(line, str):
+        b64 = data.get("line_b64")
+        try:
+            raw = base64.b64decode(b64[: TAIL_CHARS * 8], validate=False) if isinstance(b64, str) else b""
+        except (binascii.Error, ValueError):
+            raw = b""
+        line = raw.decode("utf-8", "backslashreplace")
+    return _clean(line[: TAIL_CHARS * 4].rstrip("\r\n"), TAIL_CHARS)
+
 
 _Fold = Callable[[VmTimeline, float, Any], None]
 
 
-def _on(kind: Type[_P], fold: Callable[[VmTimeline, float, _P], None]) -> Tuple[str, _Fold]:
-    """A row of :data:`_FOLD`: ``kind``'s event type and the method that folds its payload."""
-    return kind.TYPE, fold
+def _on(
+    kind: Type[_P], fold: Callable[[VmTimeline, float, _P], None]
+) -> Tuple[str, Tuple[Type[Payload], _Fold]]:
+    """A row of :data:`_FOLD`: ``kind``'s event type, and its payload class with the method
+    that folds it."""
+    return kind.TYPE, (kind, fold)
 
 
-#: Event type -> the :class:`VmTimeline` method that folds its typed payload
-#: ``(timeline, t, payload)``; the report ignores (and does not parse) every other type.
-_FOLD: Dict[str, _Fold] = dict(
+#: Event type -> the payload class its data is parsed as, and the :class:`VmTimeline` method
+#: that folds it ``(timeline, t, payload)``; the report ignores (and does not parse) every other
+#: type.
+_FOLD: Dict[str, Tuple[Type[Payload], _Fold]] = dict(
     [
         _on(AgentStarted, VmTimeline._on_agent_started),
         _on(StageStarted, VmTimeline._on_stage_started),
@@ -378,6 +486,8 @@ _FOLD: Dict[str, _Fold] = dict(
         _on(VmFailed, VmTimeline._on_vm_failed),
         _on(ControlRefused, VmTimeline._on_control_refused),
         _on(ScheduleComplete, VmTimeline._on_schedule_complete),
+        _on(Result, VmTimeline._on_result),
+        _on(KpiShown, VmTimeline._on_kpi),
     ]
 )
 

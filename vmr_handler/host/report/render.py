@@ -1,130 +1,89 @@
-"""The report page: :func:`render_html` turns folded logs (:class:`ExperimentTimeline`) and the
-contents of ``experiment.json`` into one HTML document (the timeline SVG of
-:mod:`vmr_handler.host.report.svg`, the experiment facts, the RESUMEs, a table of the VMs; inline
-CSS, no script, no external asset); :func:`render_report` folds records and renders them. Pure:
-the same arguments give the same text."""
+"""The report page and the timeline fragment it shares with the live console (issue 14).
+
+* :func:`timeline_fragment`: the timeline as an HTML fragment (counts and filter bar, legend,
+  time axis, one lane per VM), what ``GET /api/v1/timeline`` of the console answers and what
+  the report embeds; ``static/timeline.js`` (``VmrTimeline.attach``) drives it.
+* :func:`render_html`: the whole report, one self-contained HTML document: the experiment's
+  name, the fragment, the experiment's facts and the VM table, with ``static/timeline.css``
+  and ``static/timeline.js`` inlined (nothing is fetched; it works offline).
+* :func:`render_report`: fold records and render them.
+
+Pure: the same arguments give the same text.
+"""
 
 from __future__ import annotations
 
-import html
-import statistics
-from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple
+import functools
+import importlib.resources
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from vmr_handler.core.fsutil import utc_text
+from vmr_handler.host.report.chart import COLLAPSE_OVER, fragment, order
 from vmr_handler.host.report.experiment import Facts
-from vmr_handler.host.report.fold import MAX_ITEMS, ExperimentTimeline, VmTimeline
-from vmr_handler.host.report.svg import timeline_svg
-from vmr_handler.host.report.text import _esc, _rel, _secs
+from vmr_handler.host.report.fold import ExperimentTimeline, VmTimeline
+from vmr_handler.host.report.table import facts_html, vm_table
+from vmr_handler.host.report.text import _esc
+
+#: The report's title when experiment.json names no experiment.
+DEFAULT_TITLE = "vmr-handler experiment"
+#: Id of the report's VM table (the timeline's filter applies to its rows).
+TABLE_ID = "vmr-vms"
 
 _CSS_PAGE = """
-body{font:14px/1.4 system-ui,sans-serif;margin:16px;color:#222;background:#fff}
-h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:20px 0 6px}
-.sub{color:#555;margin-bottom:10px}.chart{overflow-x:auto;border:1px solid #ddd}
+body{font:14px/1.4 system-ui,sans-serif;margin:0 16px 16px;color:#222;background:#fff}
+h1{font-size:20px;margin:12px 0 2px}h2{font-size:16px;margin:20px 0 6px}
+.sub{color:#555;margin-bottom:6px}
 table{border-collapse:collapse;font-size:13px}th,td{border:1px solid #ddd;padding:2px 8px;text-align:left}
 th{background:#f0f2f5}td.n{text-align:right;font-variant-numeric:tabular-nums}
-tr.failed td{background:#fde8e8}.notes{color:#8a5a00}
+tr.problem td{background:#fde8e8}tr[hidden]{display:none}.notes{color:#8a5a00}
+td.kpi{white-space:nowrap;font-variant-numeric:tabular-nums}
+svg.spark{vertical-align:middle}svg.spark .spark-bg{fill:#f3f5f8}
+svg.spark polyline{fill:none;stroke:#3b6fd1;stroke-width:1.2}
 """
 
 
-def _table(tl: ExperimentTimeline, names: List[str], facts: Facts) -> str:
-    rows = [
-        "<table><thead><tr><th>VM</th><th>state</th><th>configured at</th><th>stages</th><th>entries</th>"
-        "<th>lateness max</th><th>lateness p50</th><th>failures</th><th>output lines</th>"
-        "<th>last seen</th><th>notes</th></tr></thead><tbody>"
-    ]
-    expected = set(facts.expected)
-    for name in names:
-        v = tl.vms.get(name) or VmTimeline(name)
-        late = v.latenesses()
-        conf = "-"
-        if v.configured_at is not None:
-            conf = f"{utc_text(v.configured_at)} {_rel(v.configured_at, facts.start)}"
-        notes = []
-        if expected and name not in expected:
-            notes.append("not expected")
-        if name in facts.excluded:
-            notes.append("excluded")
-        if name in facts.released:
-            notes.append("released")
-        if v.restarts:
-            notes.append(f"{v.restarts} agent restart(s)")
-        if v.refused:
-            notes.append(f"{v.refused} control message(s) refused")
-        if v.unreadable:
-            notes.append(f"{v.unreadable} unusable record(s)")
-        if v.dropped:
-            notes.append(f"{v.dropped} item(s) not drawn (over {MAX_ITEMS})")
-        done = sum(1 for r in v.runs if r.end is not None)
-        cls = ' class="failed"' if v.failures else ""
-        rows.append(
-            f"<tr{cls}><td>{html.escape(name)}</td><td>{v.state}</td><td>{conf}</td>"
-            f'<td class="n">{len(v.stages)}</td><td class="n">{done}/{len(v.runs)}</td>'
-            f'<td class="n">{_secs(max(late)) if late else "-"}</td>'
-            f'<td class="n">{_secs(statistics.median(late)) if late else "-"}</td>'
-            f'<td class="n">{v.failures}</td><td class="n">{v.output_lines}</td>'
-            f'<td>{utc_text(v.last_seen)}</td><td class="notes">{html.escape("; ".join(notes))}</td></tr>'
-        )
-    rows.append("</tbody></table>")
-    return "\n".join(rows)
+@functools.cache
+def static_text(name: str) -> str:
+    """The text of ``static/<name>`` of this package (``timeline.js``, ``timeline.css``).
 
-
-def _facts_html(facts: Facts, tl: ExperimentTimeline, names: List[str], notes: Sequence[str]) -> str:
-    items: List[Tuple[str, str]] = []
-    if facts.start is not None:
-        src = "" if facts.start_source == "experiment.json" else f" (from {facts.start_source})"
-        items.append(("start time (t=0)", f"{utc_text(facts.start)}{src}"))
-    else:
-        last = facts.last_configured()
-        waiting = [
-            n for n in (facts.expected or names) if n not in facts.configured and n not in facts.excluded
-        ]
-        items.append(
-            ("start time", "not set yet" + (f"; waiting for {len(waiting)} VM(s)" if waiting else ""))
-        )
-    if facts.buffer is not None:
-        items.append(("start buffer", _secs(facts.buffer)))
-    last = facts.last_configured()
-    if last is not None:
-        items.append(("configured last", f"{last[0]} at {utc_text(last[1])} {_rel(last[1], facts.start)}"))
-    if facts.set_at is not None:
-        items.append(("start set by the host at", utc_text(facts.set_at)))
-    items.append(
-        (
-            "VMs",
-            f"{len(names)} ({len(facts.expected) or len(names)} expected"
-            + (f", excluded: {', '.join(facts.excluded)}" if facts.excluded else "")
-            + (f", released: {', '.join(facts.released)}" if facts.released else "")
-            + ")",
-        )
+    Raises:
+        OSError: the file is missing (a broken install: ``package-data`` in pyproject).
+    """
+    return (importlib.resources.files("vmr_handler.host.report") / "static" / name).read_text(
+        encoding="utf-8"
     )
-    lates = [x for v in tl.vms.values() for x in v.latenesses()]
-    if lates:
-        items.append(
-            (
-                "lateness of positive entries",
-                f"max {_secs(max(lates))}, p50 {_secs(statistics.median(lates))} over {len(lates)} run(s)",
-            )
-        )
-    items.append(("RESUMEs issued", str(len(facts.resumes))))
-    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in items)
-    out = [f"<table>{body}</table>"]
-    if facts.resumes:
-        head = ("id", "issued", "stamped at (experiment s)", "VMs", "answered")
-        out.append("<h2>RESUMEs</h2><table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>")
-        for rid, at, issued, targets, answered in facts.resumes:
-            when = f"{utc_text(issued)} {_rel(issued, facts.start)}" if issued is not None else "-"
-            out.append(
-                f'<tr><td>{html.escape(rid)}</td><td>{when}</td><td class="n">{html.escape(at)}</td>'
-                f'<td class="n">{targets}</td><td class="n">{answered}</td></tr>'
-            )
-        out.append("</table>")
-    if notes:
-        out.append(
-            '<h2>Log notes</h2><ul class="notes">'
-            + "".join(f"<li>{_esc(n, 300)}</li>" for n in notes)
-            + "</ul>"
-        )
-    return "\n".join(out)
+
+
+def timeline_fragment(
+    timeline: ExperimentTimeline,
+    experiment: Mapping[str, Any],
+    now: Optional[float] = None,
+    table_id: Optional[str] = None,
+) -> str:
+    """The timeline as an HTML fragment, no ``<html>``/``<head>``, no script, no style (the page
+    loads ``static/timeline.css`` and ``static/timeline.js`` and calls
+    ``VmrTimeline.attach(element)`` on it).
+
+    Args:
+        timeline: the folded logs (not changed).
+        experiment: the content of ``experiment.json`` (``{}`` when none): start time,
+            expected VMs, configured times, RESUMEs.
+        now: UTC epoch seconds up to which open spans are drawn (a live experiment); None:
+            up to the last event of the logs.
+        table_id: the id of a table whose ``tr[data-vm]`` rows the filter also applies to.
+
+    Returns:
+        ``<div class="vmr-tl" data-t0 data-t1 data-x0 data-x1 data-origin [data-start]
+        data-vms [data-table]>``: the counts per state (buttons that filter), the filter box,
+        the zoom buttons, the legend and the time axis (a sticky head), then one lane per VM
+        (``<div class="tl-lane" data-vm data-cat>``), problems first; over
+        :data:`~vmr_handler.host.report.chart.COLLAPSE_OVER` VMs, those that need no one are
+        collapsed behind one aggregate lane. Well-formed XML.
+    """
+    text = fragment(timeline, Facts.read(experiment, timeline), now)
+    if table_id:
+        text = text.replace('<div class="vmr-tl', f'<div data-table="{_esc(table_id)}" class="vmr-tl', 1)
+    return text
 
 
 def render_html(
@@ -132,42 +91,54 @@ def render_html(
     experiment: Mapping[str, Any],
     notes: Sequence[str] = (),
     generated_at: Optional[float] = None,
-    title: str = "vmr-handler experiment",
+    title: Optional[str] = None,
+    source: str = "",
 ) -> str:
-    """The report: one HTML document (inline SVG and CSS, no script, no external asset).
-
-    Pure: the same arguments give the same text.
+    """The report: one self-contained HTML document (inline CSS and script, nothing fetched).
 
     Args:
         timeline: the folded logs.
-        experiment: the content of ``experiment.json`` (``{}`` when there is none): the start
-            time (UTC epoch s), buffer (s), configured times, RESUMEs.
+        experiment: the content of ``experiment.json`` (``{}`` when there is none).
         notes: remarks about the logs (unreadable lines, a cut last line), shown at the end.
         generated_at: UTC epoch seconds printed as the time of the report (None: not printed).
-        title: the page heading.
+        title: the heading when ``experiment`` has no ``name`` (default
+            :data:`DEFAULT_TITLE`).
+        source: where the logs were read (printed under the title; "" for none).
 
     Returns:
-        The HTML text. Lanes: every VM of the logs and every expected VM, sorted by name.
+        The HTML text: the title (the experiment's name), :func:`timeline_fragment`, the
+        experiment's facts and the VM table (rows in the lanes' order).
     """
     facts = Facts.read(experiment, timeline)
-    names = sorted(set(timeline.vms) | set(facts.expected))
-    last_times = [v.last for v in timeline.vms.values() if v.last is not None]
-    svg = timeline_svg(timeline, names, facts, max(last_times) if last_times else None)
+    heading = facts.name or title or DEFAULT_TITLE
+    vms = list(timeline.vms.values()) + [VmTimeline(n) for n in facts.expected if n not in timeline.vms]
+    rows, _ = order(vms, False)
     gen = f"report made {utc_text(generated_at)}; " if generated_at is not None else ""
+    src = f"logs: {_esc(source, 300)}; " if source else ""
+    hint = "click a count to show only those VMs, hover or click a bar for details, wheel on the axis to zoom"
+    collapsed = (
+        f"; the {COLLAPSE_OVER}+ VMs that need no one are collapsed" if len(vms) > COLLAPSE_OVER else ""
+    )
+    script = static_text("timeline.js")
+    if "</script" in script.lower():  # inlined: it must not end its own element
+        raise ValueError("static/timeline.js holds '</script'")
     return "\n".join(
         [
             "<!DOCTYPE html>",
             '<html lang="en"><head><meta charset="utf-8">',
-            f"<title>{_esc(title, 200)}</title>",
-            f"<style>{_CSS_PAGE}</style></head><body>",
-            f"<h1>{_esc(title, 200)}</h1>",
-            f'<div class="sub">{gen}{len(names)} VM(s); times in UTC; hover a bar or a mark for details'
-            "</div>",
-            f'<div class="chart">{svg}</div>',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
+            f"<title>{_esc(heading, 200)}</title>",
+            f"<style>{_CSS_PAGE}{static_text('timeline.css')}</style></head><body>",
+            f"<h1>{_esc(heading, 200)}</h1>",
+            f'<div class="sub">{gen}{src}{len(vms)} VM(s); times in UTC and experiment time; '
+            f"{hint}{collapsed}</div>",
+            timeline_fragment(timeline, experiment, None, TABLE_ID),
             "<h2>Experiment</h2>",
-            _facts_html(facts, timeline, names, notes),
+            facts_html(facts, vms, notes),
             "<h2>VMs</h2>",
-            _table(timeline, names, facts),
+            vm_table(rows, facts, TABLE_ID),
+            f"<script>{script}</script>",
+            '<script>VmrTimeline.attach(document.querySelector(".vmr-tl"));</script>',
             "</body></html>",
             "",
         ]

@@ -24,16 +24,21 @@ _SURROGATE = re.compile("[\ud800-\udfff\ufffe\uffff]")
 
 
 def _num(value: Any) -> Optional[float]:
-    """``value`` as a finite float (``bool`` and non-numbers: None)."""
+    """``value`` as a finite float (``bool``, non-numbers and integers no float can hold: None)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:  # a hostile guest's 400-digit integer
+        return None
     return v if math.isfinite(v) else None
 
 
 def _clean(value: Any, cap: int = MAX_LABEL) -> str:
     """``value`` as printable text of at most ``cap`` characters (not yet escaped)."""
     text = value if isinstance(value, str) else json.dumps(value, default=str)[: cap + 1]
+    if len(text) <= cap and text.isprintable():  # nothing to escape or cut (most output lines)
+        return text
     text = printable(text[: cap * 4], cap)  # control characters shown as \\xNN
     return _SURROGATE.sub("\ufffd", text)  # not encodable / not allowed in XML
 

@@ -1,0 +1,135 @@
+"""What the console's REST API answers (issue 14), built from the live experiment: pure
+functions of the :class:`~vmr_handler.host.experiment.Experiment`, its sessions and the live
+report timeline, returning JSON-safe dicts (times are UTC epoch seconds, durations seconds).
+
+A VM's *row* is the short form the VM table and the event stream carry; its *detail* adds the
+whole ``vmr-host status`` object, its entry runs and its KPI series.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Any, Dict, Iterable, List, Optional, Tuple, cast
+
+from vmr_handler.core.events import json_safe
+from vmr_handler.host.experiment import Experiment
+from vmr_handler.host.report.fold import VmTimeline
+from vmr_handler.host.session import VmSession
+
+#: State words that are problems by themselves (a VM with failed entries is one too).
+PROBLEM_STATES = frozenset({"failed", "schedule_rejected", "seen"})
+#: Every state word a row can have, in the order the console shows counts.
+STATES = (
+    "failed", "schedule_rejected", "seen", "at_break", "paused", "running", "configured",
+    "configuring", "schedule_accepted", "schedule_sent", "connected", "not_seen", "complete",
+)  # fmt: skip
+
+
+def _safe(data: Dict[str, Any]) -> Dict[str, Any]:
+    """``data`` with every float JSON can hold (:func:`~vmr_handler.core.events.json_safe`)."""
+    return cast(Dict[str, Any], json_safe(data))
+
+
+def vm_row(session: VmSession, start_time: Optional[float], now: float) -> Dict[str, Any]:
+    """The row of one VM: ``vm``, ``state`` (the word of ``vmr-host status``), ``problem``,
+    ``connected``, ``stage``, ``at_break`` / ``paused`` (entry index or None), ``running``
+    (entries running), ``failures``, ``failed_entry``, ``max_lateness`` (s), ``last_seen``
+    (UTC) and ``kpi`` (the latest sample, or None)."""
+    st = session.state
+    word = st.word(start_time, now, session.connected, session.connections)
+    stage: Optional[str] = None
+    if st.stage is not None:
+        where = f" ({st.stage_time:g})" if st.stage_time is not None else ""
+        stage = f"{st.stage}{where} {'running' if st.stage_running else 'done'}"
+    return _safe(
+        {
+            "vm": session.name,
+            "state": word,
+            "problem": word in PROBLEM_STATES or st.failures > 0,
+            "expected": session.expected,
+            "connected": session.connected,
+            "stage": stage,
+            "at_break": st.at_break.get("index") if st.at_break else None,
+            "paused": st.paused.get("index") if st.paused else None,
+            "running": len(st.running),
+            "failures": st.failures,
+            "failed_entry": st.failed_entry,
+            "max_lateness": st.max_lateness,
+            "last_seen": st.last_seen,
+            "kpi": dict(st.kpi) if st.kpi is not None else None,
+        }
+    )
+
+
+def sorted_rows(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Problems first, then by state (:data:`STATES` order), then by name."""
+    order = {s: i for i, s in enumerate(STATES)}
+    return sorted(rows, key=lambda r: (not r["problem"], order.get(r["state"], len(order)), r["vm"]))
+
+
+def all_rows(experiment: Experiment, now: float) -> List[Dict[str, Any]]:
+    """Every VM's row, problems first (:func:`sorted_rows`)."""
+    start = experiment.barrier.start_time
+    return sorted_rows(vm_row(s, start, now) for s in experiment.sessions.values())
+
+
+def experiment_view(
+    experiment: Experiment, mode: str, rows: List[Dict[str, Any]], now: float
+) -> Dict[str, Any]:
+    """``GET /api/v1/experiment``: ``now``, ``name``, ``run_id``, ``mode``, ``start_time``,
+    ``barrier`` (the ``experiment`` member of ``vmr-host status``), ``counts`` (state word ->
+    VMs, in :data:`STATES` order), ``vms``, ``connected``, ``problems`` and ``resumes``.
+
+    Args:
+        rows: every VM's row (:func:`all_rows`) at ``now`` (UTC epoch seconds).
+    """
+    counts = Counter(r["state"] for r in rows)
+    ordered = {s: counts[s] for s in STATES if counts[s]}
+    ordered.update({s: n for s, n in sorted(counts.items()) if s not in ordered})
+    return _safe(
+        {
+            "now": now,
+            "name": experiment.config.name,
+            "run_id": experiment.run_id,
+            "mode": mode,
+            "start_time": experiment.barrier.start_time,
+            "barrier": experiment.barrier_status(now),
+            "counts": ordered,
+            "vms": len(rows),
+            "connected": sum(1 for r in rows if r["connected"]),
+            "problems": sum(1 for r in rows if r["problem"]),
+            "resumes": [r.to_dict() for r in experiment.resumes],
+        }
+    )
+
+
+def entry_runs(timeline: Optional[VmTimeline]) -> List[Dict[str, Any]]:
+    """A VM's entry runs as the report folds them (every field of
+    :class:`~vmr_handler.host.report.facts.EntryRun`: index, executable, start/end UTC,
+    status, lateness s, exit code, output...), oldest first; [] before any."""
+    if timeline is None:
+        return []
+    return [_safe(dataclasses.asdict(run)) for run in timeline.runs]
+
+
+def vm_detail(
+    experiment: Experiment, session: VmSession, timeline: Optional[VmTimeline], now: float
+) -> Dict[str, Any]:
+    """``GET /api/v1/vms/{vm}``: the VM's ``vmr-host status`` object, plus ``row``
+    (:func:`vm_row`), ``entries`` (:func:`entry_runs`) and ``kpi_series`` (KPI series name ->
+    values, oldest first; ``at`` is host UTC)."""
+    start = experiment.barrier.start_time
+    detail = session.status(start, now)
+    detail["row"] = vm_row(session, start, now)
+    detail["entries"] = entry_runs(timeline)
+    detail["kpi_series"] = session.state.kpi_series()
+    return _safe(detail)
+
+
+def changed_rows(
+    rows: List[Dict[str, Any]], last: Dict[str, Dict[str, Any]]
+) -> Tuple[List[Dict[str, Any]], Dict[str, Dict[str, Any]]]:
+    """The rows that differ from ``last`` (VM -> row sent before), and the new ``last``. Pure."""
+    now_rows = {r["vm"]: r for r in rows}
+    return [r for vm, r in now_rows.items() if last.get(vm) != r], now_rows

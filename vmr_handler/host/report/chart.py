@@ -1,0 +1,180 @@
+"""The timeline as an HTML fragment (issue 14): counts and filter bar, legend and time axis (a
+sticky head), then one lane per VM, problems first. Shared by the report page and the live
+console; driven by ``static/timeline.js`` (zoom, pan, filter, layout to the window).
+
+The fragment is well-formed XML (every element closed, only XML's entities), so a test can
+parse it; its root is ``<div class="vmr-tl">`` whose attributes give the scale the server laid
+it out with: ``data-t0``/``data-t1`` (UTC of the plot's left and right edges),
+``data-x0``/``data-x1`` (0 and the nominal plot width, px), ``data-origin`` (UTC that the
+elements' ``data-s``/``data-e`` count from: the start time when known) and ``data-start``.
+Pure; times are UTC epoch seconds.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import time
+from collections import Counter
+from typing import List, Optional, Sequence, Tuple
+
+from vmr_handler.host.report.axis import AXIS_H, MAX_RESUME_LINES, axis_svg, legend_html, overlay_svg
+from vmr_handler.host.report.experiment import Facts
+from vmr_handler.host.report.fold import CATEGORIES, PROBLEMS, ExperimentTimeline, VmTimeline
+from vmr_handler.host.report.svg import LABELS_UP_TO, PLOT_W, Lanes, Scale, aggregate_svg, lane_svg
+
+#: Over this many VMs, the VMs that need no one (not a problem, not at a break) start
+#: collapsed into one aggregate lane (a click shows them; a filter shows what it matches).
+COLLAPSE_OVER = 300
+#: Categories kept out of the collapsed group.
+ATTENTION = (*PROBLEMS, "at break")
+
+
+#: The hatchings of pauses and breaks (``url(#vmr-hp)``, ``url(#vmr-hb)`` in timeline.css).
+_DEFS = (
+    '<svg xmlns="http://www.w3.org/2000/svg" class="tl-defs" width="0" height="0" aria-hidden="true">'
+    '<defs><pattern id="vmr-hp" width="6" height="6" patternUnits="userSpaceOnUse" '
+    'patternTransform="rotate(45)"><rect width="6" height="6" fill="#fff3c4" fill-opacity=".75"/>'
+    '<line x1="0" y1="0" x2="0" y2="6" stroke="#e0b000" stroke-width="2"/></pattern>'
+    '<pattern id="vmr-hb" width="6" height="6" patternUnits="userSpaceOnUse" '
+    'patternTransform="rotate(-45)"><rect width="6" height="6" fill="#ece3f5" fill-opacity=".8"/>'
+    '<line x1="0" y1="0" x2="0" y2="6" stroke="#9b7bc0" stroke-width="2.5"/></pattern></defs></svg>'
+)
+
+
+def lane_height(n: int) -> float:
+    """Lane height (px) for ``n`` lanes: 40 for a few, down to 14 from 61 lanes."""
+    return 40.0 if n <= 8 else 28.0 if n <= 20 else 20.0 if n <= 60 else 14.0
+
+
+def order(vms: Sequence[VmTimeline], collapse: bool) -> Tuple[List[VmTimeline], List[VmTimeline]]:
+    """The lanes in order, problems first (by :data:`~vmr_handler.host.report.fold.PROBLEMS`
+    order, then by name), then the others by name; and the VMs of the collapsed group (the
+    others that are not at a break) when ``collapse``, else []."""
+    rank = {c: i for i, c in enumerate(PROBLEMS)}
+    cats = {v.name: v.category for v in vms}
+    lead = sorted((v for v in vms if cats[v.name] in rank), key=lambda v: (rank[cats[v.name]], v.name))
+    rest = sorted((v for v in vms if cats[v.name] not in rank), key=lambda v: v.name)
+    if not collapse:
+        return lead + rest, []
+    shown = [v for v in rest if cats[v.name] in ATTENTION]
+    return lead + shown, [v for v in rest if cats[v.name] not in ATTENTION]
+
+
+def time_range(tl: ExperimentTimeline, facts: Facts, end: Optional[float]) -> Optional[Tuple[float, float]]:
+    """``(t0, t1)`` UTC: everything drawn (events, start, last configured, RESUMEs, ``end``)
+    with 2 % on each side; None when there is nothing to place."""
+    times: List[float] = []
+    for v in tl.vms.values():
+        times += [t for t in (v.first, v.last, v.configured_at) if t is not None]
+    last_conf = facts.last_configured()
+    times += [t for t in (facts.start, last_conf[1] if last_conf else None, end) if t is not None]
+    times += [r.issued for r in facts.resumes[:MAX_RESUME_LINES] if r.issued is not None]
+    if not times:
+        return None
+    t0, t1 = min(times), max(times)
+    if t1 - t0 < 0.01:
+        t0, t1 = t0 - 0.5, t1 + 0.5
+    pad = (t1 - t0) * 0.02
+    return t0 - pad, t1 + pad
+
+
+def _bar(vms: Sequence[VmTimeline]) -> str:
+    """Counts per category (buttons: a click filters), the filter box, zoom buttons."""
+    counts = Counter(v.category for v in vms)
+    buttons = ' <span class="tl-sep">·</span> '.join(
+        f'<button type="button" class="tl-count" data-cat="{c}" aria-pressed="false" '
+        f'title="show only these {counts[c]} VMs (click again: all)">{counts[c]} {c}</button>'
+        for c in CATEGORIES  # fixed words: nothing to escape
+        if counts[c]
+    )
+    zoom = "".join(
+        f'<button type="button" data-zoom="{z}" title="{tip}">{label}</button>'
+        for z, label, tip in (
+            ("out", "\u2212", "zoom out (or mouse wheel on the time axis)"),
+            ("in", "+", "zoom in (or mouse wheel on the time axis; Ctrl+wheel on the lanes)"),
+            ("left", "\u25c0", "move earlier (or drag the axis, Shift+wheel)"),
+            ("right", "\u25b6", "move later"),
+            ("fit", "fit", "the whole experiment"),
+        )
+    )
+    return (
+        '<div class="tl-bar">'
+        f'<span class="tl-counts"><b class="tl-total">{len(vms)} VMs:</b> {buttons}</span>'
+        '<label class="tl-flt">filter <input type="search" class="tl-filter" placeholder="VM name" '
+        'autocomplete="off" spellcheck="false" /></label>'
+        f'<span class="tl-shown" aria-live="polite">{len(vms)} shown</span>'
+        f'<span class="tl-zoom" role="group" aria-label="time zoom">{zoom}</span></div>'
+    )
+
+
+def _lane_row(g: Lanes, v: VmTimeline, grouped: bool) -> str:
+    cat = v.category
+    name = html.escape(v.name)
+    grp = ' data-grp="1"' if grouped else ""
+    return (
+        f'<div class="tl-lane" data-vm="{name}" data-cat="{html.escape(cat)}"{grp}>'
+        f'<div class="tl-name" title="{name}: {html.escape(cat)}"><i class="tl-dot"></i>{name}</div>'
+        f"{lane_svg(g, v)}</div>"
+    )
+
+
+def _aggregate_row(g: Lanes, group: List[VmTimeline]) -> str:
+    counts = Counter(v.category for v in group)
+    what = ", ".join(f"{n} {c}" for c, n in sorted(counts.items(), key=lambda kv: CATEGORIES.index(kv[0])))
+    return (
+        '<div class="tl-lane tl-agg" data-agg="1">'
+        f'<div class="tl-name"><button type="button" class="tl-expand" aria-expanded="false" '
+        f'title="{len(group)} VMs that need no one ({html.escape(what)}): click to show or hide their lanes">'
+        f"\u25b8 {len(group)} more VMs</button></div>{aggregate_svg(g, group, g.lane_h * 2)}</div>"
+    )
+
+
+def fragment(tl: ExperimentTimeline, facts: Facts, now: Optional[float] = None) -> str:
+    """The timeline fragment (module docstring) of every VM of ``tl`` and every expected VM.
+
+    Args:
+        tl: the folded logs (not changed). facts: what experiment.json says (:class:`Facts`).
+        now: UTC epoch seconds up to which open spans (a running entry, a break not yet
+            resumed) are drawn; None: up to the last event of the logs (a finished report).
+
+    Returns:
+        HTML text, ``<div class="vmr-tl" ...>...</div>``.
+    """
+    vms = list(tl.vms.values())
+    vms += [VmTimeline(n) for n in facts.expected if n not in tl.vms]  # a lane even without a log
+    collapse = len(vms) > COLLAPSE_OVER
+    lanes, group = order(vms, collapse)
+    last_times = [v.last for v in vms if v.last is not None]
+    end = now if now is not None else (max(last_times) if last_times else None)
+    span = time_range(tl, facts, end)
+    t0, t1 = span if span is not None else (0.0, 1.0)
+    origin = facts.start if facts.start is not None else float(math.floor(t0))
+    x = Scale(t0, t1, PLOT_W, origin)
+    lane_h = lane_height(len(vms))
+    g = Lanes(x, lane_h, end if end is not None else t1, facts.start, len(vms) <= LABELS_UP_TO)
+    start = f' data-start="{facts.start!r}"' if facts.start is not None else ""
+    out = [
+        f'<div class="vmr-tl{" tl-collapsed" if group else ""}" data-t0="{t0!r}" data-t1="{t1!r}" '
+        f'data-x0="0" data-x1="{PLOT_W:g}" data-origin="{origin!r}"{start} data-vms="{len(vms)}">',
+        _DEFS,
+        '<div class="tl-head">',
+        _bar(vms),
+        legend_html(bool(group)),
+        f'<div class="tl-axisrow" style="height:{AXIS_H}px"><div class="tl-name tl-axlabel">',
+    ]
+    if span is None:
+        out.append('<div>no events in the logs yet</div></div><div class="tl-axcell"></div></div></div>')
+    else:
+        out.append(f'<div class="tk">UTC {time.strftime("%Y-%m-%d", time.gmtime(t0))}</div>')
+        if facts.start is not None:
+            out.append('<div class="tk2">experiment time</div>')
+        out.append(f'</div><div class="tl-axcell">{axis_svg(x, facts)}</div></div></div>')
+    out.append(f'<div class="tl-lanes" style="--lh:{lane_h:g}px">')
+    out.append(overlay_svg(x, facts))
+    out += [_lane_row(g, v, False) for v in lanes]
+    if group:
+        out.append(_aggregate_row(g, group))
+        out += [_lane_row(g, v, True) for v in group]
+    out.append("</div></div>")
+    return "\n".join(out)
