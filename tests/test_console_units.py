@@ -155,3 +155,51 @@ def test_console_flags(tmp_path: Path) -> None:
     assert experiment_name(_args(), None) == "sch"
     assert experiment_name(_args(), "exp1") == "exp1"
     assert experiment_name(_args(name="Mine"), "exp1") == "Mine"
+
+
+def test_live_timeline_folds_the_logs_then_holds_reports_while_a_thread_reads_it(tmp_path: Path) -> None:
+    """The console's live timeline: the reports stored before it started are folded from the
+    ``.jsonl`` once, the ones stored after are folded as they come; while a worker thread reads
+    the timeline (a render), new reports wait and are folded (and streamed) right after."""
+    import threading
+
+    from tests.test_console_metrics import T0, Host
+    from tests.test_payloads import _Link
+    from vmr_handler.host.config import Limits
+    from vmr_handler.host.console.live import LiveExperiment
+
+    h = Host(tmp_path, ["vm1"], Limits())
+    assert h.sessions["vm1"].attach(_Link(), h.now)  # type: ignore[arg-type]
+    h.report("vm1", "entry_started", index=1, start_time=1, scheduled=T0 + 1)
+    h.report("vm1", "entry_exited", index=1, status="success", exit_code=0)
+
+    async def run() -> None:
+        live = LiveExperiment(h.experiment, "listen")
+        await live.start()
+        runs = live.timeline.vms["vm1"].runs
+        assert [(r.index, r.status) for r in runs] == [(1, "success")]
+        h.report("vm1", "entry_started", index=2, start_time=2, scheduled=T0 + 2)
+        assert [r.index for r in live.timeline.vms["vm1"].runs] == [1, 2]
+        sub = live.hub.subscribe([])
+        gate, seen = threading.Event(), []
+
+        def read(timeline: Any) -> int:
+            assert gate.wait(30)
+            seen.append(len(timeline.vms["vm1"].runs))
+            return len(seen)
+
+        task = asyncio.ensure_future(live.read_held(read))
+        await asyncio.sleep(0.05)
+        h.report("vm1", "entry_started", index=3, start_time=3, scheduled=T0 + 3)  # held
+        assert [r.index for r in live.timeline.vms["vm1"].runs] == [1, 2] and sub.queue.qsize() == 0
+        with pytest.raises(RuntimeError, match="already being read"):
+            await live.read_held(read)
+        gate.set()
+        assert await task == 1 and seen == [2]
+        assert [r.index for r in live.timeline.vms["vm1"].runs] == [1, 2, 3]
+        kind, data = sub.queue.get_nowait()  # type: ignore[misc]
+        assert kind == "vm_event" and data["event"]["data"]["index"] == 3 and data["next"] > 0
+        await live.close()
+        assert live.on_stored not in h.experiment.watchers
+
+    asyncio.run(run())

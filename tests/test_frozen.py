@@ -116,6 +116,8 @@ def test_single_file_without_host_python_or_host_code(frozen: Path) -> None:
     assert any(n.startswith("libpython3") for n in names), "libpython is bundled"
     assert "vmr_handler.agent.bundle" in names and "vmr_handler.agent.cli" in names
     assert not [n for n in names if n.startswith("vmr_handler.host")], "vmr-host is not part of the agent"
+    host_only = ("aiohttp", "prometheus_client", "multidict", "yarl", "selenium")
+    assert not [n for n in names if n.split(".")[0] in host_only], "the console's libraries stay on the host"
 
 
 def test_onedir_bundle_runs_without_unpacking(onedir: Path, tmp_path: Path) -> None:

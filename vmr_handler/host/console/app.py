@@ -46,7 +46,7 @@ URL_FILE = "console.url"
 #: Largest request body (a resume or release request is a few hundred bytes).
 MAX_BODY = 64 * 1024
 #: The timeline fragment is rendered again at most every this many seconds, and at most
-#: :data:`RENDER_SHARE` of the loop's time (it blocks the loop while it renders).
+#: :data:`RENDER_SHARE` of the time (in a worker thread, but it holds the GIL while it renders).
 RENDER_EVERY = 1.0
 RENDER_SHARE = 0.1
 _STATIC_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
@@ -90,6 +90,7 @@ class Console:
         self._runner: Optional[web.AppRunner] = None
         self._streams: List[asyncio.Task[Any]] = []
         self._fragment: Dict[str, Any] = {"version": -1, "at": 0.0, "text": "", "cost": 0.0}
+        self._render_lock = asyncio.Lock()
 
     def app(self) -> web.Application:
         """The aiohttp application (routes and the auth/error middleware)."""
@@ -266,19 +267,21 @@ class Console:
 
     async def timeline(self, request: web.Request) -> web.StreamResponse:
         """The report's timeline of the live experiment, as an HTML fragment."""
-        return web.Response(
-            text=self._render(), content_type="text/html", headers={"Cache-Control": "no-cache"}
-        )
+        text = await self._render()
+        return web.Response(text=text, content_type="text/html", headers={"Cache-Control": "no-cache"})
 
-    def _render(self) -> str:
-        """The fragment, rendered again when the timeline changed and enough time passed."""
+    async def _render(self) -> str:
+        """The fragment, rendered again (in a worker thread, :meth:`LiveExperiment.read_held`)
+        when the timeline changed and enough time passed; requests meanwhile share it."""
         f = self._fragment
-        mono = time.monotonic()
-        stale = f["version"] != self.live.version
-        if stale and mono - f["at"] >= max(RENDER_EVERY, f["cost"] / RENDER_SHARE):
-            state = self.live.experiment.state_dict()
-            text = timeline_fragment(self.live.timeline, state, time.time())
-            f.update(version=self.live.version, at=mono, text=text, cost=time.monotonic() - mono)
+        async with self._render_lock:
+            began = time.monotonic()
+            if f["version"] != self.live.version and began - f["at"] >= max(
+                RENDER_EVERY, f["cost"] / RENDER_SHARE
+            ):
+                state, now, version = self.live.experiment.state_dict(), time.time(), self.live.version
+                text = await self.live.read_held(lambda timeline: timeline_fragment(timeline, state, now))
+                f.update(version=version, at=began, text=text, cost=time.monotonic() - began)
         return str(f["text"])
 
     async def metrics(self, request: web.Request) -> web.StreamResponse:

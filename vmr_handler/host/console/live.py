@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
 from vmr_handler.core.events import Event
 from vmr_handler.host.console.events import records_from
@@ -23,6 +23,7 @@ from vmr_handler.host.experiment import Experiment
 from vmr_handler.host.report.fold import ExperimentTimeline
 
 log = logging.getLogger("vmr_host.console")
+_T = TypeVar("_T")
 
 #: Shortest seconds between two looks for changed VM rows while a browser watches.
 ROWS_EVERY = 0.5
@@ -66,11 +67,6 @@ class LiveExperiment:
         self._experiment: Optional[Dict[str, Any]] = None
         self._task: Optional[asyncio.Task[None]] = None
 
-    @property
-    def loaded(self) -> bool:
-        """True once the logs written before the console started are folded."""
-        return self._waiting is None
-
     async def start(self) -> None:
         """Fold what the logs hold (in a worker thread), then follow every stored report."""
         self.experiment.watchers.append(self.on_stored)
@@ -78,9 +74,7 @@ class LiveExperiment:
         started = time.monotonic()
         timeline, records = await asyncio.to_thread(self._fold, sizes)
         self.timeline = timeline
-        waiting, self._waiting = self._waiting or [], None
-        for vm, events, received in waiting:
-            self.on_stored(vm, events, received)
+        self._release()
         self.version += 1
         log.info(
             "console: %d report(s) of %d VM(s) folded in %.2f s",
@@ -89,6 +83,28 @@ class LiveExperiment:
             time.monotonic() - started,
         )
         self._task = asyncio.ensure_future(self._watch_rows())
+
+    def _release(self) -> None:
+        """Fold the reports held while the timeline was read in a worker thread."""
+        waiting, self._waiting = self._waiting or [], None
+        for vm, events, received in waiting:
+            self.on_stored(vm, events, received)
+
+    async def read_held(self, read: Callable[[ExperimentTimeline], _T]) -> _T:
+        """``read(timeline)`` in a worker thread (rendering 1000 VMs takes most of a second: not
+        on the host's loop); reports stored meanwhile are held and folded after it, so the
+        thread never sees the timeline change. One at a time.
+
+        Raises:
+            RuntimeError: the timeline is already being read (the caller serialises reads).
+        """
+        if self._waiting is not None:
+            raise RuntimeError("the live timeline is already being read")
+        self._waiting = []
+        try:
+            return await asyncio.to_thread(read, self.timeline)
+        finally:
+            self._release()
 
     def _fold(self, sizes: Dict[str, Tuple[str, int]]) -> Tuple[ExperimentTimeline, int]:
         """The timeline of every log up to its size at start (worker thread; unreadable logs
