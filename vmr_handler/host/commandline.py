@@ -342,6 +342,13 @@ def _add_logs_cmd(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     logs.add_argument("--json", action="store_true", help="the stored records, one JSON object per line")
 
 
+def _add_schedule(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``schedule show VM [--logs DIR] [--json]`` (:mod:`vmr_handler.host.schedulecmd`)."""
+    from vmr_handler.host.schedulecmd import add_arguments
+
+    add_arguments(sub, _add_logs)
+
+
 #: The sub-commands, in the order ``vmr-host --help`` lists them.
 _COMMANDS: Tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], ...] = (
     _add_serve,
@@ -353,6 +360,7 @@ _COMMANDS: Tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]],
     _add_report,
     _add_check,
     _add_logs_cmd,
+    _add_schedule,
 )
 
 
@@ -566,6 +574,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             return EXIT_OK
         if args.command == "check":
             return cmd_check(args)
+        if args.command == "schedule":
+            from vmr_handler.host.schedulecmd import cmd_schedule_show
+
+            return cmd_schedule_show(args)
         if args.command == "logs":
             from vmr_handler.host.logscmd import show_logs
 

@@ -42,6 +42,7 @@ from vmr_handler.host.fdlimit import ensure_fd_limit, fd_needs, readable_pool
 from vmr_handler.host.http import ResourceHttp
 from vmr_handler.host.httpcommon import NoteFn
 from vmr_handler.host.resources import ResourceStore
+from vmr_handler.host.schedulecmd import write_index
 from vmr_handler.host.session import VmSession, restore_session, save_checkpoint
 from vmr_handler.host.sessionapi import HostEvents
 from vmr_handler.host.store import VmLog
@@ -121,6 +122,7 @@ class HostServer:
         try:
             os.makedirs(cfg.logs, mode=0o750, exist_ok=True)
             self._lock_logs()
+            write_index(cfg.logs, cfg.vms)  # for `vmr-host schedule show`
             self.channels.prepare()
             self.experiment.load()
         except OSError as exc:

@@ -28,6 +28,7 @@ class Span:
         end: UTC epoch seconds, or None when it had not ended at the end of the logs.
         label: short text (unescaped, already cleaned).
         tip: tooltip lines (unescaped, already cleaned).
+        index: the pause or break entry's index (None for stages, or when the guest sent none).
     """
 
     kind: str
@@ -35,6 +36,7 @@ class Span:
     end: Optional[float]
     label: str
     tip: List[str]
+    index: Optional[int] = None
 
 
 @dataclass

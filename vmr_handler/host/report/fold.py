@@ -356,7 +356,8 @@ class VmTimeline:
         if index in self._open_pause:
             return  # reported again after an agent restart: the first one stands
         at, dur = _show_number(p.at), _show_number(p.duration)
-        span = Span("pause", t, None, f"pause {dur} s", [f"pause at t={at} for {dur} s (entry #{index})"])
+        tip = [f"pause at t={at} for {dur} s (entry #{index})"]
+        span = Span("pause", t, None, f"pause {dur} s", tip, p.index)
         if self._keep(self.pauses, span):
             self._open_pause[index] = span
 
@@ -365,7 +366,8 @@ class VmTimeline:
         if index in self._open_break:
             return  # reported again after an agent restart: the first one stands
         at = _show_number(p.at)
-        span = Span("break", t, None, "break", [f"break at t={at} (entry #{index})", "held until a RESUME"])
+        tip = [f"break at t={at} (entry #{index})", "held until a RESUME"]
+        span = Span("break", t, None, "break", tip, p.index)
         if self._keep(self.breaks, span):
             self._open_break[index] = span
 
