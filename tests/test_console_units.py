@@ -13,6 +13,7 @@ from typing import Any, Dict, List
 import pytest
 
 from vmr_handler.core.errors import UsageError
+from vmr_handler.host import jsonlread
 from vmr_handler.host.console import events as ev
 from vmr_handler.host.console.options import console_options, experiment_name
 from vmr_handler.host.console.stream import Hub, sse
@@ -74,7 +75,7 @@ def test_pages_follow_cursors_and_skip_what_is_not_a_record(tmp_path: Path) -> N
 
 
 def test_a_monster_line_is_skipped_not_read_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ev, "MAX_LINE", 200)
+    monkeypatch.setattr(jsonlread, "MAX_LINE", 200)
     path = _log(tmp_path, [_rec(0), b"x" * 1000 + b"\n", _rec(1)])
     assert [e["event"]["id"] for e in ev.page(path, ev.EventQuery())["events"]] == ["e0", "e1"]
 

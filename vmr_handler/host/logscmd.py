@@ -20,6 +20,7 @@ from vmr_handler.core.errors import UsageError
 from vmr_handler.core.events import Event, describe
 from vmr_handler.core.fsutil import utc_text
 from vmr_handler.core.readable import escaped
+from vmr_handler.host.jsonlread import records_from
 from vmr_handler.host.logtext import printable
 
 #: Seconds between two looks at the file with ``-f``.
@@ -56,29 +57,21 @@ def records(
     path: str, follow: bool = False, interval: float = FOLLOW_INTERVAL, start: int = 0
 ) -> Iterator[Dict[str, Any]]:
     """The records of a ``.jsonl`` log from byte ``start`` (a line start); with ``follow``,
-    then every record appended, forever.
+    then every record appended, forever (:func:`~vmr_handler.host.jsonlread.records_from`
+    again from where it stopped, every ``interval`` seconds).
 
-    A last line still being written is read once it is whole; a line that is not JSON is
-    skipped (the host never writes one; a torn line is cut back by the host)."""
-    with open(path, "rb") as f:
-        f.seek(start)
-        pending = b""
-        while True:
-            chunk = f.read(1 << 16)
-            if chunk:
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    try:
-                        rec = json.loads(line)
-                    except (ValueError, RecursionError):
-                        continue
-                    if isinstance(rec, dict) and isinstance(rec.get("event"), dict):
-                        yield rec
-                continue
-            if not follow:
-                return
-            time.sleep(interval)
+    A last line still being written is read once it is whole; a line that is not a record
+    (not JSON, no ``event`` object) is skipped (the host never writes one; a torn line is cut
+    back by the host)."""
+    at = start
+    while True:
+        for _offset, end, rec in records_from(path, at):
+            at = end
+            if isinstance(rec.get("event"), dict):
+                yield rec
+        if not follow:
+            return
+        time.sleep(interval)
 
 
 def _event(rec: Dict[str, Any]) -> Optional[Event]:

@@ -7,15 +7,14 @@ Blocking file I/O: the console runs it in a worker thread, never on the host's l
 
 from __future__ import annotations
 
-import json
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Deque, Dict, FrozenSet, Iterator, List, Optional, Tuple
+from typing import Any, Deque, Dict, FrozenSet, List, Optional
+
+from vmr_handler.host.jsonlread import records_from
 
 #: Most records one page holds (``limit`` above it is cut to it).
 MAX_PAGE = 1000
-#: Longest line read as a record (the host's own lines are far shorter; a longer one is skipped).
-MAX_LINE = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -81,37 +80,6 @@ class EventQuery:
             return True
         data = ev.get("data")
         return isinstance(data, dict) and data.get("index") == self.entry
-
-
-def records_from(path: str, start: int) -> Iterator[Tuple[int, int, Dict[str, Any]]]:
-    """``(offset, next offset, record)`` of every whole record line of ``path`` from byte
-    ``start`` (a line start). A line not JSON, too long or not an object is skipped; a last
-    line still being written is left for later.
-
-    Raises:
-        OSError: the file cannot be opened.
-    """
-    with open(path, "rb") as fh:
-        fh.seek(start)
-        offset = start
-        while True:
-            line = fh.readline(MAX_LINE + 1)
-            if not line or not line.endswith(b"\n"):
-                if line and len(line) > MAX_LINE:  # a monster line: skip to its end
-                    rest = fh.readline()
-                    while rest and not rest.endswith(b"\n"):
-                        rest = fh.readline()
-                    offset += len(line) + len(rest)
-                    continue
-                return
-            end = offset + len(line)
-            try:
-                record = json.loads(line)
-            except (ValueError, RecursionError):
-                record = None
-            if isinstance(record, dict):
-                yield offset, end, record
-            offset = end
 
 
 def page(path: str, query: EventQuery) -> Dict[str, Any]:

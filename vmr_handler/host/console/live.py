@@ -15,11 +15,11 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
 from vmr_handler.core.events import Event
-from vmr_handler.host.console.events import records_from
 from vmr_handler.host.console.metrics import ConsoleMetrics
 from vmr_handler.host.console.stream import Hub, Message
 from vmr_handler.host.console.views import all_rows, changed_rows, experiment_view
 from vmr_handler.host.experiment import Experiment
+from vmr_handler.host.jsonlread import records_from
 from vmr_handler.host.report.fold import ExperimentTimeline
 
 log = logging.getLogger("vmr_host.console")

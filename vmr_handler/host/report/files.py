@@ -5,7 +5,6 @@ atomically, :func:`cmd_report` is the ``vmr-host report`` front end."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -13,6 +12,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from vmr_handler.core.errors import NoLogs
 from vmr_handler.core.fsutil import atomic_write
+from vmr_handler.host.jsonlread import ReadStats, records_from
 from vmr_handler.host.report.fold import ExperimentTimeline
 from vmr_handler.host.report.render import render_html
 from vmr_handler.host.store import EXPERIMENT_FILE, JSONL_SUFFIX, ExperimentStore
@@ -23,27 +23,17 @@ def read_jsonl(path: str, notes: List[str]) -> Iterator[Dict[str, Any]]:
     :meth:`vmr_handler.host.store.VmLog.open`, which also cuts a partial line and opens the
     files for appending). An unreadable line is skipped and a cut last line (the host is
     writing it, or died writing it) ignored; both are noted in ``notes``."""
-    bad = 0
     name = os.path.basename(path)
+    stats = ReadStats()
     try:
-        with open(path, "rb") as fh:
-            for line in fh:
-                if not line.endswith(b"\n"):
-                    notes.append(f"{name}: a partial last line was ignored")
-                    break
-                try:
-                    rec = json.loads(line)
-                except (ValueError, RecursionError):
-                    bad += 1
-                    continue
-                if isinstance(rec, dict):
-                    yield rec
-                else:
-                    bad += 1
+        for _offset, _end, record in records_from(path, 0, stats):
+            yield record
     except OSError as exc:
         notes.append(f"{name}: cannot read: {exc.strerror}")
-    if bad:
-        notes.append(f"{name}: {bad} unreadable line(s) skipped")
+    if stats.partial:
+        notes.append(f"{name}: a partial last line was ignored")
+    if stats.bad:
+        notes.append(f"{name}: {stats.bad} unreadable line(s) skipped")
 
 
 def write_report(logs: str, out: str, now: Optional[float] = None) -> str:
