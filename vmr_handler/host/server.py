@@ -243,9 +243,9 @@ class HostServer:
         try:
             if self.http is not None:
                 self.http.start(self._http_notes(asyncio.get_running_loop()))
-            if self.config.console is not None:
-                await self._start_console(api)
             await self.channels.start(stop)
+            if self.config.console is not None:  # after the channels: its first fold must not delay the VMs
+                await self._start_console(api)
             self._tasks.append(asyncio.ensure_future(self._ticker()))
             log.info(
                 "vmr-host %s serving %d VM(s) (%s mode, %s); barrier waits for %s",
