@@ -102,7 +102,8 @@ class Barrier:
 
     def last_configured(self) -> Optional[float]:
         """UTC at which the last still-expected configured VM configured, or None."""
-        times = [t for vm, t in self.configured.items() if vm in self.active]
+        active = self.active  # a property making a new set: once, not per VM (10 000 VMs: 0.57 s)
+        times = [t for vm, t in self.configured.items() if vm in active]
         return max(times) if times else None
 
     # ------------------------------------------------------------------ inputs
