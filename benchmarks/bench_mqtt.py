@@ -23,12 +23,27 @@ Each run starts, all on this machine and all stopped by PID at the end:
 A simulated agent does what the real agent does on the wire (``vmr_handler/agent/link.py``,
 ``transports/mqtt/``), minus the clock sync and running anything: MQTT v5, client id
 ``vmr-<experiment>-<vm>``, username = VM name, ``clean_start=False`` + session expiry, a
-retained ``offline`` last will on ``presence``; on CONNACK it subscribes ``down`` and
-``start`` (QoS 1), publishes ``presence`` ``online`` (retained) and its ``hello``
+retained ``offline`` last will on ``presence``; on CONNACK it subscribes ``down``, ``start``
+(QoS 1) and the hosts' start topics ``_hosts/+/start`` (QoS 0), publishes ``presence``
+``online`` (retained; again with ``host_start`` once a host's start topic delivered something,
+as the agent's channel does) and its ``hello``
 (protocol fields of ``_send_hello``); it answers a host ``hello`` with a ``hello`` (unless
 it sent one < 1 s ago, as the agent does), the ``schedule`` with a ``result`` success, a
-``start_time`` (from ``down`` or the retained ``start`` topic, whichever comes first) with an
-``ack``, a ``resume`` with a ``result``, and sends a ``heartbeat`` after 5 s of silence.
+``start_time`` (from ``down``, its retained ``start`` topic or its host's start topic,
+whichever comes first) with an ``ack``, a ``resume`` with a ``result``, and sends a
+``heartbeat`` after 5 s of silence.
+
+Where the start's time goes (issue 16): a **probe** (one more paho client in the controller,
+idle otherwise) subscribes, before the ``configured`` burst, to the start topics of every
+``N/200``-th VM (``down``, ``start``, and the hosts' start topics): when it receives a VM's
+start is when the broker sent it out, not counting the load generators' own queueing.
+Each generator also notes, once the ``configured`` burst began, the kernel's receive time of
+the first unread bytes of a socket before reading it (``SO_TIMESTAMP``, ``MSG_PEEK``): for the
+read that brought the start, that is when the start reached the simulated VM's socket, so its
+time splits into (host set -> received by the kernel) and (received -> processed, i.e. the
+generator's own queueing on 2 shared cores).
+``--src DIR`` runs ``vmr-host`` from another source tree (e.g. a ``git archive`` of an
+earlier commit), for before/after figures.
 ``configured`` is sent when the controller says: VM i at ``T0 + window * i / (N - 1)``, so the
 last one goes at a known instant. Every time is ``time.time()`` on this machine (host, broker
 and generators share the clock).
@@ -63,7 +78,13 @@ if REPO not in sys.path:
 
 from vmr_handler.core.events import Event  # noqa: E402
 from vmr_handler.core.protocol import encode_message  # noqa: E402
-from vmr_handler.transports.mqtt.topics import Topics  # noqa: E402
+from vmr_handler.transports.mqtt.guest import presence_payload  # noqa: E402
+from vmr_handler.transports.mqtt.topics import (  # noqa: E402
+    HOST_START_QOS,
+    READS_HOST_START,
+    Topics,
+    host_starts,
+)
 
 EXPERIMENT = "bench"
 SESSION_EXPIRY = 7 * 24 * 3600  # as transports/mqtt/bridge.py
@@ -137,6 +158,7 @@ class SimAgent:
         topics = Topics(worker.experiment, self.vm)
         self.up, self.down = topics.up, topics.down
         self.presence, self.start_topic = topics.presence, topics.start
+        self.host_starts = topics.host_starts
         self.boot_id = uuid.uuid4().hex
         self.prefix = self.boot_id[:12]
         self.counter = 0
@@ -145,6 +167,8 @@ class SimAgent:
         self.rec: Dict[str, Any] = {"vm": self.vm}
         self.pending: Dict[str, str] = {}  # event id -> what (awaiting the host's ack)
         self.seen_start = False
+        self.reads_host_start = False
+        self.arrived: Optional[float] = None  # kernel receive time of the bytes being read
         self.seen_resume: Dict[str, float] = {}
         c = mqtt.Client(
             CallbackAPIVersion.VERSION2,
@@ -167,9 +191,8 @@ class SimAgent:
         self.client = c
 
     def _presence(self, state: str) -> bytes:
-        return json.dumps(
-            {"state": state, "vm": self.vm, "boot_id": self.boot_id}, separators=(",", ":")
-        ).encode()
+        flag = {READS_HOST_START: True} if self.reads_host_start else {}
+        return presence_payload(state, vm=self.vm, boot_id=self.boot_id, **flag)
 
     def new_id(self) -> str:
         self.counter += 1
@@ -220,12 +243,17 @@ class SimAgent:
             self.rec["refused"] = reason
             return
         self.rec.setdefault("t_connack", now)
-        self.client.subscribe([(self.down, 1), (self.start_topic, 1)])
+        self.client.subscribe([(self.down, 1), (self.start_topic, 1), (self.host_starts, HOST_START_QOS)])
         self.client.publish(self.presence, self._presence("online"), qos=1, retain=True)
         self.hello()
 
     def on_frames(self, topic: str, payload: bytes) -> None:
         now = time.time()
+        if not self.reads_host_start and topic.endswith("/start") and topic != self.start_topic:
+            # as the agent's channel (transports/mqtt/guest.py): the broker lets it read the
+            # hosts' start topics, so it says so in its presence
+            self.reads_host_start = True
+            self.client.publish(self.presence, self._presence("online"), qos=1, retain=True)
         for line in payload.split(b"\n"):
             if not line.strip():
                 continue
@@ -264,12 +292,15 @@ class SimAgent:
                     if what == "schedule":
                         self.w.progress["ready"] += 1
         elif t == "start_time":
-            leaf = "retained" if topic == self.start_topic else "down"
+            leaf = "retained" if topic == self.start_topic else "down" if topic == self.down else "host"
             rec.setdefault(f"t_start_{leaf}", now)
             rec[f"n_start_{leaf}"] = rec.get(f"n_start_{leaf}", 0) + 1
             if not self.seen_start:
                 self.seen_start = True
                 rec["t_start"] = now
+                rec["t_start_sel"] = self.w.t_sel  # its select() returned then
+                if self.arrived is not None:
+                    rec["t_start_kernel"] = self.arrived  # the kernel had it then
                 rec["start_via"] = leaf
                 rec["start_time"] = data.get("start_time")
                 self.w.progress["started"] += 1
@@ -329,9 +360,15 @@ class Worker:
         self.cfg_queue: List[Tuple[float, SimAgent]] = []
         self.running = True
         self.stdin_buf = b""
+        self.t_sel = 0.0  # when the last select() returned (time.time())
+        self.peek = False  # note kernel receive times (from the configured command on)
 
     # paho socket callbacks (external event loop)
     def sock_open(self, _c: Any, sim: SimAgent, sock: Any) -> None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMP, 1)
+        except OSError:
+            pass
         self.sel.register(sock, selectors.EVENT_READ, sim)
 
     def sock_close(self, _c: Any, _sim: SimAgent, sock: Any) -> None:
@@ -364,6 +401,7 @@ class Worker:
             self.t_connect_cmd = time.time()
             self.to_connect = list(self.sims)
         elif parts[0] == "configured":
+            self.peek = True
             t0, window, n = float(parts[1]), float(parts[2]), int(parts[3])
             for s in self.sims:
                 due = t0 + (window * s.index / (n - 1) if n > 1 else 0.0)
@@ -405,13 +443,17 @@ class Worker:
                 timeout = 0.0
             elif self.cfg_queue:
                 timeout = max(0.0, min(timeout, self.cfg_queue[0][0] - now))
-            for key, mask in self.sel.select(timeout):
+            ready = self.sel.select(timeout)
+            self.t_sel = time.time()
+            for key, mask in ready:
                 sim = key.data
                 if sim is None:
                     self.read_stdin()
                     continue
                 c = sim.client
                 if mask & selectors.EVENT_READ:
+                    if self.peek and not sim.seen_start:
+                        sim.arrived = kernel_arrival(key.fileobj)
                     c.loop_read()
                 if mask & selectors.EVENT_WRITE and c.want_write():
                     c.loop_write()
@@ -441,6 +483,26 @@ class Worker:
             elif mono - last_emit > 1.0:
                 last_emit = mono
                 self.emit({"ev": "progress", **self.progress})
+
+
+#: Linux ``SO_TIMESTAMP`` (and ``SCM_TIMESTAMP``): the kernel's receive time of each packet
+SO_TIMESTAMP = getattr(socket, "SO_TIMESTAMP", 29)
+
+
+def kernel_arrival(sock: Any) -> Optional[float]:
+    """When the kernel received the first unread bytes of ``sock`` (UTC epoch seconds), by a
+    ``MSG_PEEK`` read of one byte with ``SO_TIMESTAMP`` on; None when there is nothing."""
+    import struct
+
+    try:
+        _data, anc, _flags, _addr = sock.recvmsg(1, 64, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except OSError:
+        return None
+    for level, kind, raw in anc:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMP and len(raw) >= 16:
+            sec, usec = struct.unpack("ll", raw[:16])
+            return float(sec + usec / 1e6)
+    return None
 
 
 def worker_main(args: argparse.Namespace) -> int:
@@ -551,9 +613,22 @@ def _on_signal(signum: int, _frame: Any) -> None:
     sys.exit(128 + signum)
 
 
+#: ``--src``: a source tree ``vmr-host`` runs from instead of this one (its ``vmr_handler``)
+SRC: Optional[str] = None
+
+
 def vmr_host() -> List[str]:
+    if SRC is not None:  # -P: not the current directory's vmr_handler first
+        return [sys.executable, "-P", "-m", "vmr_handler.host"]
     path = os.path.join(os.path.dirname(sys.executable), "vmr-host")
     return [path] if os.access(path, os.X_OK) else [sys.executable, "-m", "vmr_handler.host"]
+
+
+def spawn_env() -> Optional[Dict[str, str]]:
+    """The environment of ``vmr-host`` and its CLI calls: ``--src`` first on the path."""
+    if SRC is None:
+        return None
+    return {**os.environ, "PYTHONPATH": SRC}
 
 
 class Sampler(threading.Thread):
@@ -633,6 +708,46 @@ class SysWatch:
 
     def get(self, leaf: str) -> Optional[str]:
         return self.values.get("$SYS/broker/" + leaf)
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+class Probe:
+    """When the broker sends the start out: a paho client (its own thread, otherwise idle)
+    subscribed to the start topics of a sample of VMs and to the hosts' start topics."""
+
+    def __init__(self, port: int, n: int) -> None:
+        import paho.mqtt.client as mqtt
+        from paho.mqtt.enums import CallbackAPIVersion
+
+        step = max(1, n // 200)
+        self.sample = [vm_name(i) for i in range(0, n, step)]
+        self.first: Dict[str, float] = {}  # VM (or "host:<topic>") -> first start_time seen
+        self.subscribed = threading.Event()
+        filters = [host_starts(EXPERIMENT)]
+        for vm in self.sample:
+            topics = Topics(EXPERIMENT, vm)
+            filters += [topics.down, topics.start]
+        self.filters = filters
+        c = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id=f"bench-probe-{os.getpid()}", protocol=mqtt.MQTTv5
+        )
+        c.on_connect = lambda cl, *_a: cl.subscribe([(f, 0) for f in filters])
+        c.on_subscribe = lambda *_a: self.subscribed.set()
+        c.on_message = self._msg
+        c.connect("127.0.0.1", port)
+        c.loop_start()
+        self.client = c
+
+    def _msg(self, _c: Any, _u: Any, msg: Any) -> None:
+        now = time.time()
+        if b'"start_time"' not in msg.payload:
+            return
+        parts = msg.topic.split("/")
+        key = parts[2] if parts[2] != "_hosts" else "host:" + parts[3]
+        self.first.setdefault(key, now)
 
     def close(self) -> None:
         self.client.disconnect()
@@ -825,7 +940,7 @@ def run_once(
             [*launcher, "serve", "--transport", "mqtt", "--broker", f"mqtt://127.0.0.1:{port}",
              "--experiment", EXPERIMENT, "--host-id", "h1", "--schedules", sch, "--logs", logs,
              "--start-buffer", str(buffer)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=out_file(herr),
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=out_file(herr), env=spawn_env(),
         )  # fmt: skip
         sampler.add("host", host.pid)
         host_wait = max(HOST_CONNECT_WAIT, 0.006 * n)  # start-up opens 2 logs per VM
@@ -885,20 +1000,26 @@ def run_once(
         fig["sys_connected"] = sysw.get("clients/connected")
         fig["sys_heap"] = sysw.get("heap/current")
         # ---- configured -> start time
+        probe = Probe(port, n)
+        probe.subscribed.wait(10)
         cpu = {k: sampler.cpu(k) for k in ("host", "broker")}
+        wcpu2 = sum(sampler.cpu(f"w{i}") for i in range(procs))
         t0 = time.time() + 0.5
         workers.send(f"configured {t0:.6f} {window} {n}")
         ok = workers.wait_total("started", n)
         fig["all_started"] = ok
         time.sleep(1.0)
+        probe.close()
+        fig["probe"] = {"sample": probe.sample, "first": dict(probe.first)}
         fig["host_cpu_s_start"] = sampler.cpu("host") - cpu["host"]
         fig["broker_cpu_s_start"] = sampler.cpu("broker") - cpu["broker"]
+        fig["gen_cpu_s_start"] = sum(sampler.cpu(f"w{i}") for i in range(procs)) - wcpu2
         fig["start_phase_s"] = time.time() - t0
         # ---- RESUME
         cpu = {k: sampler.cpu(k) for k in ("host", "broker")}
         t_cli = time.time()
         r = subprocess.run([*vmr_host(), "resume", "--all", "--force", "--logs", logs, "--json"],
-                           capture_output=True, text=True, timeout=WAIT)  # fmt: skip
+                           capture_output=True, text=True, timeout=WAIT, env=spawn_env())  # fmt: skip
         fig["cli_wall_s"] = time.time() - t_cli
         fig["cli_rc"] = r.returncode
         ok = workers.wait_total("resumed", n)
@@ -974,6 +1095,13 @@ def analyse(
     fig["start_recv"] = stats_ms([t - last_cfg for t in starts])
     fig["start_spread_ms"] = (max(starts) - min(starts)) * 1000 if starts else math.nan
     fig["start_via_down"] = sum(1 for v in vms if v.get("start_via") == "down")
+    fig["start_via_host"] = sum(1 for v in vms if v.get("start_via") == "host")
+    fig["start_copies"] = sum(
+        v.get("n_start_down", 0) + v.get("n_start_retained", 0) + v.get("n_start_host", 0) for v in vms
+    )
+    fig["start_kernel_to_processed"] = stats_ms(
+        [v["t_start"] - v["t_start_kernel"] for v in vms if "t_start_kernel" in v and "t_start" in v]
+    )
     fig["start_retained_after_down"] = stats_ms(
         [
             v["t_start_retained"] - v["t_start_down"]
@@ -991,6 +1119,10 @@ def analyse(
         fig["host_set_after_last_cfg_ms"] = (set_at - last_cfg) * 1000
         fig["start_recv_from_set"] = stats_ms([t - set_at for t in starts])
         fig["start_first_after_set_ms"] = (min(starts) - set_at) * 1000
+        fig["start_kernel_from_set"] = stats_ms(
+            [v["t_start_kernel"] - set_at for v in vms if "t_start_kernel" in v]
+        )
+        probe_split(fig, vms, set_at)
     resumes = col("t_resume")
     fig["resume_from_cli"] = stats_ms([t - t_cli for t in resumes])
     fig["resume_spread_ms"] = (max(resumes) - min(resumes)) * 1000 if resumes else math.nan
@@ -1006,6 +1138,28 @@ def analyse(
         fig["host_answers"] = len(answered)
         if answered:
             fig["host_all_answers_ms"] = (max(answered) - issued) * 1000
+
+
+def probe_split(fig: Dict[str, Any], vms: List[Dict[str, Any]], set_at: float) -> None:
+    """Host set -> the broker sent a sampled VM its start (the probe's receive time: its host's
+    start topic or the VM's own topics, whichever came first) -> the generator processed it."""
+    probe = fig.get("probe") or {}
+    first = probe.get("first") or {}
+    broadcast = min((t for k, t in first.items() if k.startswith("host:")), default=None)
+    out: List[float] = []
+    lag: List[float] = []
+    by_vm = {v["vm"]: v for v in vms}
+    for vm in probe.get("sample") or []:
+        seen = [t for t in (first.get(vm), broadcast) if t is not None]
+        rec = by_vm.get(vm, {})
+        if not seen or "t_start" not in rec:
+            continue
+        out.append(min(seen) - set_at)
+        lag.append(rec["t_start"] - min(seen))
+    fig["probe_n"] = len(out)
+    fig["probe_out_from_set"] = stats_ms(out)
+    fig["probe_to_processed"] = stats_ms(lag)
+    fig["probe_broadcast_ms"] = None if broadcast is None else (broadcast - set_at) * 1000
 
 
 # =========================================================================== printing
@@ -1076,6 +1230,18 @@ ROWS: List[Tuple[str, Any, str, int]] = [
         "",
         0,
     ),
+    ("START: VMs that got it first on their host's start topic", lambda r: r["start_via_host"], "", 0),
+    ("START: start messages the generators received (all topics)", lambda r: r["start_copies"], "", 0),
+    ("START: host set -> probe has the broadcast, ms", lambda r: r["probe_broadcast_ms"], "ms", 0),
+    ("START: set -> probe has a VM's start p50, ms", lambda r: r["probe_out_from_set"]["p50"], "ms", 0),
+    ("START: ... max, ms", lambda r: r["probe_out_from_set"]["max"], "ms", 0),
+    ("START: probe has it -> generator done p50, ms", lambda r: r["probe_to_processed"]["p50"], "ms", 0),
+    ("START: ... max, ms", lambda r: r["probe_to_processed"]["max"], "ms", 0),
+    ("START: host set -> in the VM's socket p50, ms", lambda r: r["start_kernel_from_set"]["p50"], "ms", 0),
+    ("START: ... max (kernel receive time), ms", lambda r: r["start_kernel_from_set"]["max"], "ms", 0),
+    ("START: ... VMs with a kernel time", lambda r: r["start_kernel_from_set"]["n"], "", 0),
+    ("START: in the socket -> processed p50, ms", lambda r: r["start_kernel_to_processed"]["p50"], "ms", 0),
+    ("START: ... max, ms", lambda r: r["start_kernel_to_processed"]["max"], "ms", 0),
     ("RESUME: `vmr-host resume --all` wall time, ms", lambda r: r["cli_wall_s"] * 1000, "ms", 0),
     ("RESUME: CLI exec -> host issued (experiment.json), ms", lambda r: r["cli_to_issued_ms"], "ms", 0),
     ("RESUME: CLI exec -> received p50 ms", lambda r: r["resume_from_cli"]["p50"], "ms", 0),
@@ -1094,6 +1260,7 @@ ROWS: List[Tuple[str, Any, str, int]] = [
     ("host: CPU % of a core, idle with N connected (heartbeats)", lambda r: r["host_cpu_pct_idle"], "s", 1),
     ("host: CPU %, none connected", lambda r: r["host_cpu_pct_none"], "s", 1),
     ("host: CPU s, configured burst + start fan-out", lambda r: r["host_cpu_s_start"], "s", 2),
+    ("generators: CPU s, configured burst + start", lambda r: r["gen_cpu_s_start"], "s", 2),
     ("host: CPU s, RESUME until all answers recorded", lambda r: r["host_cpu_s_resume"], "s", 2),
     ("host: CPU s, whole run (incl. start-up)", lambda r: r["host_cpu_s_total"], "s", 1),
     ("host: RSS none connected / idle N / max, MB", lambda r: None, "", 0),
@@ -1175,6 +1342,7 @@ def main() -> int:
         help="start vmr-host with paho on poll() instead of select() (auto: N > 450; see the code)",
     )
     ap.add_argument("--keep", action="store_true", help="keep the /tmp/vbm* run dirs")
+    ap.add_argument("--src", metavar="DIR", help="run vmr-host from this source tree (before/after figures)")
     ap.add_argument("--json", metavar="FILE", help="also write every run's figures as JSON")
     # worker mode (internal)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -1187,6 +1355,8 @@ def main() -> int:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         return worker_main(args)
     sizes = [int(x) for x in args.vms.split(",") if x.strip()]
+    global SRC
+    SRC = os.path.abspath(args.src) if args.src else None
     atexit.register(_cleanup)
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)

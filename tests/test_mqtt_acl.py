@@ -261,6 +261,9 @@ def test_generated_files_modes_and_contents(tmp_path: Path) -> None:
     acl = (out / "acl").read_text()
     assert "pattern write vmr/e1/%u/up\npattern read vmr/e1/%u/down\n" in acl
     assert "user vmr-host\ntopic readwrite vmr/e1/#" in acl
+    for vm in "abc":  # each VM of the experiment may read the hosts' start topics (issue 16)
+        assert f"\nuser {vm}\ntopic read vmr/e1/_hosts/+/start\n" in acl
+    assert "pattern read vmr/e1/_hosts" not in acl  # a user grant: not for other experiments' VMs
     conf = (out / "mosquitto.conf").read_text().splitlines()
     assert "allow_anonymous false" in conf and f"acl_file {out / 'acl'}" in conf
     assert "listener 18830 127.0.0.1" in conf and "per_listener_settings true" not in conf
@@ -330,6 +333,38 @@ def test_vm_cannot_publish_onto_another_vms_topics(exp: Exp) -> None:
     late = exp.vm("b")  # no forged retained start-time either
     late.subscribe(t("b", "start"), t("a", "start"))
     assert late.drain() == []
+
+
+def test_vm_reads_the_hosts_start_topics_and_cannot_write_them(exp: Exp) -> None:
+    """Every host's start for all its VMs (issue 16): every VM of the experiment reads it, no
+    VM writes it, and it opens nothing else of ``_hosts`` nor to another experiment's VMs."""
+    host, h2 = exp.host(), exp.host("h2")
+    starts = {"vmr/e1/_hosts/vmr-host/start": b"start-h1", "vmr/e1/_hosts/h2/start": b"start-h2"}
+    for client, (name, payload) in zip((host, h2), starts.items()):
+        assert client.publish(name, payload, retain=True) < FAILURE  # hosts write them
+    assert h2.publish("vmr/e1/_hosts/h2/state", b"host-only", retain=True) < FAILURE
+    a = exp.vm("a")
+    a.subscribe("vmr/e1/_hosts/+/start", "vmr/e1/_hosts/h2/state", "vmr/e1/_hosts/#", t("a", "down"))
+    for name, payload in starts.items():
+        forged = b"forged-" + payload
+        assert a.publish(name, forged, retain=True) == NOT_AUTHORIZED, name
+    for name in ("vmr/e1/_hosts/a/start", "vmr/e1/_hosts/_start", "vmr/e1/_hosts/h3/start"):
+        assert a.publish(name, b"forged", retain=True) == NOT_AUTHORIZED, name
+    assert host.publish(t("a", "down"), b"marker") < FAILURE
+    got = a.until(t("a", "down"), b"marker")
+    # the retained starts (each once per subscription that matches), never the state
+    assert sorted(set(got)) == sorted([*starts.items(), (t("a", "down"), b"marker")]), got
+    b = exp.vm("b")  # another VM of e1: the starts as the hosts left them, not forged
+    b.subscribe("vmr/e1/_hosts/+/start", t("b", "down"))
+    assert host.publish(t("b", "down"), b"marker") < FAILURE
+    assert sorted(b.until(t("b", "down"), b"marker")) == sorted(
+        [*starts.items(), (t("b", "down"), b"marker")]
+    )
+    other = exp.host("other-host", experiment="other")  # a VM of another experiment: nothing
+    c = exp.vm("c", experiment="other")
+    c.subscribe("vmr/e1/_hosts/+/start", "vmr/e1/#", t("c", "down", "other"))
+    assert other.publish(t("c", "down", "other"), b"marker") < FAILURE
+    assert c.until(t("c", "down", "other"), b"marker") == [(t("c", "down", "other"), b"marker")]
 
 
 def test_vm_cannot_forge_another_vms_presence(exp: Exp) -> None:

@@ -230,6 +230,24 @@ def test_coordinator_killed_after_the_start_and_restarted_carries_the_experiment
     assert announced["start_time"] == start and announced["run"] == s1["experiment"]["run_id"]
 
 
+# --------------------------------------------------------------------------- one start per host
+def test_each_hosts_vms_take_their_hosts_start_only(runs: Runs) -> None:
+    """Each host publishes its start once for all its VMs on ``_hosts/<host>/start``; every
+    agent reads every host's (issue 16) and takes only its own host's run's."""
+    h1, h2 = _two_hosts(runs, FAST, FAST, start_buffer=1.0)
+    _fired(h1, "a"), _fired(h2, "b")
+    e1, e2 = h1.status()["experiment"], h2.status()["experiment"]
+    assert e1["start_time"] == e2["start_time"] and e1["run_id"] != e2["run_id"]
+    for host, run in (("h1", e1["run_id"]), ("h2", e2["run_id"])):
+        payload = _peek(runs.broker.port, f"vmr/{runs.experiment}/_hosts/{host}/start")
+        assert payload is not None and json.loads(payload)["events"][0]["data"]["run"] == run
+    for env, vm, own, other in ((h1, "a", e1, e2), (h2, "b", e2, e1)):
+        assert _start_sets(env, vm) == [own["start_time"]]  # once: its own host's
+        assert json.loads((env.state(vm) / "host-run.json").read_text()) == {"run": own["run_id"]}
+        ignored = f"is of run {other['run_id']}"  # it had the other host's start, and ignored it
+        env.wait_for(lambda env=env, vm=vm, ignored=ignored: ignored in env.agent_log(vm), f"{vm}: {ignored}")
+
+
 # --------------------------------------------------------------------------- the pure rules
 def _start(ident: str, run: Optional[str]) -> Event:
     data: Dict[str, Any] = {"start_time": 1000.0}

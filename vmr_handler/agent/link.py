@@ -28,7 +28,7 @@ from vmr_handler.core.clock import SystemClock
 from vmr_handler.core.clockanswers import ClockAnswers
 from vmr_handler.core.errors import ChannelClosed, SignatureError, VmrError
 from vmr_handler.core.events import Event, EventFactory, EventType
-from vmr_handler.core.runs import StartGate
+from vmr_handler.core.runs import StartGate, signed_for
 from vmr_handler.transports.base import ByteChannel, Opener
 
 if TYPE_CHECKING:
@@ -353,7 +353,8 @@ class HostLink:
         from vmr_handler.core.errors import SigningError
 
         try:
-            self.verifier.check(event, self.config.vm_name, self.clock.time())
+            # a host's start for all its VMs is signed for "*" (of its run, which the gate checked)
+            self.verifier.check(event, signed_for(event, self.config.vm_name), self.clock.time())
             return True
         except SignatureError as exc:
             self._refused(event, exc)

@@ -10,6 +10,12 @@ VM) and its announcements to peer hosts.
 :class:`StartGate` is the agent's rule: a ``start_time`` is applied only when its ``run`` is
 the run of the host that welcomed the agent. Pure apart from one small file that keeps that
 run across agent restarts.
+
+Over MQTT a host publishes its start once for all its VMs (``vmr/E/_hosts/<host>/start``,
+issue 16) and every agent reads every host's: the run is what makes an agent take its own
+host's only. With a signing key that message is signed for :data:`EVERY_VM_OF_RUN` instead
+of one VM (:func:`signed_for` is the agent's rule): the signature covers the run (in
+``data``), so it is good for each VM of that run and for no other run.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import contextlib
 import json
 import logging
 import uuid
-from typing import Awaitable, Callable, List, Optional, Set
+from typing import Awaitable, Callable, Dict, List, Optional, Set
 
 from vmr_handler.core.events import Event
 from vmr_handler.core.fsutil import atomic_write
@@ -26,17 +32,36 @@ from vmr_handler.core.protocol import START_TIME
 
 log = logging.getLogger(__name__)
 
-#: Start events kept while the host's run is not known yet (the newest win).
-MAX_HELD = 4
+#: Runs whose start is kept while the host's run is not known yet (the newest per run; over
+#: MQTT every host sharing the broker has one retained start, issue 16).
+MAX_HELD = 64
 #: An async handler of one event from the host.
 Handler = Callable[[Event], Awaitable[None]]
 #: Longest run id taken from the wire (``run-`` + 16 hex digits is what hosts make).
 MAX_RUN_ID = 64
+#: The ``vm`` a host's start for all its VMs is signed for (``data.signature.vm``); no VM
+#: can be named so (``vmr_handler.core.names``).
+EVERY_VM_OF_RUN = "*"
 
 
 def new_run_id() -> str:
     """A fresh random run id, ``run-<16 hex digits>`` (64 random bits)."""
     return f"run-{uuid.uuid4().hex[:16]}"
+
+
+def signed_for(event: Event, vm: str) -> str:
+    """The VM name VM ``vm`` checks ``event``'s signature against (``Verifier.check``): ``vm``,
+    or :data:`EVERY_VM_OF_RUN` for a ``start_time`` that names a run and is signed for every
+    VM of it (a host's start for all its VMs, issue 16). Only a ``start_time`` qualifies: a
+    start is the same for every VM of a run, and the agent applies one only when its run is its
+    host's (:class:`StartGate`, before the signature is checked); schedules and RESUMEs stay
+    signed per VM."""
+    if event.type != START_TIME or run_of(event.data.get("run")) is None:
+        return vm
+    signature = event.data.get("signature")
+    if isinstance(signature, dict) and signature.get("vm") == EVERY_VM_OF_RUN:
+        return EVERY_VM_OF_RUN
+    return vm
 
 
 def run_of(value: object) -> Optional[str]:
@@ -51,11 +76,11 @@ class StartGate:
     """Which ``start_time`` events an agent applies: only those of its host's run.
 
     The run is known from the host's ``welcome`` (:meth:`welcomed`), and from ``path`` after
-    an agent restart. Until it is known, start events are held (at most :data:`MAX_HELD`);
-    then one whose ``run`` differs (or is missing while the host has one) is ignored and
-    logged once per run: over MQTT it is an earlier run's retained start. A host without run
-    ids (an older version) welcomes with none: its starts, which carry none, are applied, as
-    before run ids.
+    an agent restart. Until it is known, start events are held (the newest of each run, at
+    most :data:`MAX_HELD` runs); then one whose ``run`` differs (or is missing while the host
+    has one) is ignored and logged once per run: over MQTT it is another host's start (hosts
+    sharing the broker) or an earlier run's retained one. A host without run ids (an older
+    version) welcomes with none: its starts, which carry none, are applied, as before run ids.
 
     Args:
         path: file keeping the last host run (JSON ``{"run": ...}``); None keeps it in memory.
@@ -65,7 +90,7 @@ class StartGate:
         self.path = path
         self.known = False
         self.run: Optional[str] = None
-        self._held: List[Event] = []
+        self._held: Dict[Optional[str], Event] = {}  # run -> its newest start, oldest run first
         self._ignored: Set[Optional[str]] = set()
         if path is not None:
             with contextlib.suppress(OSError, ValueError, AttributeError):
@@ -79,7 +104,11 @@ class StartGate:
         if event.type != START_TIME:
             return True
         if not self.known:
-            self._held = [*self._held[-(MAX_HELD - 1) :], event]
+            run = run_of(event.data.get("run"))
+            self._held.pop(run, None)
+            self._held[run] = event
+            while len(self._held) > MAX_HELD:
+                del self._held[next(iter(self._held))]
             log.info("start_time %s held until the host says which run it is", event.id)
             return False
         return self._judge(event)
@@ -91,7 +120,7 @@ class StartGate:
         if not self.known or new != self.run:
             self._save(new)
         self.run, self.known = new, True
-        held, self._held = self._held, []
+        held, self._held = list(self._held.values()), {}
         return [event for event in held if self._judge(event)]
 
     def guard(self, handler: Handler) -> Handler:
@@ -122,8 +151,8 @@ class StartGate:
         if run not in self._ignored:
             self._ignored.add(run)
             log.warning(
-                "start_time %s ignored: it is of run %s, the host's run is %s (a stale retained "
-                "start of an earlier run?)",
+                "start_time %s ignored: it is of run %s, the host's run is %s (another host's "
+                "start on a shared broker, or a stale retained start of an earlier run)",
                 event.id,
                 run or "(none)",
                 self.run or "(none)",

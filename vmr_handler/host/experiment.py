@@ -98,8 +98,9 @@ class Publisher(Protocol):
     def publish_host_state(self) -> None:
         """Announce this host's VMs and their configured times (member)."""
 
-    def publish_start(self) -> None:
-        """Publish the start time (to this host's VMs, and to member hosts when coordinator)."""
+    def publish_start(self) -> Collection[str]:
+        """Publish the start time (to this host's VMs, and to member hosts when coordinator);
+        returns the VMs it reaches that way (no need to send it on their sessions)."""
 
 
 class Debouncer:
@@ -472,10 +473,11 @@ class Experiment:
             time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start or 0)),
         )
         if not self.loading:
+            # MQTT: one retained message reaches the VMs whose agents read it (issue 16)
+            reached = self.mqtt.publish_start() if self.mqtt is not None else ()
             for s in self.sessions.values():
-                s.push_start_time()
-            if self.mqtt is not None:
-                self.mqtt.publish_start()
+                if s.name not in reached:
+                    s.push_start_time()
 
     def release(self, exclude: List[str]) -> None:
         """Start without the VMs in ``exclude`` (or without every VM still missing when it is

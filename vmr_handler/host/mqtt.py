@@ -12,10 +12,16 @@ barrier, logs and de-duplication by event id). What differs (``docs/mqtt.md``):
   the VM is away, since every client keeps a persistent session), paced per VM
   (:data:`DOWN_RATE`); a VM over its byte rate has its ``up`` messages dropped (one
   connection carries every VM: reading cannot pause for one);
-* the start time is also published **retained** on ``vmr/E/V/start``, so a late or rebooted
-  VM learns it from the broker even while this host is away; a host that starts an
-  experiment with no start time yet clears those retained messages first, and every start
-  names this host's run (:mod:`vmr_handler.core.runs`): an agent ignores another run's;
+* the start time is published **retained**, once for all this host's VMs, on
+  ``vmr/E/_hosts/<host>/start`` (issue 16: one message the broker fans out, instead of one
+  per VM on ``down`` and ``start``; signed for every VM of the run when signing), so a late or
+  rebooted VM learns it from the broker even while this host is away. VMs whose presence
+  does not say that their agent reads it (older agents, a broker ACL from before that topic,
+  VMs never seen) get it as before, retained on ``vmr/E/V/start`` (and on ``down`` from their
+  session). A host that starts an experiment with no start time yet replaces those retained
+  messages first (its own start topic by an empty frame, which lets agents see that they may
+  read it), and every start names this host's run (:mod:`vmr_handler.core.runs`): an agent
+  ignores another run's;
 * a lost broker connection detaches every VM and reconnects with backoff (tenacity).
 
 Several hosts, one broker (``--coordinator`` / ``--member``): the coordinator publishes its
@@ -35,13 +41,14 @@ import json
 import logging
 import socket
 import time
-from typing import Any, Dict, List, Mapping, Optional, Protocol, Tuple
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Protocol, Set, Tuple
 
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
 from vmr_handler.core.events import Event
 from vmr_handler.core.protocol import encode_message
 from vmr_handler.core.ratelimit import TokenBucket
+from vmr_handler.core.runs import EVERY_VM_OF_RUN
 from vmr_handler.host.barrier import Barrier
 from vmr_handler.host.config import HostConfig
 from vmr_handler.host.links import ChannelLink, SessionReader
@@ -49,7 +56,17 @@ from vmr_handler.host.session import VmSession
 from vmr_handler.transports.mqtt.bridge import PahoBridge
 from vmr_handler.transports.mqtt.host import VmTopicsChannel
 from vmr_handler.transports.mqtt.options import MqttOptions, check_name
-from vmr_handler.transports.mqtt.topics import EVERY_VM, PRESENCE, UP, Topics, hosts_topic, topic, vm_of
+from vmr_handler.transports.mqtt.topics import (
+    EVERY_VM,
+    PRESENCE,
+    READS_HOST_START,
+    UP,
+    Topics,
+    host_start_topic,
+    hosts_topic,
+    topic,
+    vm_of,
+)
 
 log = logging.getLogger("vmr_handler.host")
 
@@ -127,6 +144,10 @@ class MqttService:
         #: VM name -> its current channel (fed by :meth:`_on_message`)
         self.channels: Dict[str, VmTopicsChannel] = {}
         self._serving: Dict[str, asyncio.Task[None]] = {}  # VM name -> its latest channel's task
+        #: VMs whose agent showed it reads this host's start topic: from an ``online`` presence
+        #: that says so until one that does not (an ``offline`` one, e.g. a last will written
+        #: at connect before it could know, changes nothing)
+        self.reads_host_start: Set[str] = set()
         self.unknown = 0
         self.connected = asyncio.Event()
 
@@ -164,7 +185,10 @@ class MqttService:
                 "connected to broker %s as %s (experiment %s)", bridge.url, self.host_id, self.experiment
             )
             if first and self.server.barrier.start_time is None:
-                for vm in self.server.sessions:  # a stale start of an earlier run must not be learnt
+                # a stale start of an earlier run must not be learnt; an empty frame (no event)
+                # in its place shows the agents that they may read this topic (guest.py)
+                bridge.publish_nowait(self.start_topic, encode_message([], time.time()), retain=True)
+                for vm in self.server.sessions:
                     bridge.publish_nowait(self.topics(vm).start, b"", retain=True)
             first = False
             self.publish_start()
@@ -205,6 +229,11 @@ class MqttService:
     def hosts_topic(self, leaf: str) -> str:
         """``vmr/E/_hosts/<leaf>`` (host-to-host topics; VMs have no access)."""
         return hosts_topic(self.experiment, leaf)
+
+    @property
+    def start_topic(self) -> str:
+        """``vmr/E/_hosts/<this host>/start``: this host's start for all its VMs (they may read it)."""
+        return host_start_topic(self.experiment, self.host_id)
 
     def _subscriptions(self) -> List[Tuple[str, int]]:
         subs = [(topic(self.experiment, EVERY_VM, leaf), 1) for leaf in (UP, PRESENCE)]
@@ -251,8 +280,9 @@ class MqttService:
             return
         vm, leaf = parsed
         if leaf == PRESENCE:
-            state = _presence_state(payload)
+            state, reads = _presence(payload)
             if state == "online":
+                (self.reads_host_start.add if reads else self.reads_host_start.discard)(vm)
                 self._channel(bridge, vm)
             elif state == "offline":
                 channel = self.channels.pop(vm, None)
@@ -319,33 +349,61 @@ class MqttService:
             await asyncio.sleep(START_REFRESH)
             self.publish_start()
 
-    def publish_start(self) -> None:
-        """Publish the start time retained on every VM's ``start`` topic (once it is set), and
-        a coordinator's run and start on ``_hosts/_start`` (retained; replaces an earlier run's,
-        so members answer this run, issue 16)."""
+    def publish_start(self) -> FrozenSet[str]:
+        """Publish the start time (once it is set), retained: once on :attr:`start_topic` for
+        every VM (signed for :data:`EVERY_VM_OF_RUN` with a key), and on the ``start`` topic of
+        each VM not known to read that (:attr:`reads_host_start`); and a coordinator's run and
+        start on ``_hosts/_start`` (retained; replaces an earlier run's, so members answer
+        this run, issue 16).
+
+        Returns:
+            The VMs the broker brings the start to through :attr:`start_topic`: their agents
+            read it, so the caller need not send it on their sessions (empty when not
+            connected or the start is not set).
+        """
         bridge = self.bridge
         if bridge is None:
-            return
+            return frozenset()
         if self.role == "coordinator":
             doc = json.dumps(self.server.start_announcement(), separators=(",", ":")).encode()
             bridge.publish_nowait(self.hosts_topic("_start"), doc, retain=True)
         start = self.server.start_event()
         if start is None:
-            return
+            return frozenset()
+        began = time.monotonic()
+        # signed: expires with its signature (300 s), re-published every START_REFRESH s, so no
+        # stale copy waits in the broker or the queue of a VM that is away
         expiry = SIGNED_START_EXPIRY if self.server.signs else None
-        for vm in self.server.sessions:
+        everyone = encode_message([self.server.sign_for(EVERY_VM_OF_RUN, start)], time.time())
+        if not bridge.publish_nowait(self.start_topic, everyone, retain=True, expiry=expiry):
+            return frozenset()
+        bridge.flush()  # to the broker now, before the loop turns to anything else
+        reached = frozenset(self.reads_host_start.intersection(self.server.sessions))
+        others = [vm for vm in self.server.sessions if vm not in reached]
+        for vm in others:
             frame = encode_message([self.server.sign_for(vm, start)], time.time())
-            # signed: expires with its signature (300 s), re-published every START_REFRESH s,
-            # so no stale copy waits in the queue of a VM that is away
             bridge.publish_nowait(self.topics(vm).start, frame, retain=True, expiry=expiry)
+        log.info(
+            "start time published on %s for %d VM(s), and on the own start topic of %d VM(s) "
+            "not known to read it, in %.1f ms",
+            self.start_topic,
+            len(reached),
+            len(others),
+            (time.monotonic() - began) * 1000,
+        )
+        return reached
 
 
-def _presence_state(payload: bytes) -> Optional[str]:
+def _presence(payload: bytes) -> Tuple[Optional[str], bool]:
+    """A presence message's state (``online``/``offline``, else None) and whether it says
+    that the VM's agent reads the host start topics (:data:`READS_HOST_START`)."""
     if not payload or len(payload) > MAX_PRESENCE:
-        return None
+        return None, False
     try:
         doc: Any = json.loads(payload)
     except ValueError:
-        return None
-    state = doc.get("state") if isinstance(doc, dict) else None
-    return state if state in ("online", "offline") else None
+        return None, False
+    if not isinstance(doc, dict):
+        return None, False
+    state = doc.get("state")
+    return (state if state in ("online", "offline") else None), doc.get(READS_HOST_START) is True

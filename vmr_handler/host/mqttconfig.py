@@ -8,7 +8,8 @@ read nor write another VM's topics"; SPEC §7: every guest is hostile):
 
     DIR/mosquitto.conf        listeners, auth, persistence (no secrets; 0644)
     DIR/passwd                mosquitto password file ($7$ PBKDF2-SHA512; 0600, broker user)
-    DIR/acl                   pattern ACL for VMs, user blocks for hosts (0600, broker user)
+    DIR/acl                   pattern ACL for VMs, user blocks for hosts and for each VM's
+                              read of the hosts' start topics (0600, broker user)
     DIR/data/                 persistence directory (0700, broker user)
     DIR/tls/ca.crt server.crt server.key       with --tls (key 0600, broker user)
     DIR/private/ca.key        with --tls: the CA key, never read by the broker (0600)
@@ -203,7 +204,7 @@ def generate(layout: MqttLayout, passwd_tool: Optional[str] = None) -> List[str]
 
     credentials = {name: secrets.token_urlsafe(24) for name in (*layout.vms, *layout.host_users)}
     _write(paths.passwd, render_passwd(credentials, passwd_tool), 0o600, owner)
-    _write(paths.acl, render_acl(layout.experiment, layout.host_users).encode(), 0o600, owner)
+    _write(paths.acl, render_acl(layout.experiment, layout.host_users, layout.vms).encode(), 0o600, owner)
     _mkdir(paths.data, 0o700, owner)
 
     tls: Dict[str, str] = {}

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Sequence
 
 from vmr_handler.host.mqttlayout import MqttLayout
-from vmr_handler.transports.mqtt.topics import VM_TOPICS, experiment_topics, topic
+from vmr_handler.transports.mqtt.topics import VM_TOPICS, experiment_topics, topic, vm_shared_topics
 
 #: Largest MQTT packet the broker accepts (SPEC §7 size limits): room for a 1 MiB protocol
 #: frame (docs/protocol.md) several times over, far below mosquitto's 256 MiB default.
@@ -29,12 +29,15 @@ PBKDF2_ITERATIONS = 101
 PBKDF2_SALT_BYTES = 12
 
 
-def render_acl(experiment: str, host_users: Sequence[str]) -> str:
+def render_acl(experiment: str, host_users: Sequence[str], vms: Sequence[str] = ()) -> str:
     """The mosquitto ACL file: one ``pattern`` line per ``VM_TOPICS`` leaf (the topic tree,
     :mod:`vmr_handler.transports.mqtt.topics`; ``%u`` is the connecting username, i.e. the VM
-    name), then a ``user`` block per host user with ``topic readwrite vmr/<experiment>/#``.
-    Anything not granted is denied (mosquitto ACL files are allow-lists), so a VM reaches no
-    other VM's topics, no ``_hosts`` topic and no other experiment (SPEC §6).
+    name), then a ``user`` block per host user with ``topic readwrite vmr/<experiment>/#``,
+    then one per VM of ``vms`` with its experiment's shared topics (``vm_shared_topics``: read
+    the hosts' start topics; a ``user`` block, not a pattern, so that no VM of another
+    experiment sharing the broker gets them). Anything not granted is denied (mosquitto ACL
+    files are allow-lists), so a VM reaches no other VM's topics, no other ``_hosts`` topic
+    and no other experiment (SPEC §6).
     """
     lines = [
         f"# mosquitto ACL of vmr experiment {experiment} (vmr-host mqtt-config; docs/mqtt.md).",
@@ -43,6 +46,11 @@ def render_acl(experiment: str, host_users: Sequence[str]) -> str:
     ]
     for user in host_users:
         lines += ["", f"user {user}", f"topic readwrite {experiment_topics(experiment)}"]
+    shared = [f"topic {access} {name}" for name, access in vm_shared_topics(experiment)]
+    if vms:
+        lines += ["", "# Each VM of the experiment reads every host's start for all its VMs (issue 16)."]
+    for vm in vms:
+        lines += ["", f"user {vm}", *shared]
     return "\n".join(lines) + "\n"
 
 

@@ -9,10 +9,13 @@ topic                     written by     what
 ``vmr/E/V/down``          host           protocol frames host -> agent (QoS 1)
 ``vmr/E/V/presence``      agent          retained ``{"state": "online"|"offline", ...}``;
                                          ``offline`` is the agent's last will
-``vmr/E/V/start``         host           retained ``start_time`` frame: a late or rebooted VM
+``vmr/E/V/start``         host           retained ``start_time`` frame, for a VM whose agent
+                                         does not read the next topic
+``vmr/E/_hosts/H/start``  host ``H``     retained ``start_time`` frame for all of ``H``'s VMs
+                                         (read by every VM of ``E``): a late or rebooted VM
                                          learns the experiment start at once (if of its
-                                         host's run, ``vmr_handler.core.runs``)
-``vmr/E/_hosts/...``      hosts          host-to-host coordination (never VMs)
+                                         host's run, ``vmr_handler.core.runs``; issue 16)
+``vmr/E/_hosts/...``      hosts          the rest: host-to-host coordination (never VMs)
 ========================  =============  ======================================================
 
 Payloads are the newline-framed JSON messages of ``docs/protocol.md`` (one or more whole

@@ -304,6 +304,13 @@ class PahoBridge:
         self._pending[info.mid] = topic
         return True
 
+    def flush(self) -> None:
+        """Write what is queued in paho now, as far as the socket takes it (an urgent message,
+        e.g. the host's start for all its VMs, need not wait for the event loop's next turn:
+        the rest goes when the socket is writable again). Event loop thread only."""
+        if not self.closed and self._fd is not None:
+            self.client.loop_write()
+
     def close(self) -> None:
         """Disconnect cleanly (no last will): queued packets and DISCONNECT are written now,
         as far as the socket takes them; the loop stops watching the socket."""

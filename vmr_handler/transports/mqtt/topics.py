@@ -2,8 +2,10 @@
 
 * ``vmr/<experiment>/<vm>/<leaf>``: one VM's topics; the leaves and what the VM itself may
   do there are :data:`VM_TOPICS` (:class:`Topics` names them for one VM);
-* ``vmr/<experiment>/_hosts/<leaf>``: host-to-host coordination (:data:`HOSTS_LEVEL`, never
-  VMs: a VM name may not start with ``_``, so no VM can be named like it).
+* ``vmr/<experiment>/_hosts/<leaf>``: host-to-host coordination (:data:`HOSTS_LEVEL`; a VM
+  name may not start with ``_``, so no VM can be named like it). VMs reach none of it but
+  ``_hosts/<host>/start`` (:func:`host_start_topic`): each host's start, retained, one message
+  for all its VMs, which they may read (:func:`vm_shared_topics`, issue 16).
 
 Used by the agent's and the host's MQTT clients, by ``vmr-host mqtt-config`` (the ACL) and by
 the benchmark. It imports nothing of the package: ``vmr-host``'s command line reads it.
@@ -31,6 +33,17 @@ VM_TOPICS: Tuple[Tuple[str, str], ...] = (
 HOSTS_LEVEL = "_hosts"
 #: MQTT's single-level wildcard: in the VM's place, every VM.
 EVERY_VM = "+"
+#: Last level of a host's start topic ``vmr/<experiment>/_hosts/<host>/start``.
+HOST_START = "start"
+#: QoS an agent subscribes the host start topics with (so the broker delivers them at it):
+#: 0, since they are retained and re-subscribed at every connect, so a delivery lost with a
+#: connection is made good at the next one; the broker then keeps no acknowledgement state
+#: for thousands of copies of one message, and the agents send no PUBACK (issue 16).
+HOST_START_QOS = 0
+#: Member of an agent's presence (``{"state": ..., "host_start": true}``) saying that its
+#: agent reads the host start topics (:func:`host_starts`): the host then sends it the start
+#: on no topic of its own (issue 16). Agents without it get it on ``down`` and ``start``.
+READS_HOST_START = "host_start"
 
 
 def topic(experiment: str, vm: str, leaf: str) -> str:
@@ -42,6 +55,31 @@ def topic(experiment: str, vm: str, leaf: str) -> str:
 def hosts_topic(experiment: str, leaf: str) -> str:
     """``vmr/<experiment>/_hosts/<leaf>`` (host-to-host topics; VMs have no access)."""
     return topic(experiment, HOSTS_LEVEL, leaf)
+
+
+def host_start_topic(experiment: str, host: str) -> str:
+    """``vmr/<experiment>/_hosts/<host>/start``: the retained start of ``host``'s run, written
+    by that host only, read by every VM of the experiment (one message for all, issue 16)."""
+    return hosts_topic(experiment, f"{host}/{HOST_START}")
+
+
+def host_starts(experiment: str) -> str:
+    """``vmr/<experiment>/_hosts/+/start``: the filter of every host's start topic (an agent
+    does not know which host serves it; it takes only its host's run's start,
+    :class:`vmr_handler.core.runs.StartGate`)."""
+    return host_start_topic(experiment, EVERY_VM)
+
+
+def is_host_start(topic: str, experiment: str) -> bool:
+    """Whether ``topic`` is a host's start topic of ``experiment`` (:func:`host_start_topic`)."""
+    parts = topic.split("/")
+    return len(parts) == 5 and parts[:3] == [TOPIC_ROOT, experiment, HOSTS_LEVEL] and parts[4] == HOST_START
+
+
+def vm_shared_topics(experiment: str) -> Tuple[Tuple[str, str], ...]:
+    """Topic filters beyond :data:`VM_TOPICS` that every VM of ``experiment`` may use, with the
+    access (mosquitto ACL): read only, written by the hosts alone."""
+    return ((host_starts(experiment), "read"),)
 
 
 def experiment_topics(experiment: str) -> str:
@@ -71,6 +109,11 @@ class Topics:
     @property
     def start(self) -> str:
         return topic(self.experiment, self.vm, START)
+
+    @property
+    def host_starts(self) -> str:
+        """Every host's start topic (:func:`host_starts`), which the VM may read."""
+        return host_starts(self.experiment)
 
 
 def vm_of(topic: str, experiment: str) -> Optional[Tuple[str, str]]:
