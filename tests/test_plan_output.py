@@ -1,5 +1,6 @@
-"""``plan --json`` at parse speed (issue 15): :func:`plan_json_text` writes the JSON itself and
-must give, byte for byte, ``json.dumps(plan_json(...))``, the output every consumer reads."""
+"""``plan --json`` at parse speed (issue 15): :func:`~vmr_handler.agent.planout.plan_text` writes
+the JSON itself, from columns, and must give, byte for byte, ``json.dumps(plan_json(...))`` of the
+object path, the output every consumer reads (whole schedules: tests/test_plan_fast.py)."""
 
 from __future__ import annotations
 
@@ -7,47 +8,80 @@ import dataclasses
 import json
 import math
 import random
-from typing import Any, Dict, List, Optional
+from typing import List, Sequence
 
 import pytest
 
-from vmr_handler.agent.cli import plan_json, plan_json_text
-from vmr_handler.core.schedule.model import EntryKind, PauseSpec, ScheduleEntry
-from vmr_handler.core.timeline import Plan, PlannedEntry, ResumeOutcome, build_plan
+from vmr_handler.agent.cli import plan_json
+from vmr_handler.agent.control_client import number_text
+from vmr_handler.agent.planout import number_texts, plan_text
+from vmr_handler.core.schedule.commands import command_lines
+from vmr_handler.core.schedule.model import ContentDrop, EntryKind, PauseSpec, ResumeMark, ScheduleEntry
+from vmr_handler.core.schedule.validate import ScheduleColumns
+from vmr_handler.core.timeline import PlannedEntry, build_plan, plan_columns
 
-#: Every kind of number a plan can carry, and some it cannot (ints, bools) that must still match.
-NUMBERS: List[Any] = [
-    None, 0.0, -0.0, 1.0, -1.0, 2.5, -7.25, 1e-7, 8.3, 123456789012345.0, float(2**53 - 1),
-    float(2**53), -float(2**53), 1e16, 1e22, -1e300, math.inf, -math.inf, 3, -4, 2**60,
+#: Every kind of float a plan can carry (start times, fire_at, RESUME times).
+NUMBERS: List[float] = [
+    0.0, -0.0, 1.0, -1.0, 2.5, -7.25, 1e-7, 8.3, 123456789012345.0, float(2**53 - 1), float(2**53),
+    -float(2**53), 1e16, 1e22, -1e300, math.inf, -math.inf, math.nan,
 ]  # fmt: skip
-COMMANDS = ["/bin/true", "a 'b' \"c\"", "back\\slash", "tab\there", "ünïcödé ✓", "ctl\x01\x1f", ""]
+COMMANDS = ["/bin/true", "a 'b' \"c\"", "back\\slash", "tab\there", "ünïcödé ✓", "ctl\x01\x1f", "a, b"]
+LAUNCH = "/var/launch"
 
 
-def planned(index: int, start: Any, fire_at: Any, kind: EntryKind, stage: Optional[int]) -> PlannedEntry:
-    return PlannedEntry(index=index, start_time=start, kind=kind, stage=stage, fire_at=fire_at)
+def columns_of(entries: Sequence[ScheduleEntry]) -> ScheduleColumns:
+    """The columns validate_columns gives for these entries (index = position)."""
+    others = {e.index: e for e in entries if e.data or e.pause}
+    hosts = [e.index for e in entries if e.on_host and e.index not in others]
+    return ScheduleColumns(
+        [e.start_time for e in entries], [e.executable for e in entries], [e.arguments for e in entries],
+        hosts, others, (),
+    )  # fmt: skip
+
+
+def both_ways(entries: Sequence[ScheduleEntry], resumes: Sequence[float]) -> None:
+    columns = columns_of(entries)
+    fast = plan_text(columns, plan_columns(columns.starts, columns.others, columns.hosts, resumes), LAUNCH)
+    assert fast == json.dumps(plan_json(build_plan(entries, resumes), command_lines(entries, LAUNCH)))
+
+
+def test_number_texts_are_json_of_number_text() -> None:
+    assert number_texts(NUMBERS) == [json.dumps(number_text(v)) for v in NUMBERS]
+    assert number_texts([]) == []
 
 
 @pytest.mark.parametrize("seed", range(5))
 def test_text_equals_json_dumps_of_plan_json(seed: int) -> None:
+    """Entries of every kind at every finite time a schedule allows, commands of every kind of
+    text, RESUMEs at every time."""
     rng = random.Random(seed)
-    entries = tuple(
-        planned(
-            i, rng.choice(NUMBERS), rng.choice(NUMBERS), rng.choice(list(EntryKind)), rng.choice([None, 7])
-        )
-        for i in range(300)
-    )
-    commands: Dict[int, str] = {i: rng.choice(COMMANDS) for i in range(300) if rng.random() < 0.7}
-    resumes = (ResumeOutcome(-math.inf, 3), ResumeOutcome(50.5, None), ResumeOutcome(7.0, 12))
-    plan = Plan(entries, resumes, (-5.0, -1.0), 0.0, None)
-    assert plan_json_text(plan, commands) == json.dumps(plan_json(plan, commands))
-    assert plan_json_text(plan) == json.dumps(plan_json(plan))
+    times = [t for t in NUMBERS if math.isfinite(t) and t != 0]
+    entries: List[ScheduleEntry] = []
+    for i in range(300):
+        shape = rng.choice(["program", "program", "host", "pause", "resume", "data"])
+        t = rng.choice(times)
+        if shape == "pause":
+            duration = rng.choice([1.5, 3.0, 1e16, math.inf])
+            entries.append(
+                ScheduleEntry(
+                    i, rng.choice([abs(t), -math.inf, 0.0]), data=(PauseSpec(duration),), pause=True
+                )
+            )
+        elif shape == "resume":
+            entries.append(ScheduleEntry(i, -math.inf, data=(ResumeMark(),)))
+        else:
+            exe = rng.choice([None, *COMMANDS])
+            data = (ContentDrop("out", b"x"),) if shape == "data" else ()
+            entries.append(ScheduleEntry(i, t, exe, rng.choice(COMMANDS), data=data, on_host=shape == "host"))
+    for resumes in ([], [-math.inf, 50.5, 7.0], [1e300, math.inf, 3.0]):
+        both_ways(entries, resumes)
 
 
-def test_empty_plan_and_nan() -> None:
-    empty = Plan((), (), (), 0.0, None)
-    assert plan_json_text(empty) == json.dumps(plan_json(empty)) == '{"entries": [], "resumes": []}'
-    odd = Plan((planned(0, math.nan, None, EntryKind.POSITIVE, None),), (), (), 0.0, None)
-    assert plan_json_text(odd) == json.dumps(plan_json(odd))
+def test_empty_schedule() -> None:
+    both_ways([], [])
+    both_ways([], [-math.inf, 2.0])
+    columns = columns_of([])
+    assert plan_text(columns, plan_columns([], {}), LAUNCH) == '{"entries": [], "resumes": []}'
 
 
 def test_a_built_plan_prints_the_same_both_ways() -> None:
@@ -55,10 +89,8 @@ def test_a_built_plan_prints_the_same_both_ways() -> None:
     entries = [ScheduleEntry(i, t, "/bin/true", f"run {i}") for i, t in enumerate([-3, -1.5, 1, 2.25, 9, 40])]
     entries.append(ScheduleEntry(6, 5, None, data=(PauseSpec(10.5),), pause=True))
     entries.append(ScheduleEntry(7, 20, None, data=(PauseSpec(math.inf),), pause=True))
-    commands = {e.index: f"{e.executable} {e.arguments}" for e in entries if e.executable}
     for resumes in ([], [100.0], [-math.inf, 3.0, 100.0]):
-        plan = build_plan(entries, resumes)
-        assert plan_json_text(plan, commands) == json.dumps(plan_json(plan, commands))
+        both_ways(entries, resumes)
 
 
 def test_planned_entries_are_ordinary_dataclass_instances() -> None:

@@ -250,41 +250,6 @@ def plan_json(plan: Plan, commands: Optional[Dict[int, str]] = None) -> Dict[str
     }
 
 
-def plan_json_text(plan: Plan, commands: Optional[Dict[int, str]] = None) -> str:
-    """``json.dumps(plan_json(plan, commands))``, byte for byte, written directly: the dict per
-    entry and the generic encoder were ~60 % of ``plan --json`` on 100 000 entries (issue 15).
-    tests/test_plan_output.py compares both on every kind of value."""
-    from json import dumps
-    from json.encoder import encode_basestring_ascii as text
-
-    commands = commands or {}
-    num = _num_json
-    rows = [
-        f'{{"index": {p.index}, "start_time": {num(p.start_time)}, "kind": "{p.kind._value_}", '
-        f'"stage": {"null" if p.stage is None else p.stage}, "fire_at": {num(p.fire_at)}, '
-        f'"command": {"null" if (c := commands.get(p.index)) is None else text(c)}}}'
-        for p in plan.entries
-    ]
-    resumes = dumps([{"at": _num(r.at), "ended_break": r.ended_break} for r in plan.resumes])
-    return f'{{"entries": [{", ".join(rows)}], "resumes": {resumes}}}'
-
-
-def _num_json(value: Any) -> str:
-    """``json.dumps(number_text(value))`` for a plan's time (a float or None), quickly."""
-    if type(value) is float and value.is_integer() and -_EXACT < value < _EXACT:
-        return str(int(value))
-    if value is None:
-        return "null"
-    if type(value) is float and value - value == 0.0:  # finite
-        return repr(value)
-    import json
-
-    return json.dumps(_num(value))
-
-
-_EXACT = 2**53
-
-
 def _fmt(value: Any) -> str:
     return "-" if value is None else str(value)
 
@@ -344,17 +309,17 @@ def _commands(schedule: Schedule, launch_dir: str) -> Dict[int, str]:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """``plan``: stored RESUME entries count as RESUMEs before the start (the agent applies them
-    when it loads the schedule), before the ``--resume`` ones."""
+    when it loads the schedule), before the ``--resume`` ones. ``--json``: :mod:`.planout`."""
+    if args.json:
+        from vmr_handler.agent.planout import PlanRequest, print_plan_json
+
+        return print_plan_json(PlanRequest(args.schedule, args.resume, args.launch_dir, args.allow_class))
     schedule = _load(args.schedule, args.allow_class)
     from vmr_handler.core.timeline import build_plan
 
     stored = [-float("inf") for e in schedule.entries if e.data and e.is_resume]  # kind RESUME
     plan = build_plan(schedule.entries, [*stored, *args.resume])
-    commands = _commands(schedule, args.launch_dir)
-    if args.json:
-        print(plan_json_text(plan, commands))
-    else:
-        print(plan_table(schedule, plan, commands))
+    print(plan_table(schedule, plan, _commands(schedule, args.launch_dir)))
     return 0
 
 
@@ -541,6 +506,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     control = parse_control(words)
     if control is not None:
         return run_control(control)
+    if words[:1] == ["plan"]:
+        from vmr_handler.agent.planout import parse_plan_json, print_plan_json
+
+        request = parse_plan_json(words, DEFAULT_LAUNCH_DIR)
+        if request is not None:  # the plain `plan --json`: no argparse, no logging (issue 15)
+            return _outcome(functools.partial(print_plan_json, request))
     import logging
 
     parser = _parser()
@@ -559,8 +530,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    return _outcome(functools.partial(commands[args.command], args))
+
+
+def _outcome(command: Callable[[], int]) -> int:
+    """The exit code of ``command``; its errors printed on stderr (exit 2: the schedule or the
+    usage; 1: the agent, the journal, anything else vmr-handler raises)."""
     try:
-        return commands[args.command](args)
+        return command()
     except (ScheduleError, UsageError) as exc:
         print(f"vmr-handler: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

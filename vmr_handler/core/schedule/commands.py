@@ -18,7 +18,7 @@ import os
 import re
 import shlex
 import shutil
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from vmr_handler.core.errors import EntryError
 from vmr_handler.core.schedule.model import ContentDrop, FileDrop, ScheduleEntry
@@ -33,8 +33,8 @@ def format_start_time(start_time: float) -> str:
     return repr(float(start_time))
 
 
-def _dir_name(entry: ScheduleEntry) -> str:
-    base = os.path.basename(entry.executable.rstrip("/")) or "entry" if entry.executable else "data"
+def _dir_name(executable: Optional[str]) -> str:
+    base = os.path.basename(executable.rstrip("/")) or "entry" if executable else "data"
     return base.replace(os.sep, "_") if base not in (".", "..") else "entry"
 
 
@@ -48,14 +48,40 @@ def working_dirs(entries: List[ScheduleEntry], launch_dir: str) -> Dict[int, str
     Returns:
         ``{entry index: absolute path}``.
     """
+    return _numbered_dirs(((e.index, e.start_time, e.executable) for e in entries), launch_dir)
+
+
+def working_dirs_of(
+    starts: Sequence[float], executables: Sequence[Optional[str]], wanted: Iterable[int], launch_dir: str
+) -> Dict[int, str]:
+    """:func:`working_dirs` of the entries at the indices ``wanted`` of a schedule given as
+    columns (entry ``i``: ``starts[i]``, ``executables[i]``). Only the entries at the same start
+    times are looked at (two entries share a directory only when their start times are equal),
+    so a few entries of a big schedule cost a pass over the start times (issue 15).
+
+    Returns:
+        ``{entry index: absolute path}`` for every index in ``wanted``.
+    """
+    wanted = sorted(set(wanted))
+    if not wanted:
+        return {}
+    times = {starts[i] for i in wanted}
+    same = [i for i, t in enumerate(starts[: wanted[-1] + 1]) if t in times]
+    dirs = _numbered_dirs(((i, starts[i], executables[i]) for i in same), launch_dir)
+    return {i: dirs[i] for i in wanted}
+
+
+def _numbered_dirs(items: Iterable[Tuple[int, float, Optional[str]]], launch_dir: str) -> Dict[int, str]:
+    """``{index: <launch_dir>/<start_time>/<name>[_N]}`` of ``(index, start_time, executable)``
+    items, numbered in the order given (:func:`working_dirs`)."""
     seen: Dict[str, int] = {}
     result: Dict[int, str] = {}
     root = os.path.abspath(launch_dir)
-    for entry in entries:
-        base = os.path.join(root, format_start_time(entry.start_time), _dir_name(entry))
+    for index, start, executable in items:
+        base = os.path.join(root, format_start_time(start), _dir_name(executable))
         count = seen.get(base, 0)
         seen[base] = count + 1
-        result[entry.index] = base if count == 0 else f"{base}_{count}"
+        result[index] = base if count == 0 else f"{base}_{count}"
     return result
 
 

@@ -5,19 +5,22 @@ Issue 3 section 2; SPEC sections 3 and 7.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 from types import ModuleType
-from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 from vmr_handler.core.errors import ScheduleFormatError
 from vmr_handler.core.gcpause import paused_gc
 from vmr_handler.core.schedule.limits import MAX_ENTRIES
 from vmr_handler.core.schedule.model import Schedule
-from vmr_handler.core.schedule.unpickler import PickledEntry, looks_like_pickle, unpickle_entries
-from vmr_handler.core.schedule.validate import validate_records
+from vmr_handler.core.schedule.validate import ScheduleColumns, validate_columns, validate_records
+
+if TYPE_CHECKING:  # the unpickler (pickle, its scanner) is imported for pickles only (issue 15)
+    from vmr_handler.core.schedule.unpickler import PickledEntry
+
+_T = TypeVar("_T")
 
 
 def _yaml() -> ModuleType:
@@ -78,8 +81,11 @@ def _yaml_loader_for(text: str) -> Any:
 
 def detect_format(data: bytes) -> str:
     """``pickle``, ``json`` or ``yaml``, decided by content (never by file name)."""
-    if looks_like_pickle(data):
-        return "pickle"
+    if data[:1] not in (b"[", b"{"):  # no pickle starts so: JSON needs no unpickler
+        from vmr_handler.core.schedule.unpickler import looks_like_pickle
+
+        if looks_like_pickle(data):
+            return "pickle"
     head = data.lstrip()[:1]
     if head in (b"[", b"{"):
         return "json"
@@ -129,9 +135,11 @@ def _records_from_text(data: bytes, fmt: str) -> Sequence[Mapping[str, Any]]:
         raise ScheduleFormatError(
             f"a {fmt.upper()} schedule must be a list of entries, got {type(doc).__name__}"
         )
-    for i, item in enumerate(doc):
-        if type(item) is not dict and not isinstance(item, Mapping):  # (the ABC check is slow)
-            raise ScheduleFormatError(f"entry {i}: must be a mapping of fields, got {type(item).__name__}")
+    if not set(map(type, doc)) <= {dict}:  # (one C loop; the ABC check is slow)
+        for i, item in enumerate(doc):
+            if type(item) is not dict and not isinstance(item, Mapping):
+                got = type(item).__name__
+                raise ScheduleFormatError(f"entry {i}: must be a mapping of fields, got {got}")
     return doc
 
 
@@ -153,9 +161,22 @@ def load_schedule_bytes(data: bytes, allowed_classes: Optional[Iterable[str]] = 
 
 
 def _load(data: bytes, allowed_classes: Optional[Iterable[str]]) -> Schedule:
+    import hashlib  # here: ``plan --json`` (load_schedule_columns) needs no digest (issue 15)
+
+    fmt, records = _records(data, allowed_classes)
+    entries, warnings = validate_records(records, strict_fields=fmt != "pickle", source_size=len(data))
+    return Schedule(entries, hashlib.sha256(data).hexdigest(), fmt, warnings)
+
+
+def _records(
+    data: bytes, allowed_classes: Optional[Iterable[str]]
+) -> Tuple[str, Sequence[Mapping[str, Any]]]:
+    """The format of ``data`` and its raw entry records (not validated yet)."""
     fmt = detect_format(data)
     records: Sequence[Mapping[str, Any]]
     if fmt == "pickle":
+        from vmr_handler.core.schedule.unpickler import unpickle_entries
+
         records = _pickled_records(unpickle_entries(data, allowed_classes))
     else:
         records = _records_from_text(data, fmt)
@@ -164,8 +185,24 @@ def _load(data: bytes, allowed_classes: Optional[Iterable[str]]) -> Schedule:
             f"entry {MAX_ENTRIES:,} and later: the schedule has {len(records):,} entries, more than the "
             f"limit of {MAX_ENTRIES:,}"
         )
-    entries, warnings = validate_records(records, strict_fields=fmt != "pickle", source_size=len(data))
-    return Schedule(entries, hashlib.sha256(data).hexdigest(), fmt, warnings)
+    return fmt, records
+
+
+def load_schedule_columns(path: str, allowed_classes: Optional[Iterable[str]] = None) -> ScheduleColumns:
+    """The schedule file at ``path`` validated as :class:`ScheduleColumns` (issue 15: ``plan
+    --json`` needs no object per entry, nor the digest). Accepts and refuses exactly what
+    :func:`load_schedule` does, with the same errors.
+
+    Raises:
+        ScheduleFormatError, UnsafePickleError, ScheduleValidationError: as :func:`load_schedule`.
+    """
+
+    def columns(data: bytes) -> ScheduleColumns:
+        with paused_gc():
+            fmt, records = _records(data, allowed_classes)
+            return validate_columns(records, strict_fields=fmt != "pickle", source_size=len(data))
+
+    return _from_file(path, columns)
 
 
 def _pickled_records(entries: List[PickledEntry]) -> List[Mapping[str, Any]]:
@@ -197,8 +234,15 @@ def load_schedule(path: str, allowed_classes: Optional[Iterable[str]] = None) ->
     Raises:
         ScheduleFormatError: the file cannot be read (message names the path), or as above.
     """
+    return _from_file(path, lambda data: load_schedule_bytes(data, allowed_classes))
+
+
+def _from_file(path: str, load: Callable[[bytes], _T]) -> _T:
+    """``load`` of the bytes of the file at ``path``; errors name the path (:func:`load_schedule`)."""
     try:
-        return read_schedule(path, allowed_classes)[1]
+        with open(path, "rb") as fh:
+            data = fh.read()
+        return load(data)
     except OSError as exc:
         raise ScheduleFormatError(f"cannot read schedule {path}: {exc.strerror or exc}") from exc
     except ScheduleFormatError as exc:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple, cast
+from itertools import repeat
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple, cast
 
 from vmr_handler.core.errors import ScheduleValidationError
 from vmr_handler.core.schedule.items import _data_item, _duration, _names, _Problems, parse_number, show
@@ -24,7 +25,10 @@ from vmr_handler.core.schedule.limits import (
 )
 from vmr_handler.core.schedule.model import DataItem, PauseSpec, ResumeMark, ScheduleEntry
 
-__all__ = ["ENTRY_FIELDS", "SHORTHAND_FIELDS", "parse_number", "show", "validate_record", "validate_records"]
+__all__ = [
+    "ENTRY_FIELDS", "SHORTHAND_FIELDS", "ScheduleColumns", "parse_number", "show", "validate_columns",
+    "validate_record", "validate_records",
+]  # fmt: skip
 
 ENTRY_FIELDS = frozenset(
     {"start_time", "executable", "arguments", "ignore_failure", "data", "pause", "on_host"}
@@ -280,10 +284,6 @@ def validate_record(
     return draft.entry(draft.start)
 
 
-#: The fields of a plain program entry, the one shape :func:`_plain_entry` takes.
-_PLAIN_FIELDS = frozenset(
-    {"start_time", "executable", "arguments", "ignore_failure", "on_host", "data", "pause"}
-)
 #: Integers a float holds exactly: a larger ``start_time`` goes through :func:`parse_number`.
 _EXACT = 2**53
 
@@ -297,9 +297,73 @@ def _plain_entry(index: int, record: Any) -> Optional[ScheduleEntry]:
 def _plain_entries(
     records: Sequence[Any], first: int = 0
 ) -> Tuple[List[Optional[ScheduleEntry]], List[int], int]:
-    """Each record as its entry when it is a *valid plain program entry*, else None; the
-    indices (from ``first``) of the None ones, ascending: they take the full checks; and the
-    characters of the plain entries' executables and arguments (the expanded size, issue 16).
+    """Each record as its entry when it is a *valid plain program entry* (:func:`_plain_screen`),
+    else None; the indices (from ``first``) of the None ones, ascending: they take the full
+    checks; and the characters of the plain entries' executables and arguments (the expanded
+    size, issue 16).
+    """
+    screen = _plain_screen(records, first)
+    entries: List[Optional[ScheduleEntry]] = []
+    add, new = entries.append, _new
+    for index, start, exe, args in zip(
+        range(first, first + len(records)), screen.starts, screen.executables, screen.arguments
+    ):
+        # the frozen dataclass's own __init__ costs as much as parsing the record; the fields
+        # are what that __init__ would set (tests compare both paths' entries), item by item
+        # into the instance dict (it shares its keys with the other instances: half the time
+        # of building an 8-key dict)
+        entry: ScheduleEntry = new(ScheduleEntry)
+        fields = entry.__dict__
+        fields["index"] = index
+        fields["start_time"] = start
+        fields["executable"] = exe
+        fields["arguments"] = args
+        fields["ignore_failure"] = False
+        fields["data"] = ()
+        fields["pause"] = False
+        fields["on_host"] = False
+        add(entry)
+    for name, indices in (("ignore_failure", screen.ignored), ("on_host", screen.hosts)):
+        for index in indices:
+            entries[index - first].__dict__[name] = True  # type: ignore[union-attr]
+    for index in screen.doubtful:
+        entries[index - first] = None
+    return entries, screen.doubtful, screen.size
+
+
+class _Screen(NamedTuple):
+    """:func:`_plain_screen`'s findings: a record that is not a plain program entry has the
+    placeholders ``nan``, None, ``""`` in the columns, and its index in ``doubtful``."""
+
+    starts: List[float]
+    executables: List[Optional[str]]
+    arguments: List[str]
+    doubtful: List[int]
+    ignored: List[int]
+    hosts: List[int]
+    size: int
+
+
+#: The fields of a plain program entry besides ``start_time``, ``executable`` and ``arguments``:
+#: the types their values may have (``data`` and ``pause`` must also be false as truth values:
+#: ``[]``, false).
+_OPTIONAL_TYPES = {
+    "ignore_failure": frozenset({bool, type(None)}),
+    "on_host": frozenset({bool, type(None)}),
+    "data": frozenset({list, type(None)}),
+    "pause": frozenset({bool, type(None)}),
+}
+_NUMBER_TYPES = frozenset({float, int})
+#: Characters of text joined at most to be searched at once (:func:`_screen_text`).
+_JOINED_LIMIT = 16 * 1024 * 1024
+_TEXT_TYPES = frozenset({str, type(None)})
+
+
+def _plain_screen(records: Sequence[Any], first: int = 0) -> _Screen:
+    """Which records are *valid plain program entries*, with their start times (floats),
+    executables and arguments as columns, the indices (from ``first``) of the others
+    (``doubtful``, ascending: they take the full checks), and of the plain ones whose
+    ``ignore_failure`` or ``on_host`` is true.
 
     Plain: a dict with only ``start_time`` (an int or float, finite, not 0), ``executable``
     (a non-empty string without NUL, or null), ``arguments`` (a string without NUL, or null),
@@ -308,54 +372,94 @@ def _plain_entries(
     reference's pickles carry it) and ``data`` (absent, null or empty).
     These are the rules the field checks apply to such a record (:data:`_FIELD_CHECKS`), so
     the entry is the one :func:`validate_record` returns; everything else (pauses, data items,
-    any doubt) takes the full checks, which name what is wrong. No display label is built and
-    no problem list is touched, in one loop without a call per record: validation at parse
-    speed (issue 15).
+    any doubt) takes the full checks, which name what is wrong. No display label is built, no
+    problem list is touched and no Python code runs per record: each field is taken out as a
+    column and checked in C loops (types, NUL, lengths, sum, min and max), record by record
+    only where a column has something odd. Validation at parse speed (issue 15).
     """
-    entries: List[Optional[ScheduleEntry]] = []
-    doubtful: List[int] = []
-    add, plain_keys, new, longest = entries.append, _PLAIN_FIELDS.issuperset, _new, MAX_ARGUMENTS_LENGTH
-    size = 0
-    for index, record in enumerate(records, first):
-        if type(record) is dict and plain_keys(record):
-            get: Callable[[str], Any] = record.get
-            start, exe, args = get("start_time"), get("executable"), get("arguments")
-            ignore, on_host, data, pause = get("ignore_failure"), get("on_host"), get("data"), get("pause")
-            kind = type(start)
-            if (
-                # x - x is 0.0 only for a finite x: NaN and inf are not plain
-                ((kind is float and start - start == 0.0) or (kind is int and -_EXACT < start < _EXACT))
-                and start != 0
-                and (exe is None or (type(exe) is str and exe and len(exe) <= longest and "\x00" not in exe))
-                and (args is None or (type(args) is str and len(args) <= longest and "\x00" not in args))
-                and (ignore is None or type(ignore) is bool)
-                and (on_host is None or type(on_host) is bool)
-                and (data is None or (type(data) is list and not data))
-                and (pause is None or pause is False)
-            ):
-                # the frozen dataclass's own __init__ costs as much as parsing the record; the
-                # fields are what that __init__ would set (tests compare both paths' entries),
-                # item by item into the instance dict (it shares its keys with the other
-                # instances: half the time of building an 8-key dict)
-                entry: ScheduleEntry = new(ScheduleEntry)
-                fields = entry.__dict__
-                fields["index"] = index
-                fields["start_time"] = float(start)
-                fields["executable"] = exe
-                fields["arguments"] = args or ""
-                fields["ignore_failure"] = ignore is True
-                fields["data"] = ()
-                fields["pause"] = False
-                fields["on_host"] = on_host is True
-                add(entry)
-                if exe:
-                    size += len(exe)
-                if args:
-                    size += len(args)
-                continue
-        add(None)
-        doubtful.append(index)
-    return entries, doubtful, size
+    bad: Set[int] = set()
+    if set(map(type, records)) - {dict}:
+        bad.update(i for i, r in enumerate(records) if type(r) is not dict)
+        records = [{} if i in bad else r for i, r in enumerate(records)]
+    get = dict.get
+    starts: List[Any] = list(map(get, records, repeat("start_time")))
+    exes: List[Any] = list(map(get, records, repeat("executable")))
+    args: List[Any] = list(map(get, records, repeat("arguments")))
+    true: Dict[str, List[int]] = {"ignore_failure": [], "on_host": []}
+    for key in set().union(*records) - {"start_time", "executable", "arguments"}:
+        holders = [i for i, r in enumerate(records) if key in r]
+        if key not in _OPTIONAL_TYPES:
+            bad.update(holders)  # an unknown field
+            continue
+        values = [records[i][key] for i in holders]
+        types, false_only = _OPTIONAL_TYPES[key], key in ("data", "pause")
+        if not set(map(type, values)) <= types or (false_only and any(values)):
+            bad.update(i for i, v in zip(holders, values) if type(v) not in types or (false_only and v))
+        if key in true:
+            true[key] = [i for i, v in zip(holders, values) if v is True]
+    ints = _screen_starts(starts, bad)
+    size = _screen_text(exes, bad, empty=False) + _screen_text(args, bad, empty=True)
+    for i in bad:
+        size -= sum(len(v) for v in (exes[i], args[i]) if type(v) is str)
+        starts[i], exes[i], args[i] = math.nan, None, ""
+    if ints:
+        starts = list(map(float, starts))
+    if None in args:
+        args = [a or "" for a in args]
+    doubtful = sorted(bad)
+    ignored, hosts = ([first + i for i in true[key] if i not in bad] for key in ("ignore_failure", "on_host"))
+    return _Screen(starts, exes, args, [first + i for i in doubtful], ignored, hosts, size)
+
+
+def _screen_starts(starts: List[Any], bad: Set[int]) -> bool:
+    """Add to ``bad`` the positions of ``starts`` that are not a plain start time: an int or a
+    float, finite, not 0; an int inside +-2**53 (a larger one takes :func:`parse_number`).
+    Returns True when some are ints."""
+    types = set(map(type, starts))
+    if starts and types <= _NUMBER_TYPES:
+        try:
+            total = sum(starts)  # NaN or inf when any is; an int too large for a float raises
+        except OverflowError:
+            total = math.nan
+        if total - total == 0.0 and min(starts) > -_EXACT and max(starts) < _EXACT and 0 not in starts:
+            return int in types
+    bad.update(
+        i
+        for i, t in enumerate(starts)
+        # x - x is 0.0 only for a finite x: NaN and inf are not plain
+        if not (((type(t) is float and t - t == 0.0) or (type(t) is int and -_EXACT < t < _EXACT)) and t != 0)
+    )
+    return int in types
+
+
+def _screen_text(values: List[Any], bad: Set[int], *, empty: bool) -> int:
+    """Add to ``bad`` the positions of ``values`` that are not null or a string without NUL of
+    at most :data:`MAX_ARGUMENTS_LENGTH` characters (``empty``: the empty string allowed).
+    Returns the characters of all the strings (the expanded size, issue 16). The strings are
+    joined (to look for NUL in one pass) only when they are few characters: they may be one
+    shared string (a pickle's memo, YAML aliases) that would expand beyond any limit."""
+    if set(map(type, values)) <= _TEXT_TYPES:
+        texts = list(filter(None, values))  # without "": it is in values when they differ in length
+        total = sum(map(len, texts))
+        if (
+            (empty or values.count(None) + len(texts) == len(values))
+            and (total <= MAX_ARGUMENTS_LENGTH or max(map(len, texts)) <= MAX_ARGUMENTS_LENGTH)
+            and (
+                "\x00" not in "".join(texts)
+                if total <= _JOINED_LIMIT
+                else not any(map(str.__contains__, texts, repeat("\x00")))
+            )
+        ):
+            return total
+    bad.update(
+        i
+        for i, v in enumerate(values)
+        if not (
+            v is None
+            or (type(v) is str and (empty or v) and len(v) <= MAX_ARGUMENTS_LENGTH and "\x00" not in v)
+        )
+    )
+    return sum(len(v) for v in values if type(v) is str)
 
 
 _new = object.__new__
@@ -382,25 +486,92 @@ def validate_records(
             allocation it guards.
     """
     fast, doubtful, size = _plain_entries(records)
+    checked, warnings = _full_checks(records, doubtful, size, source_size, strict_fields, lambda: fast)
+    for index, entry in checked.items():
+        fast[index] = entry
+    entries = tuple(e for e in fast if e is not None) if doubtful else tuple(fast)
+    return cast(Tuple[ScheduleEntry, ...], entries), warnings
+
+
+class ScheduleColumns(NamedTuple):
+    """A validated schedule as columns, without an object per plain entry (issue 15: ``plan
+    --json`` of 100 000 entries at parse speed). Entry ``i`` is ``others[i]`` when that is
+    present, else the plain program entry ``starts[i]``, ``executables[i]``, ``arguments[i]``
+    (``on_host`` when ``i`` is in ``hosts``; ``ignore_failure`` is not kept).
+
+    Attributes:
+        starts: every entry's ``start_time`` (seconds, float), in schedule order.
+        executables: every entry's executable (None: none), in schedule order.
+        arguments: every entry's arguments (``""``: none), in schedule order.
+        hosts: indices of the plain entries with ``on_host`` true, ascending.
+        others: every entry that is not a plain program entry (data, pause, RESUME, ...), by index.
+        warnings: as :func:`validate_records` gives them.
+    """
+
+    starts: List[float]
+    executables: List[Optional[str]]
+    arguments: List[str]
+    hosts: List[int]
+    others: Dict[int, ScheduleEntry]
+    warnings: Tuple[str, ...]
+
+
+def validate_columns(
+    records: Sequence[Mapping[str, Any]], *, strict_fields: bool, source_size: Optional[int] = None
+) -> ScheduleColumns:
+    """:func:`validate_records` with the schedule as :class:`ScheduleColumns`: the same checks,
+    the same errors (raises ScheduleValidationError exactly when it does, with the same
+    problems), the same entries, but no object is made for a plain program entry."""
+    screen = _plain_screen(records)
+    checked, warnings = _full_checks(
+        records, screen.doubtful, screen.size, source_size, strict_fields, lambda: _plain_entries(records)[0]
+    )
+    starts, executables, arguments = screen.starts, screen.executables, screen.arguments
+    for index, entry in checked.items():
+        starts[index], executables[index], arguments[index] = (
+            entry.start_time,
+            entry.executable,
+            entry.arguments,
+        )
+    return ScheduleColumns(starts, executables, arguments, screen.hosts, checked, warnings)
+
+
+def _full_checks(
+    records: Sequence[Mapping[str, Any]],
+    doubtful: List[int],
+    size: int,
+    source_size: Optional[int],
+    strict_fields: bool,
+    plain: Callable[[], Sequence[Optional[ScheduleEntry]]],
+) -> Tuple[Dict[int, ScheduleEntry], Tuple[str, ...]]:
+    """The full field checks of the records at the ``doubtful`` indices, after the plain ones
+    (``size``: their characters; ``plain()``: their entries, asked for only when they alone go
+    over the expanded-size limit). Returns the entries checked, by index, and the warnings.
+
+    Raises:
+        ScheduleValidationError: as :func:`validate_records`.
+    """
     limit = expanded_limit(source_size)
     problems = _Problems(Budget(size, limit))
     warnings: List[str] = []
+    checked: Dict[int, ScheduleEntry] = {}
     try:
         if size > limit:
-            _charge_plain(fast, limit)
+            _charge_plain(plain(), limit)
         for index in doubtful:  # ascending: problems and warnings come in schedule order
             if len(problems.items) >= MAX_PROBLEMS:
                 problems.items.append(f"(validation stopped after {MAX_PROBLEMS} problems)")
                 break
-            fast[index] = validate_record(
+            entry = validate_record(
                 index, records[index], strict_fields=strict_fields, problems=problems, warnings=warnings
             )
+            if entry is not None:
+                checked[index] = entry
     except LimitReached as exc:
         raise ScheduleValidationError([*problems.items, str(exc)]) from None
     if problems.items:
         raise ScheduleValidationError(problems.items)
-    entries = tuple(e for e in fast if e is not None) if doubtful else tuple(fast)
-    return cast(Tuple[ScheduleEntry, ...], entries), tuple(warnings)
+    return checked, tuple(warnings)
 
 
 def _charge_plain(entries: Sequence[Optional[ScheduleEntry]], limit: int) -> None:
