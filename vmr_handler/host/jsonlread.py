@@ -15,6 +15,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, Optional, Tuple
 
+from vmr_handler.core.events import Event
+
 #: Longest line read as a record (the host's own lines are far shorter; a longer one is skipped).
 MAX_LINE = 4 << 20
 
@@ -66,3 +68,12 @@ def records_from(
             else:
                 stats.bad += 1
             offset = end
+
+
+def event_of(record: Dict[str, Any]) -> Optional[Event]:
+    """The :class:`Event` of a host log record, or None when it has no usable one."""
+    ev: Any = record.get("event")
+    try:
+        return Event(str(ev["type"]), float(ev["timestamp"]), str(ev["id"]), dict(ev.get("data") or {}))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None

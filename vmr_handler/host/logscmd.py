@@ -20,7 +20,7 @@ from vmr_handler.core.errors import UsageError
 from vmr_handler.core.events import Event, describe
 from vmr_handler.core.fsutil import utc_text
 from vmr_handler.core.readable import escaped
-from vmr_handler.host.jsonlread import records_from
+from vmr_handler.host.jsonlread import event_of, records_from
 from vmr_handler.host.logtext import printable
 
 #: Seconds between two looks at the file with ``-f``.
@@ -74,14 +74,6 @@ def records(
         time.sleep(interval)
 
 
-def _event(rec: Dict[str, Any]) -> Optional[Event]:
-    ev = rec["event"]
-    try:
-        return Event(str(ev["type"]), float(ev["timestamp"]), str(ev["id"]), dict(ev.get("data") or {}))
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
 def keep(ev: Event, entry: Optional[int], stream: Optional[str]) -> bool:
     """``--entry`` and ``--stream`` (``--stream`` keeps output lines only)."""
     if entry is not None and ev.data.get("index") != entry:
@@ -120,7 +112,7 @@ def show_logs(logs: str, vm: str, follow: bool = False, entry: Optional[int] = N
     out: List[str] = []
     try:
         for rec in records(path, follow):
-            ev = _event(rec)
+            ev = event_of(rec)
             if ev is None or not keep(ev, entry, stream):
                 continue
             out.append(json.dumps(rec) if as_json else line_text(ev, start))

@@ -429,12 +429,16 @@ class VmState:
             return "connected" if connected else "seen"
         return "not_seen"
 
+    def stage_text(self) -> Optional[str]:
+        """The current or last stage as ``vmr-host status`` shows it: ``1 (-20) running``, or None."""
+        if self.stage is None:
+            return None
+        where = f" ({self.stage_time:g})" if self.stage_time is not None else ""
+        return f"{self.stage}{where} {'running' if self.stage_running else 'done'}"
+
     def fields(self) -> Dict[str, Any]:
         """The status members from ``schedule`` to ``kpi`` (JSON safe, in their order)."""
-        stage: Optional[str] = None
-        if self.stage is not None:
-            where = f" ({self.stage_time:g})" if self.stage_time is not None else ""
-            stage = f"{self.stage}{where} {'running' if self.stage_running else 'done'}"
+        stage = self.stage_text()
         return {
             "schedule": {
                 "state": self.schedule_state,

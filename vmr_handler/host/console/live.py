@@ -19,7 +19,7 @@ from vmr_handler.host.console.metrics import ConsoleMetrics
 from vmr_handler.host.console.stream import Hub, Message
 from vmr_handler.host.console.views import all_rows, changed_rows, experiment_view
 from vmr_handler.host.experiment import Experiment
-from vmr_handler.host.jsonlread import records_from
+from vmr_handler.host.jsonlread import event_of, records_from
 from vmr_handler.host.report.fold import ExperimentTimeline
 
 log = logging.getLogger("vmr_host.console")
@@ -35,15 +35,6 @@ ROWS_SHARE = 0.05
 def record_of(vm: str, event: Event, received: float) -> Dict[str, Any]:
     """The host log record of a stored report (the form of a ``.jsonl`` line; ``docs/host.md``)."""
     return {"vm": vm, "host_received": received, "event": event.to_dict()}
-
-
-def event_of(record: Dict[str, Any]) -> Optional[Event]:
-    """The :class:`Event` of a host log record, or None when it has no usable one."""
-    ev: Any = record.get("event")
-    try:
-        return Event(str(ev["type"]), float(ev["timestamp"]), str(ev["id"]), dict(ev.get("data") or {}))
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None
 
 
 class LiveExperiment:

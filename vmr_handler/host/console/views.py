@@ -38,10 +38,6 @@ def vm_row(session: VmSession, start_time: Optional[float], now: float) -> Dict[
     (UTC) and ``kpi`` (the latest sample, or None)."""
     st = session.state
     word = st.word(start_time, now, session.connected, session.connections)
-    stage: Optional[str] = None
-    if st.stage is not None:
-        where = f" ({st.stage_time:g})" if st.stage_time is not None else ""
-        stage = f"{st.stage}{where} {'running' if st.stage_running else 'done'}"
     return _safe(
         {
             "vm": session.name,
@@ -49,7 +45,7 @@ def vm_row(session: VmSession, start_time: Optional[float], now: float) -> Dict[
             "problem": word in PROBLEM_STATES or st.failures > 0,
             "expected": session.expected,
             "connected": session.connected,
-            "stage": stage,
+            "stage": st.stage_text(),
             "at_break": st.at_break.get("index") if st.at_break else None,
             "paused": st.paused.get("index") if st.paused else None,
             "running": len(st.running),
