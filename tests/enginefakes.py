@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from vmr_handler.agent.appends import restore
 from vmr_handler.agent.engine import Engine, EngineConfig
 from vmr_handler.agent.executor import ProcessResult
 from vmr_handler.agent.journal import Journal
@@ -140,6 +141,7 @@ class Harness:
         self.processes = FakeProcesses(self.clock, script)
         self.events: List[Event] = []
         self.journal = Journal(self.config.state_dir, self.schedule.digest)
+        self.schedule = restore(self.schedule, self.journal, self.config.state_dir)  # batches appended before
         self.engine = Engine(
             self.schedule, self.config, self.events.append, self.clock, self.processes, self.journal
         )

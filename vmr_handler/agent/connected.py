@@ -23,6 +23,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional
 
+from vmr_handler.agent.appends import appended_answer
 from vmr_handler.agent.kpi import KpiSampler
 from vmr_handler.agent.link import LATER, HostLink
 from vmr_handler.agent.outbox import Outbox
@@ -127,7 +128,10 @@ class ConnectedAgent:
             P.SCHEDULE: self._take_schedule,
             P.START_TIME: self._set_start_time,
             P.RESUME: self._resume,
+            P.SCHEDULE_APPEND: self._take_append,
         }
+        #: ``schedule_append`` events that came before the engine runs (applied when it does)
+        self._early_appends: List[Event] = []
 
     # -------------------------------------------------------------- control from the host
     async def _on_control(self, event: Event) -> Optional[Dict[str, Any]]:
@@ -163,6 +167,24 @@ class ConnectedAgent:
         return P.result_data(
             event.id, True, details, ended_break=outcome["ended_break"], ignored=outcome["ignored"]
         )
+
+    def _take_append(self, event: Event) -> Optional[Dict[str, Any]]:
+        """A batch appended to the schedule (issue 12): answered once it is journaled."""
+        if self._engine is None:
+            self._early_appends.append(event)  # answered once the engine runs
+        else:
+            task = asyncio.ensure_future(self._append(event))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return LATER
+
+    async def _append(self, event: Event) -> None:
+        """Check, load and fetch what a ``schedule_append`` batch needs, append it, answer."""
+        answer = await appended_answer(event, self._engine, self.resources, self.config.allow_classes)
+        if answer.get("status") == "error":
+            details = f"append refused: {answer['details']}"
+            self._report(EventType.SCHEDULE_WARNING, status="error", details=details)
+        with contextlib.suppress(ChannelClosed):
+            await self.link.send_event(P.RESULT, **answer)
 
     def _take_schedule(self, event: Event) -> Optional[Dict[str, Any]]:
         data = event.data
@@ -356,7 +378,13 @@ class ConnectedAgent:
             local_start=False,
         )
         config.report_hold = self.reports.limits
-        self._engine = engine = open_engine(schedule, config, self.reports, self.clock)
+        config.stay = True  # batches may be appended after the schedule completes (issue 12)
+        self._engine = engine = open_engine(
+            schedule, config, self.reports, self.clock, list(self.config.allow_classes or ())
+        )
+        for event in self._early_appends:
+            self._take_append(event)
+        self._early_appends = []
         self.transfers.restart()  # those a previous run left under way
         self.link.on_clock = engine.clock_changed
         # positive time runs on the host's clock: nothing is timed before the first sync

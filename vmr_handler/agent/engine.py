@@ -29,14 +29,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
-import os
-from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Set
 
-from vmr_handler import __version__
+from vmr_handler.agent.appends import append_batch, restore
 from vmr_handler.agent.arming import PositiveTimers
 from vmr_handler.agent.bundle import child_environment
+from vmr_handler.agent.engineconfig import DEFAULT_REBOOT_COMMAND, EngineConfig
+from vmr_handler.agent.enginestatus import (
+    announce,
+    engine_status,
+    waiting_status,
+)
 from vmr_handler.agent.entries import EntryLauncher, LaunchContext
 from vmr_handler.agent.executor import SystemProcesses
 from vmr_handler.agent.holds import InitialHolds
@@ -44,90 +47,27 @@ from vmr_handler.agent.journal import Journal, SyncSoon
 from vmr_handler.agent.placement import DataPlacement
 from vmr_handler.agent.ports import Processes
 from vmr_handler.agent.reminders import remind
-from vmr_handler.agent.reporthold import HoldLimits, ReportHold, hold_of
+from vmr_handler.agent.reporthold import ReportHold, hold_of
+from vmr_handler.agent.resumes import record_resume
+from vmr_handler.agent.stageplay import StagePlay
 from vmr_handler.agent.stages import StageRunner
 from vmr_handler.core.clock import Clock, SystemClock
 from vmr_handler.core.errors import JournalError
 from vmr_handler.core.events import Event, EventFactory, EventType
 from vmr_handler.core.schedule.commands import find_shell, working_dirs
 from vmr_handler.core.schedule.model import EntryKind, Schedule, ScheduleEntry
-from vmr_handler.core.timeline import build_plan
+from vmr_handler.core.timeline import Plan, build_plan
 
 log = logging.getLogger(__name__)
+
+__all__ = ["DEFAULT_REBOOT_COMMAND", "EXIT_FAILED", "EXIT_OK", "Engine", "EngineConfig", "open_engine"]
 
 #: Exit codes of ``Engine.run`` (and of ``vmr-handler run``).
 EXIT_OK = 0
 EXIT_FAILED = 1
 
-DEFAULT_REBOOT_COMMAND = "systemctl reboot || reboot"
 #: Seconds a stopping engine still waits for held reports to be written (issue 16, item 5).
 STOP_GRACE = 5.0
-
-
-@dataclass
-class EngineConfig:
-    """Where and how the engine works.
-
-    Attributes:
-        launch_dir: root of the per-entry working dirs (reference ``/var/launch``).
-        state_dir: journal and control socket directory.
-        resources_dir: where ``filename`` drops are read from.
-        start_buffer: seconds between *configured* and the experiment start (local mode).
-        local_start: see below.
-        reboot_command: shell command run when a negative stage requests a reboot.
-        env: environment for entries (None = the agent's own).
-        shell: the shell that runs command lines (None = bash when the machine has it, else
-            ``/bin/sh``; SPEC section 5).
-        report_hold: how many reports a failing sink may leave held in memory before entries
-            wait (:class:`~vmr_handler.agent.reporthold.HoldLimits`; issue 16).
-    """
-
-    launch_dir: str = "/var/launch"
-    state_dir: str = "/var/lib/vmr-handler"
-    resources_dir: str = "."
-    start_buffer: float = 60.0
-    reboot_command: str = DEFAULT_REBOOT_COMMAND
-    env: Optional[Dict[str, str]] = None
-    shell: Optional[str] = None
-    #: True: start = configured + start_buffer (local mode). False: wait for the host's
-    #: experiment start time (:meth:`Engine.set_start_time`).
-    local_start: bool = True
-    report_hold: HoldLimits = field(default_factory=HoldLimits)
-
-
-def announce(emit: Callable[..., Event], schedule: Schedule, journal: Journal) -> None:
-    """The engine's first events: agent started, schedule loaded, its warnings, a journal reset,
-    the on_host entries this agent does not run."""
-    emit(
-        EventType.AGENT_STARTED,
-        version=__version__,
-        pid=os.getpid(),
-        resumed_from_journal=journal.resumed,
-    )
-    emit(
-        EventType.SCHEDULE_LOADED,
-        digest=schedule.digest,
-        format=schedule.source_format,
-        entries=len(schedule.entries),
-        stages=list(schedule.stage_times()),
-    )
-    for warning in schedule.warnings:
-        emit(EventType.SCHEDULE_WARNING, details=warning)
-    if journal.reset_from:
-        emit(
-            EventType.JOURNAL_RESET,
-            moved_to=journal.reset_from,
-            details="journal belonged to another schedule; starting fresh",
-        )
-    for entry in schedule.entries:
-        if entry.on_host:
-            emit(
-                EventType.ENTRY_SKIPPED,
-                index=entry.index,
-                executable=entry.executable,
-                start_time=entry.start_time,
-                details="on_host entry: run by the host controller",
-            )
 
 
 def open_engine(
@@ -135,14 +75,18 @@ def open_engine(
     config: EngineConfig,
     sink: Callable[[Event], None] | ReportHold,
     clock: Optional[SystemClock] = None,
+    allowed_classes: Optional[List[str]] = None,
 ) -> Engine:
     """An :class:`Engine` on this machine's parts: the system clock (or ``clock``, which the
-    connected agent corrects to the host's), real processes, the journal in ``config.state_dir``.
+    connected agent corrects to the host's), real processes, the journal in ``config.state_dir``,
+    the schedule with the batches appended to it before a restart (``allowed_classes``: what
+    the restricted unpickler admits when it loads them again).
 
     Raises:
-        JournalError: the state directory cannot be used.
+        JournalError: the state directory cannot be used, or an appended batch is lost.
     """
     journal = Journal(config.state_dir, schedule.digest)
+    schedule = restore(schedule, journal, config.state_dir, allowed_classes)
     return Engine(schedule, config, sink, clock or SystemClock(), SystemProcesses(), journal)
 
 
@@ -192,7 +136,6 @@ class Engine:
         self.data = DataPlacement(self.workdirs, config.resources_dir, self.emit, self.journal.preloaded)
         self.stages = schedule.stage_times()
         self.phase = "starting"
-        self.current_stage: Optional[int] = None
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()  # set on RESUME / entry end / failure
         self._stop_reason = ""
@@ -204,44 +147,33 @@ class Engine:
             self.clock_ready.set()
         self.entries = EntryLauncher(
             LaunchContext(
-                self.journal,
-                self.clock,
-                self.processes,
-                self.emit,
-                self._syncer.changed,
-                self._wake.set,
-                self.workdirs,
-                self.data,
-                self.shell,
-                self._env,
-                config.local_start,
-                self.reports.room,
+                journal, clock, processes, self.emit, self._syncer.changed, self._wake.set, self.workdirs,
+                self.data, self.shell, self._env, config.local_start, self.reports.room,
             )
-        )
+        )  # fmt: skip
         self.stage_runner = StageRunner(
-            self.entries,
-            self.journal,
-            self.clock,
-            self.processes,
-            self.emit,
-            self.workdirs,
-            config.reboot_command,
+            self.entries, journal, clock, processes, self.emit, self.workdirs, config.reboot_command,
             self._persist,
-        )
+        )  # fmt: skip
         self.holds = InitialHolds(
-            schedule,
-            self.journal,
-            self.clock,
-            self.emit,
-            self._set_phase,
-            self._wait_woken,
-            self._sleep_until_utc,
+            schedule, journal, clock, self.emit, self._set_phase, self._wait_woken, self._sleep_until_utc,
             self._persist,
-        )
+        )  # fmt: skip
         self.timers = PositiveTimers(
             schedule, self.journal, self.clock, self.emit, self._fire_group, self._wake.set
         )
         self._tasks: Set[asyncio.Task[Any]] = set()
+        self.stageplay = StagePlay(
+            self.stage_runner, journal, lambda: self.schedule, self.reports.wait_room, self._check_stop,
+            self._persist, (lambda: self.phase, self._set_phase), self.stop, self._wake.set,
+        )  # fmt: skip
+        self._started_reported = False
+        self._completed = False
+
+    @property
+    def current_stage(self) -> Optional[int]:
+        """The number of the stage running now, or None."""
+        return self.stageplay.current
 
     @property
     def _failure(self) -> Optional[str]:
@@ -271,32 +203,41 @@ class Engine:
                 (its first outcome is returned, with ``"repeated": True``).
             entry: index of the stored RESUME entry this RESUME comes from, if any.
         """
-        if resume_id is not None:
-            first = self.journal.applied_resume(resume_id)
-            if first is not None:
-                return {**first, "repeated": True}
-        start = self.journal.start_time
-        if at is None:
-            at = -math.inf if start is None else self.clock.time() - start
-        self.journal.add_resume(at)
-        plan = build_plan(self.schedule.entries, self.journal.resumes)
-        ended = plan.resumes[-1].ended_break
-        outcome = {"at": at, "ended_break": ended, "ignored": ended is None}
-        if resume_id is not None:
-            self.journal.record_resume_id(resume_id, dict(outcome))
-        self._syncer.save_soon()  # the RESUME and its id in one atomic write (or kept, retried)
-        origin = {} if entry is None else {"index": entry, "origin": "schedule entry"}
-        self.emit(
-            EventType.RESUME_RECEIVED,
-            **origin,
-            **outcome,
-            status="success",
-            details=f"ended break at entry {ended}" if ended is not None else "no active break: ignored",
+        outcome, plan = record_resume(
+            self.journal, self.clock, self.schedule, self.emit, self._syncer.save_soon, at, resume_id, entry
         )
-        if self.timers.plan is not None:
-            self.timers.arm(plan)
-        self._wake.set()
+        if plan is not None:
+            if self.timers.plan is not None:
+                self.timers.arm(plan)
+            self._wake.set()
         return outcome
+
+    def plan(self) -> Plan:
+        """The plan of the schedule (appended entries included) with the RESUMEs received."""
+        return build_plan(self.schedule.entries, self.journal.resumes, self.journal.resume_visibility)
+
+    def append(self, batch_id: str, batch: Schedule, raw: bytes) -> Dict[str, Any]:
+        """Append a batch of entries to the running schedule, once per ``batch_id`` (issue 12):
+        :func:`vmr_handler.agent.appends.append_batch` documents it.
+
+        Raises:
+            AppendRefused: the VM failed or the agent is stopping.
+            JournalError: the batch cannot be kept (nothing was appended).
+        """
+        return append_batch(self, batch_id, batch, raw)
+
+    @property
+    def stopping(self) -> bool:
+        """True once :meth:`stop` was called."""
+        return self._stop.is_set()
+
+    def appended(self) -> None:
+        """Entries were appended (:func:`~vmr_handler.agent.appends.append_batch`): re-arm
+        positive time from the new plan, run appended stages, look again."""
+        if self.timers.plan is not None:
+            self.timers.arm(self.plan())
+        self.stageplay.kick()
+        self._wake.set()
 
     def stop(self, reason: str = "stop requested") -> None:
         """Ask the engine to stop: timers cancelled, process trees terminated, journal flushed."""
@@ -339,12 +280,17 @@ class Engine:
             await self._preload()
             self._stored_resumes()
             await self.holds.run()
-            outcome = await self._run_stages()
+            outcome = await self.stageplay.run_all(list(self.stages))
             if outcome != "ok":
                 return EXIT_OK if outcome == "reboot" else self._fail_exit()
             await self._configured()
             await self._positive_phase()
             await self._persist()  # complete only once the journal says so (a full disk waits)
+            while self.config.stay and self._failure is None and not self._stop.is_set():
+                self._complete()  # then wait for appended entries (or a RESUME re-arming some)
+                await self._more_work()
+                await self._positive_phase()
+                await self._persist()
         except _Stopped:
             pass
         finally:
@@ -352,11 +298,29 @@ class Engine:
         if self._failure is not None:
             return self._fail_exit()
         if self._stop.is_set():
-            self.emit(EventType.AGENT_STOPPED, reason=self._stop_reason)
+            if not self._completed:
+                self.emit(EventType.AGENT_STOPPED, reason=self._stop_reason)
             return EXIT_OK
-        self.phase = "complete"
-        self.emit(EventType.SCHEDULE_COMPLETE, status="success")
+        self._complete()
         return EXIT_OK
+
+    def _complete(self) -> None:
+        self.phase = "complete"
+        self._completed = True
+        self.emit(EventType.SCHEDULE_COMPLETE, status="success")
+
+    def _busy(self) -> bool:
+        """Something of the schedule is armed, running or still to run."""
+        return bool(
+            self.timers.pending or self.entries.running or self._tasks or self.stageplay.busy
+        )  # fmt: skip
+
+    async def _more_work(self) -> None:
+        """Wait (after the schedule completed) until entries are appended or re-armed."""
+        while not self._busy():
+            await self._wait_woken()
+        self._completed = False
+        self.phase = "positive"
 
     def _fail_exit(self) -> int:
         self.phase = "failed"
@@ -402,29 +366,6 @@ class Engine:
         for entry in self.schedule.entries:
             if entry.kind is EntryKind.RESUME:
                 self.resume(resume_id=f"schedule-entry-{entry.index}", entry=entry.index)
-
-    # ------------------------------------------------------------------ phase 1: -inf holds
-    # ------------------------------------------------------------------ phase 2: stages
-    async def _run_stages(self) -> str:
-        """Run every unfinished stage. Returns ``ok``, ``reboot`` or ``failed``."""
-        by_stage: Dict[float, List[ScheduleEntry]] = {}
-        for entry in self.schedule.entries:
-            if entry.kind is EntryKind.NEGATIVE:
-                by_stage.setdefault(entry.start_time, []).append(entry)
-        for number, start_time in enumerate(self.stages):
-            if number in self.journal.stages_done:
-                continue
-            await self.reports.wait_room()  # while reports are held, no new stage starts
-            self._check_stop()
-            self.phase = "stages"
-            self.current_stage = number
-            outcome = await self.stage_runner.run(number, start_time, by_stage[start_time], self._check_stop)
-            if outcome != "ok":
-                return outcome
-            self.journal.mark_stage_done(number)
-            await self._persist()
-        self.current_stage = None
-        return "ok"
 
     # ------------------------------------------------------------------ phase 3: barrier
     async def _configured(self) -> None:
@@ -493,24 +434,22 @@ class Engine:
     async def _positive_phase(self) -> None:
         start = self.journal.start_time
         assert start is not None
-        self.phase = "waiting for start"
-        self.timers.arm(build_plan(self.schedule.entries, self.journal.resumes))
-        started_reported = False
+        self.phase = "waiting for start" if not self._started_reported else "positive"
+        self.timers.arm(self.plan())
         while True:
             self._check_stop()
             if self._failure is not None:
                 return
-            if not started_reported and self.clock.time() >= start:
-                started_reported = True
+            if not self._started_reported and self.clock.time() >= start:
+                self._started_reported = True
                 self.phase = "positive"
                 self.emit(EventType.EXPERIMENT_STARTED, start_time=start, late=self.clock.time() - start)
             plan = self.timers.plan
             assert plan is not None
-            idle = not self.timers.pending and not self.entries.running and not self._tasks
-            if started_reported and idle and plan.blocked_by is None:
+            if self._started_reported and not self._busy() and plan.blocked_by is None:
                 return
             self._wake.clear()
-            await self.clock.wait(self._wake, None if started_reported else start)
+            await self.clock.wait(self._wake, None if self._started_reported else start)
 
     def _fire_group(self, fire_at: float, entries: List[ScheduleEntry]) -> None:
         """Timer callback: fire every entry scheduled at experiment time ``fire_at``."""
@@ -539,6 +478,7 @@ class Engine:
     async def _shutdown(self) -> None:
         self.data.stop()
         self.timers.cancel()
+        await self.stageplay.cancel()
         await self.entries.kill_running()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -547,46 +487,3 @@ class Engine:
             self.journal.save()
         with contextlib.suppress(JournalError, OSError):
             self.journal.close()
-
-
-def waiting_status(engine: Engine) -> Dict[str, Any]:
-    """What the reminders (:mod:`vmr_handler.agent.reminders`) look at once a second: the phase,
-    when it was configured, the break holding it. Cheap: never builds a plan (a schedule of
-    100 000 entries would cost ~0.1 s a second at the barrier)."""
-    start = engine.journal.start_time
-    plan = engine.timers.plan
-    hold = engine.holds.current
-    if hold is None and plan is not None and plan.blocked_by is not None and start is not None:
-        hold = engine.timers.active_hold(plan, engine.clock.time() - start)  # only with a break ahead
-    held = hold["index"] if hold is not None and hold.get("kind") == "break" else None
-    return {"phase": engine.phase, "configured_at": engine.journal.configured_at, "blocked_by_break": held}
-
-
-def engine_status(engine: Engine) -> Dict[str, Any]:
-    """What :meth:`Engine.status` shows: phase, stages, start time, holds, what runs next and
-    now, a failure, reports held because they cannot be written (issue 16)."""
-    now = engine.clock.time()
-    journal, timers = engine.journal, engine.timers
-    start = journal.start_time
-    plan = timers.plan or build_plan(engine.schedule.entries, journal.resumes)
-    hold = engine.holds.current or timers.active_hold(plan, None if start is None else now - start)
-    # a break holds the VM only once its time has come; before, it is the next break (issue 13)
-    held = hold["index"] if hold is not None and hold.get("kind") == "break" else None
-    return {
-        "version": __version__,
-        "phase": engine.phase,
-        "stage": engine.current_stage,
-        "stages": len(engine.stages),
-        "stages_done": journal.stages_done,
-        "configured_at": journal.configured_at,
-        "start_time": start,
-        "experiment_time": None if start is None else now - start,
-        "active_pause": hold,
-        "blocked_by_break": held,
-        "next_break": plan.blocked_by if held is None else None,
-        "resumes": journal.resumes,
-        "next_entries": [] if start is None else timers.upcoming(plan, start, now),
-        "running": engine.entries.status(),
-        "failure": engine.entries.failure,
-        "held_reports": len(engine.reports),
-    }

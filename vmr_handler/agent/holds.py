@@ -70,7 +70,10 @@ class InitialHolds:
             details="break at -inf: holding everything until RESUME",
         )
         # earlier -inf breaks are already resumed, so only this one can block here
-        while build_plan(self.schedule.entries, self.journal.resumes).blocked_by == entry.index:
+        journal = self.journal
+        while build_plan(self.schedule.entries, journal.resumes, journal.resume_visibility).blocked_by == (
+            entry.index
+        ):
             await self.wait_woken()
 
     async def _pause(self, entry: ScheduleEntry) -> None:

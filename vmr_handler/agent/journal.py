@@ -31,6 +31,9 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional
 from vmr_handler.core.errors import JournalError
 from vmr_handler.core.fsutil import append_whole, atomic_write
 
+#: What a RESUME recorded before visibility was kept counts as having seen (every entry).
+ALL_VISIBLE = 2**62
+
 log = logging.getLogger(__name__)
 
 JOURNAL_VERSION = 1
@@ -314,9 +317,38 @@ class Journal:
         """RESUME times received, experiment seconds (``-inf`` = before the experiment start)."""
         return [float(r) for r in self.data["resumes"]]
 
-    def add_resume(self, at: float) -> None:
-        """Record a RESUME received at experiment time ``at``."""
+    def add_resume(self, at: float, visible: Optional[int] = None) -> None:
+        """Record a RESUME received at experiment time ``at``, when the schedule had ``visible``
+        entries (it ends no break appended after it: :func:`~vmr_handler.core.timeline.build_plan`)."""
         self.data["resumes"].append(_encode_float(at))
+        if visible is not None:
+            marks: List[Optional[int]] = self.data.setdefault("resume_visible", [])
+            marks.extend([None] * (len(self.data["resumes"]) - 1 - len(marks)))
+            marks.append(visible)
+
+    @property
+    def resume_visibility(self) -> Optional[List[int]]:
+        """Per RESUME, how many entries the schedule had when it arrived (a RESUME recorded
+        without it saw them all); None when no RESUME has one (nothing was ever appended)."""
+        marks: Optional[List[Optional[int]]] = self.data.get("resume_visible")
+        if not marks:
+            return None
+        count = len(self.data["resumes"])
+        padded = (marks + [None] * count)[:count]
+        return [ALL_VISIBLE if m is None else int(m) for m in padded]
+
+    # Batches appended to the running schedule (``vmr-host schedule add``, issue 12).
+    @property
+    def appends(self) -> List[Dict[str, Any]]:
+        """The batches appended, in order: ``{"id", "file", "sha256", "format", "first_index",
+        "count", "at", "stages": [[number, start_time, [index, ...]], ...], "moved": {index: t}}``
+        (:mod:`vmr_handler.agent.appends`)."""
+        batches: List[Dict[str, Any]] = self.data.setdefault("appends", [])
+        return batches
+
+    def add_append(self, record: Dict[str, Any]) -> None:
+        """Record an appended batch (saved by :meth:`save`; the caller saves before answering)."""
+        self.appends.append(record)
 
     # The engine's other progress, each through one method (nothing edits ``data`` directly).
     def applied_resume(self, resume_id: str) -> Optional[Dict[str, Any]]:

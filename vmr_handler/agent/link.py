@@ -113,7 +113,6 @@ class HostLink:
         self._held: List[Event] = []  # signed control events waiting for the first clock sync
         self.runs = StartGate(os.path.join(config.state_dir, "host-run.json"))  # whose start_time
         self._gate = PresyncGate(self.stamps, self.synced)  # nothing leaves before the first sync
-        #: event type from the host -> its handler (:meth:`_dispatch`)
         self._handlers: Dict[str, Callable[[Event], Awaitable[None]]] = {
             P.HELLO: self._on_hello,
             P.WELCOME: self.runs.on_welcome(self._on_welcome, self._on_control_event),
@@ -124,6 +123,7 @@ class HostLink:
             P.SCHEDULE: self._on_control_event,
             P.START_TIME: self.runs.guard(self._on_control_event),  # only the host's run's (issue 16)
             P.RESUME: self._on_control_event,
+            P.SCHEDULE_APPEND: self._on_control_event,
             P.HEARTBEAT: self._on_heartbeat,
         }
         if config.public_key:

@@ -203,3 +203,8 @@ class TransferMismatch(TransferRefused):
 
 class NoLogs(VmrError):
     """The logs directory holds no ``<vm>.jsonl``."""
+
+
+class AppendRefused(VmrError):
+    """A batch of entries cannot be appended to this VM's running schedule (issue 12): the VM
+    failed, the agent is stopping, or the batch is not a valid schedule."""

@@ -53,6 +53,7 @@ class EventType(str, Enum):
     RESUME_RECEIVED = "resume_received"
     VM_FAILED = "vm_failed"
     SCHEDULE_COMPLETE = "schedule_complete"
+    SCHEDULE_APPENDED = "schedule_appended"
     CONTROL_REFUSED = "control_refused"
     KPI = "kpi"
 

@@ -43,9 +43,11 @@ RESOURCE_REQUEST = "resource_request"  # agent -> host: name, offset
 RESOURCE_CHUNK = "resource_chunk"  # host -> agent
 START_TIME = "start_time"  # host -> agent: experiment start, UTC
 RESUME = "resume"  # host -> agent: at (host experiment seconds)
+SCHEDULE_APPEND = "schedule_append"  # host -> agent: a batch of entries to append (issue 12)
 HEARTBEAT = "heartbeat"  # either way
 TRANSFER_CHUNK = "transfer_chunk"  # agent -> host: a piece of a file transferred out
 TRANSFER_UPLOADED = "transfer_uploaded"  # agent -> host: a file transferred out was uploaded over HTTP(S)
+HOST_ENTRY = "host_entry"  # agent -> host: run on_host entry `index` now; answered by a result
 
 
 @dataclass(frozen=True)

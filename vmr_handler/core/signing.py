@@ -87,7 +87,7 @@ __all__ = [
 ]
 
 #: Event types that must be signed when a host key is configured (SPEC section 7).
-SIGNED_TYPES = frozenset({P.SCHEDULE, P.START_TIME, P.RESUME})
+SIGNED_TYPES = frozenset({P.SCHEDULE, P.START_TIME, P.RESUME, P.SCHEDULE_APPEND})
 #: The member of ``data`` that carries the signature.
 SIGNATURE_FIELD = "signature"
 ALG = "ed25519"

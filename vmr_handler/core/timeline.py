@@ -91,13 +91,19 @@ class Plan:
         return items
 
 
-def build_plan(entries: Sequence[ScheduleEntry], resumes: Sequence[float] = ()) -> Plan:
+def build_plan(
+    entries: Sequence[ScheduleEntry], resumes: Sequence[float] = (), visible: Optional[Sequence[int]] = None
+) -> Plan:
     """Compute the plan of a schedule given the RESUME times received so far.
 
     Args:
         entries: validated schedule entries (``entries[i].index == i`` not required).
         resumes: experiment times (seconds) at which RESUMEs arrived; ``-inf`` for a RESUME
             received before the experiment start. Processed in ascending order.
+        visible: per RESUME (same order as ``resumes``), how many entries the schedule had
+            when it arrived: it can end only a break whose index is below that, so a break
+            appended later (``vmr-host schedule add``, issue 12) is never ended by a RESUME
+            that came before it. None: every RESUME sees every entry.
 
     Returns:
         The :class:`Plan`. Pure: the same inputs always give the same plan.
@@ -106,10 +112,12 @@ def build_plan(entries: Sequence[ScheduleEntry], resumes: Sequence[float] = ()) 
         garbage collector is paused (:func:`~vmr_handler.core.gcpause.paused_gc`).
     """
     with paused_gc():
-        return _build_plan(entries, resumes)
+        return _build_plan(entries, resumes, visible)
 
 
-def _build_plan(entries: Sequence[ScheduleEntry], resumes: Sequence[float]) -> Plan:
+def _build_plan(
+    entries: Sequence[ScheduleEntry], resumes: Sequence[float], visible: Optional[Sequence[int]]
+) -> Plan:
     # each entry's kind once; without data, pause or host flag it is the start time's sign
     kinds = [
         e.kind if e.data or e.pause or e.on_host else _NEGATIVE if e.start_time < 0 else _POSITIVE
@@ -118,7 +126,7 @@ def _build_plan(entries: Sequence[ScheduleEntry], resumes: Sequence[float]) -> P
     stages = tuple(sorted({e.start_time for e, k in zip(entries, kinds) if k is _NEGATIVE}))
     # (time, position given), ascending: the order in which RESUMEs can end breaks
     resume_list = sorted((float(r), i) for i, r in enumerate(resumes))
-    walk = _Walk(resume_list)
+    walk = _Walk(resume_list, None if visible is None else [visible[i] for _r, i in resume_list])
     fire = walk.fire
     # timed entries in (start_time, is_pause, index) order; the position breaks ties (never the entry)
     timed = sorted(
@@ -151,6 +159,8 @@ class _Walk:
 
     Attributes:
         resume_list: ``(time, position given)`` of every RESUME, ascending.
+        visible: per item of ``resume_list``, how many entries the schedule had when that
+            RESUME arrived (None: all).
         ended: position in ``resume_list`` -> index of the break that RESUME ended (or None).
         fire: entry index -> experiment time it fires / takes effect (None: held by a break).
         next_resume: position in ``resume_list`` of the first unused RESUME.
@@ -160,6 +170,7 @@ class _Walk:
     """
 
     resume_list: List[Tuple[float, int]]
+    visible: Optional[List[int]] = None
     ended: Dict[int, Optional[int]] = field(init=False)
     fire: Dict[int, Optional[float]] = field(default_factory=dict)
     next_resume: int = 0
@@ -203,7 +214,7 @@ class _Walk:
 
     def _end_break(self, entry: ScheduleEntry, p_eff: float) -> Optional[float]:
         """The time of the RESUME that ends the break ``entry``, or None (it blocks the rest)."""
-        r = self._take_resume(p_eff)
+        r = self._take_resume(p_eff, entry.index)
         if r is None:
             self.blocked = entry.index
         else:
@@ -211,10 +222,15 @@ class _Walk:
             self.next_resume += 1
         return r
 
-    def _take_resume(self, p_eff: float) -> Optional[float]:
-        """The first unused RESUME at or after ``p_eff``; earlier ones are ignored."""
-        while self.next_resume < len(self.resume_list) and self.resume_list[self.next_resume][0] < p_eff:
-            self.next_resume += 1  # no active break when it arrived: ignored
+    def _take_resume(self, p_eff: float, index: int) -> Optional[float]:
+        """The first unused RESUME at or after ``p_eff`` that saw break ``index``; earlier ones
+        are ignored (no active break when they arrived), as are those that arrived before the
+        break was appended (RESUMEs come in time order, so they are all earlier ones)."""
+        seen, items = self.visible, self.resume_list
+        while self.next_resume < len(items) and (
+            items[self.next_resume][0] < p_eff or (seen is not None and seen[self.next_resume] <= index)
+        ):
+            self.next_resume += 1
         if self.next_resume == len(self.resume_list):
             return None
         return self.resume_list[self.next_resume][0]
