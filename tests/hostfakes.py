@@ -50,6 +50,9 @@ class FakeExperiment:
     def on_resume_answer(self, vm: str, resume_id: str, data: Mapping[str, Any], at: float) -> None:
         self.answers.append((resume_id, data))
 
+    def host_entry(self, vm: str, rid: str, index: Optional[int], at: Optional[float]) -> Optional[str]:
+        return "this host runs no on_host entries"
+
 
 def make_session(logs: Path, schedule: bytes, limits: Limits) -> VmSession:
     """VM ``vm1``'s session with ``schedule`` (YAML bytes), its log and transfers in ``logs``

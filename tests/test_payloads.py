@@ -22,6 +22,7 @@ from vmr_handler.core.protocol import (
     CLOCK_REQ,
     HEARTBEAT,
     HELLO,
+    HOST_ENTRY,
     RESULT,
     encode_message,
     encode_raw_message,
@@ -83,6 +84,7 @@ GOOD: Dict[Type[P.Payload], Dict[str, Any]] = {
     },
     P.Ack: {"ids": ["host-1", "host-2"]},
     P.ClockReq: {"t1": T0 + 1.25},
+    P.HostEntryRequest: {"index": 4, "scheduled": T0 + 30.5},
     P.Kpi: {
         "cpu_percent": 12.5,
         "load": [0.5, 0.25, 0.1],
@@ -109,6 +111,7 @@ NUMERIC = {
     P.BreakStarted: {"at"},
     P.ResumeReceived: {"at"},
     P.ClockReq: {"t1"},
+    P.HostEntryRequest: {"scheduled"},
     P.Kpi: {"cpu_percent", "mem_used", "mem_total", "interval"},
 }
 CLASSES = list(GOOD)
@@ -161,7 +164,7 @@ def test_the_table_maps_every_type_read_to_its_class_and_every_class_is_tested()
     assert set(P.PAYLOADS.values()) == set(CLASSES)
     for type_, cls in P.PAYLOADS.items():
         assert type_ == cls.TYPE
-        assert type_ in {e.value for e in EventType} | {RESULT, HELLO, ACK, CLOCK_REQ}
+        assert type_ in {e.value for e in EventType} | {RESULT, HELLO, ACK, CLOCK_REQ, HOST_ENTRY}
         assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
 
 
@@ -292,6 +295,7 @@ def test_good_values_of_each_class() -> None:
     assert hello.journal_configured_at == T0 + 3.5
     assert g[P.Ack] == P.Ack(("host-1", "host-2"))
     assert g[P.ClockReq] == P.ClockReq(T0 + 1.25)
+    assert g[P.HostEntryRequest] == P.HostEntryRequest(4, T0 + 30.5)
 
 
 def test_integers_floats_and_bools_follow_the_consumers_rules() -> None:

@@ -33,7 +33,7 @@ from typing import Any, Callable, ClassVar, Dict, Mapping, Optional, Tuple, Type
 from vmr_handler.core.errors import PayloadError
 from vmr_handler.core.events import Event
 from vmr_handler.core.events import EventType as T
-from vmr_handler.core.protocol import ACK, CLOCK_REQ, HELLO, PROTOCOL_VERSION, RESULT
+from vmr_handler.core.protocol import ACK, CLOCK_REQ, HELLO, HOST_ENTRY, PROTOCOL_VERSION, RESULT
 
 #: The JSON text of a value that is not a string is cut to this many characters (consumers
 #: show at most 80 characters of it).
@@ -543,6 +543,16 @@ class ClockReq(Payload):
     t1: Optional[float]
 
 
+@dataclass(frozen=True)
+class HostEntryRequest(Payload):
+    """``host_entry`` (issue 12): the on_host entry ``index`` to run (an integer or None) and
+    ``scheduled``, the host UTC it was due (finite or None: in a negative stage)."""
+
+    TYPE = HOST_ENTRY
+    index: Optional[int]
+    scheduled: Optional[float]
+
+
 #: Event type -> its payload class (every type a consumer reads).
 PAYLOADS: Dict[str, Type[Payload]] = {
     cls.TYPE: cls
@@ -571,6 +581,7 @@ PAYLOADS: Dict[str, Type[Payload]] = {
         Hello,
         Ack,
         ClockReq,
+        HostEntryRequest,
     )
 }
 

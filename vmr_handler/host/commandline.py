@@ -36,6 +36,7 @@ from vmr_handler.host.control_client import (
     runtime_error,
 )
 from vmr_handler.host.httpopts import http_options
+from vmr_handler.host.mqttargs import add_serve_mqtt, mqtt_options
 from vmr_handler.host.specs import load_specs
 
 log = logging.getLogger("vmr_handler.host")
@@ -109,6 +110,12 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--schedules", required=True, metavar="DIR", help="one schedule per VM: <vm>.pkl|.yaml|.json"
     )
     serve.add_argument("--resources", metavar="DIR", help="VM-resource files for `filename` drops")
+    serve.add_argument(
+        "--host-entries",
+        action="store_true",
+        help="run the schedules' on_host entries on this host when their VM asks (an absolute path, "
+        "minimega, or a --resources file; docs/host.md); without it they are refused",
+    )
     _add_logs(serve)
     serve.add_argument(
         "--channels",
@@ -147,7 +154,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="FILE",
         help="Ed25519 private key (`vmr-host keygen`): sign schedules, start time and RESUME",
     )
-    _add_serve_mqtt(serve)
+    add_serve_mqtt(serve)
     serve.add_argument(
         "--allow-class",
         action="append",
@@ -167,51 +174,6 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     serve.add_argument("--http-debug-rate", type=_positive, metavar="BYTES/S", help=argparse.SUPPRESS)
     _add_serve_http(serve)
     add_console_args(serve)
-
-
-def _add_serve_mqtt(serve: argparse.ArgumentParser) -> None:
-    """The ``serve`` group "MQTT transport": broker, credentials, several hosts on one broker."""
-    mq = serve.add_argument_group("MQTT transport (docs/mqtt.md)")
-    mq.add_argument(
-        "--transport",
-        choices=["virtio-serial", "mqtt"],
-        default="virtio-serial",
-        help="how VMs are reached (default virtio-serial channel sockets)",
-    )
-    mq.add_argument("--broker", metavar="URL", help="mqtt://HOST:PORT or mqtts://HOST:PORT")
-    mq.add_argument("--experiment", metavar="NAME", help="experiment name (topic vmr/NAME/...)")
-    mq.add_argument(
-        "--credentials",
-        metavar="FILE",
-        help="YAML with broker, experiment, username, password, ca_file|ca_pem, cert_file, key_file "
-        "(as written by `vmr-host mqtt-config`); flags win",
-    )
-    mq.add_argument("--username", metavar="NAME", help="broker username of this host")
-    mq.add_argument("--password-file", metavar="FILE", help="file holding the broker password")
-    mq.add_argument("--ca-file", metavar="FILE", help="CA certificate of the broker (mqtts)")
-    mq.add_argument("--cert-file", metavar="FILE", help="client certificate (mqtts, when required)")
-    mq.add_argument("--key-file", metavar="FILE", help="client key (mqtts, when required)")
-    mq.add_argument(
-        "--host-id", metavar="NAME", help="this host among hosts sharing a broker (default hostname)"
-    )
-    role = mq.add_mutually_exclusive_group()
-    role.add_argument(
-        "--coordinator",
-        action="store_true",
-        help="several hosts share the broker and this one decides the start for all (with --peers)",
-    )
-    role.add_argument(
-        "--member",
-        action="store_true",
-        help="several hosts share the broker: announce this host's VMs, take the coordinator's start",
-    )
-    mq.add_argument(
-        "--peers",
-        action="append",
-        default=[],
-        metavar="HOST,...",
-        help="(coordinator) the other hosts' --host-id: the start waits for each one's VMs",
-    )
 
 
 def _add_serve_http(serve: argparse.ArgumentParser) -> None:
@@ -434,41 +396,9 @@ def build_config(args: argparse.Namespace) -> HostConfig:
         kpi_interval=args.kpi_interval,
         console=console_options(args),
         name=experiment_name(args, mqtt.experiment if mqtt is not None else None),
+        host_entries=args.host_entries,
+        allow_classes=tuple(args.allow_class),
     )
-
-
-def mqtt_options(args: argparse.Namespace) -> Any:
-    """:class:`~vmr_handler.transports.mqtt.options.MqttOptions` from ``--credentials`` and flags.
-
-    Raises:
-        UsageError: unreadable credentials file, or options the MQTT transport cannot use.
-    """
-    import yaml
-
-    from vmr_handler.core.errors import MqttError
-    from vmr_handler.transports.mqtt.options import options_from
-
-    settings: Dict[str, Any] = {}
-    source = "command line"
-    if args.credentials:
-        source = args.credentials
-        try:
-            with open(args.credentials, encoding="utf-8") as fh:
-                doc = yaml.safe_load(fh) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise UsageError(f"cannot read --credentials {args.credentials}: {exc}") from exc
-        if not isinstance(doc, dict):
-            raise UsageError(f"--credentials {args.credentials}: must be a YAML mapping")
-        settings.update(doc)
-    for key in ("broker", "experiment", "username", "password_file", "ca_file", "cert_file", "key_file"):
-        if getattr(args, key, None):
-            settings[key] = getattr(args, key)
-            if key == "password_file":
-                settings.pop("password", None)
-    try:
-        return options_from(settings, source)
-    except MqttError as exc:
-        raise UsageError(str(exc)) from exc
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -575,9 +505,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.command == "check":
             return cmd_check(args)
         if args.command == "schedule":
+            from vmr_handler.host.appendcmd import cmd_schedule_add
             from vmr_handler.host.schedulecmd import cmd_schedule_show
 
-            return cmd_schedule_show(args)
+            return cmd_schedule_add(args) if args.schedule_cmd == "add" else cmd_schedule_show(args)
         if args.command == "logs":
             from vmr_handler.host.logscmd import show_logs
 

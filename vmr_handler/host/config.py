@@ -172,6 +172,10 @@ class HostConfig:
         console: serve the operators' console (``--console``); None: no console.
         name: the experiment's name (``--name``; default the MQTT experiment or the schedules
             directory's name): the console's and the report's title, kept in ``experiment.json``.
+        host_entries: run the schedules' ``on_host`` entries on this host when a VM's agent asks
+            (``--host-entries``; :mod:`vmr_handler.host.hostentries`, issue 12); False: refused.
+        allow_classes: the ``--allow-class`` names the schedules were loaded with (the host
+            loads a VM's schedule again to look its on_host entries up).
     """
 
     vms: Dict[str, VmSpec]
@@ -192,3 +196,5 @@ class HostConfig:
     kpi_interval: float = 10.0
     console: Optional[ConsoleOptions] = None
     name: str = ""
+    host_entries: bool = False
+    allow_classes: Tuple[str, ...] = ()

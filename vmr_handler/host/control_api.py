@@ -6,13 +6,17 @@ dict; a ``ValueError`` becomes the error answer.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 from vmr_handler import __version__
 from vmr_handler.core.control import Handler
 from vmr_handler.core.readable import few_names
+from vmr_handler.core.schedule.appended import read_batch
+from vmr_handler.core.schedule.model import FileDrop
+from vmr_handler.host.appendbook import issue_batch
 from vmr_handler.host.experiment import Experiment
 
 
@@ -24,13 +28,64 @@ class ControlApi:
         mode: ``listen``, ``connect`` or ``mqtt`` (shown by ``status``).
     """
 
-    def __init__(self, experiment: Experiment, mode: str) -> None:
+    def __init__(
+        self,
+        experiment: Experiment,
+        mode: str,
+        resource_info: Optional[Callable[[str, List[str]], Dict[str, Dict[str, Any]]]] = None,
+    ) -> None:
         self.experiment = experiment
         self.mode = mode
+        self.resource_info = resource_info
 
     def handlers(self) -> Dict[str, Handler]:
         """Command name -> its handler."""
-        return {"status": self.status, "resume": self.resume, "release": self.release}
+        return {
+            "status": self.status,
+            "resume": self.resume,
+            "release": self.release,
+            "schedule_add": self.schedule_add,
+        }
+
+    def schedule_add(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        """``schedule_add`` ``{"vms": [...] | "all": true, "path", "sha256"}``: append the entries
+        of the schedule file at ``path`` (on this host; its sha256 as the CLI read it) to the
+        VMs' running schedules (issue 12, :mod:`vmr_handler.host.appendbook`).
+
+        Raises:
+            ValueError: bad targets; the file cannot be read, changed since the CLI read it, is
+                too big, or is not a valid schedule (the loader's message, naming the entry and
+                field); a ``filename`` drop that is not in ``--resources``. Nothing is appended.
+        """
+        targets = self._targets(request, "schedule add")
+        path = str(request.get("path"))
+        raw, batch = read_batch(path, self.experiment.config.allow_classes)
+        if hashlib.sha256(raw).hexdigest() != request.get("sha256"):
+            raise ValueError(f"{path} changed since it was read; run the command again")
+        names = sorted({d.filename for e in batch.entries for d in e.data if isinstance(d, FileDrop)})
+        resources = {vm: self.resource_info(vm, names) if self.resource_info else {} for vm in targets}
+        x = self.experiment
+        try:
+            record, sent = issue_batch(
+                x.appends, x.sessions, raw, batch.source_format, len(batch.entries), targets, resources,
+                time.time(),
+            )  # fmt: skip
+        except OSError as exc:
+            raise ValueError(f"cannot keep the batch in {x.config.logs}: {exc}") from exc
+        pending = [vm for vm in targets if vm not in sent]
+        return {"id": record.id, "entries": len(batch.entries), "targets": targets, "sent_now": sent,
+                "pending": pending}  # fmt: skip
+
+    def _targets(self, request: Dict[str, Any], what: str) -> List[str]:
+        """The VMs of ``{"vms": [...]}`` or ``{"all": true}``.
+
+        Raises:
+            ValueError: neither or both, or an unknown VM.
+        """
+        everyone = request.get("all") is True
+        if everyone == ("vms" in request and request["vms"] not in (None, [])):
+            raise ValueError(f"{what} needs VM names or all (not both)")
+        return sorted(self.experiment.sessions) if everyone else self._names(request.get("vms"), "vms")
 
     def status(self, request: Dict[str, Any]) -> Dict[str, Any]:
         """``status``: the experiment and every VM."""
@@ -75,11 +130,8 @@ class ControlApi:
             ValueError: neither or both of ``vms``/``all``, an unknown VM, or (``force`` false)
                 a VM not at a break.
         """
-        everyone = request.get("all") is True
-        if everyone == ("vms" in request and request["vms"] not in (None, [])):
-            raise ValueError("resume needs VM names or all (not both)")
+        targets = self._targets(request, "resume")
         sessions = self.experiment.sessions
-        targets = sorted(sessions) if everyone else self._names(request.get("vms"), "vms")
         breaks = {vm: sessions[vm].state.at_break for vm in targets}
         at_break = {vm: b["index"] for vm, b in breaks.items() if b is not None}
         not_at_break = [vm for vm in targets if vm not in at_break]

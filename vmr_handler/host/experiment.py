@@ -23,8 +23,10 @@ from vmr_handler.core.events import Event
 from vmr_handler.core.names import VM_NAME
 from vmr_handler.core.protocol import RESUME, START_TIME
 from vmr_handler.core.runs import new_run_id, run_of
+from vmr_handler.host.appendbook import AppendBook, allow_resources
 from vmr_handler.host.barrier import Barrier, waiting_text
 from vmr_handler.host.config import HostConfig
+from vmr_handler.host.hostentries import HostEntryPort
 from vmr_handler.host.session import VmSession
 from vmr_handler.host.store import ExperimentStore
 
@@ -137,7 +139,7 @@ class Debouncer:
         loop.call_later(max(DEBOUNCE, DEBOUNCE_COST_FACTOR * self._cost.get(key, 0.0)), run)
 
 
-class Experiment:
+class Experiment(HostEntryPort):
     """The barrier, the start and the RESUMEs of the VMs in ``sessions`` (and of peer hosts').
 
     Args:
@@ -155,6 +157,8 @@ class Experiment:
         self.start_id: Optional[str] = None
         self.start_set_at: Optional[float] = None
         self.resumes: List[ResumeRecord] = []
+        self.appends = AppendBook(config.logs)  # batches appended to running VMs (issue 12)
+        allow_resources(sessions, self.appends)
         #: True while the VMs' logs are replayed at start (nothing is sent, announced or saved)
         self.loading = False
         #: VMs that failed / completed, for the running counts of the log (issue 13)
@@ -392,8 +396,10 @@ class Experiment:
         return Event(START_TIME, self.start_set_at or start, self.start_id, data)
 
     def pending_resumes(self, vm: str) -> List[Event]:
-        """``resume`` events issued to ``vm`` and not yet answered, oldest first."""
-        return [r.event() for r in self.resumes if vm in r.targets and vm not in r.answered]
+        """``resume`` and ``schedule_append`` events issued to ``vm`` and not yet answered, in
+        the order issued (a RESUME never ends a break appended after it, nor misses one before)."""
+        events = [r.event() for r in self.resumes if vm in r.targets and vm not in r.answered]
+        return sorted(events + self.appends.events_for(vm), key=lambda e: e.timestamp)
 
     def on_configured(self, vm: str, at: float) -> None:
         """Record ``vm`` configured at host UTC ``at``; set and announce the start when it was the last."""
@@ -430,7 +436,10 @@ class Experiment:
             log.info("%s %s (%s)", vm, outcome, counts)
 
     def on_resume_answer(self, vm: str, resume_id: str, data: Mapping[str, Any], at: float) -> None:
-        """``vm`` answered RESUME ``resume_id``: record it (it is no longer re-sent to ``vm``)."""
+        """``vm`` answered RESUME (or appended batch) ``resume_id``: record it (it is no longer
+        re-sent to ``vm``)."""
+        if self.appends.on_answer(vm, resume_id, data, at) and not self.loading:
+            self._debounced.soon("appends", self.appends.save)  # the answer is in the .jsonl too
         for r in self.resumes:
             if r.id == resume_id and vm in r.targets and vm not in r.answered:
                 r.answered[vm] = {

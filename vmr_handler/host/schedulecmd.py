@@ -12,12 +12,13 @@ the VM's ``<vm>.jsonl`` (``report/fold.py``) for each entry's runs, pauses and b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
 import os
 import sys
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from vmr_handler.core.errors import UsageError
 from vmr_handler.core.fsutil import utc_text
@@ -53,13 +54,17 @@ def add_arguments(
     sub: argparse._SubParsersAction[argparse.ArgumentParser],
     add_logs: Callable[[argparse.ArgumentParser], None],
 ) -> None:
-    """The ``schedule`` command and its ``show`` subcommand (``add_logs``: the CLI's ``--logs``)."""
-    schedule = sub.add_parser("schedule", help="a VM's schedule and what became of every entry")
-    actions = schedule.add_subparsers(dest="schedule_cmd", metavar="show", required=True)
+    """The ``schedule`` command and its ``show`` and ``add`` subcommands (``add_logs``: the
+    CLI's ``--logs``)."""
+    from vmr_handler.host.appendcmd import add_parser
+
+    schedule = sub.add_parser("schedule", help="a VM's schedule, what became of every entry; append entries")
+    actions = schedule.add_subparsers(dest="schedule_cmd", metavar="{show,add}", required=True)
     show = actions.add_parser("show", help="the VM's schedule as delivered, each entry's outcome")
     show.add_argument("vm", metavar="VM")
     add_logs(show)
     show.add_argument("--json", action="store_true", help="print one JSON object")
+    add_parser(actions, add_logs)
 
 
 def _delivered(logs: str, vm: str) -> Dict[str, Any]:
@@ -113,20 +118,52 @@ def load_delivered(logs: str, vm: str) -> Any:
         raise UsageError(f"{path}: {exc}") from exc
 
 
-def _received_resumes(records: List[Dict[str, Any]]) -> List[float]:
-    """The experiment times (``at``; ``-inf`` before the start) of the RESUMEs the VM received."""
-    out: List[float] = []
+def _received_resumes(records: List[Dict[str, Any]], entries: int) -> List[Tuple[float, int]]:
+    """The experiment times (``at``; ``-inf`` before the start) of the RESUMEs the VM received,
+    each with how many entries its schedule had then (``entries`` at first, more after each
+    ``schedule_appended``: a RESUME never ends a break appended after it)."""
+    out: List[Tuple[float, int]] = []
     for rec in records:
         ev = rec.get("event")
-        if isinstance(ev, dict) and ev.get("type") == "resume_received" and isinstance(ev.get("data"), dict):
-            at = ev["data"].get("at")
+        if not isinstance(ev, dict) or not isinstance(ev.get("data"), dict):
+            continue
+        data: Dict[str, Any] = ev["data"]
+        if ev.get("type") == "schedule_appended":
+            with contextlib.suppress(TypeError, ValueError):
+                entries = max(entries, int(data["first_index"]) + int(data["count"]))
+        elif ev.get("type") == "resume_received":
+            at = data.get("at")
             try:
-                value = float(at)
+                value = float(at)  # type: ignore[arg-type]  # TypeError caught
             except (TypeError, ValueError):
                 continue
             if not math.isnan(value):
-                out.append(value)
+                out.append((value, entries))
     return out
+
+
+def with_appended(logs: str, vm: str, schedule: Any) -> Any:
+    """``schedule`` with the batches ``vm`` appended (``vmr-host schedule add``), numbered as
+    the agent numbered them; a batch that no longer loads is left out with a note on stderr."""
+    from vmr_handler.core.errors import ScheduleError
+    from vmr_handler.core.schedule.appended import extended, reindexed
+    from vmr_handler.core.schedule.loader import load_schedule_bytes
+    from vmr_handler.host.appendbook import AppendBook
+
+    try:
+        book = AppendBook(logs)
+    except ValueError as exc:
+        sys.stderr.write(f"note: appended batches not shown: {exc}\n")
+        return schedule
+    for record in book.accepted(vm):
+        answer = record.answered[vm]
+        try:
+            batch = load_schedule_bytes(book.raw(record))
+            moved = {int(k): float(v) for k, v in dict(answer.get("moved") or {}).items()}
+            schedule = extended(schedule, reindexed(batch.entries, int(answer["first_index"]), moved))
+        except (OSError, ScheduleError, ValueError, TypeError) as exc:
+            sys.stderr.write(f"note: batch {record.id} not shown: {exc}\n")
+    return schedule
 
 
 def _run_dict(run: EntryRun) -> Dict[str, Any]:
@@ -144,7 +181,7 @@ def _hold_dict(span: Span) -> Dict[str, Any]:
     return {"kind": span.kind, "start": span.start, "end": span.end}
 
 
-def entry_rows(schedule: Any, timeline: VmTimeline, resumes: List[float]) -> List[Dict[str, Any]]:
+def entry_rows(schedule: Any, timeline: VmTimeline, resumes: List[Tuple[float, int]]) -> List[Dict[str, Any]]:
     """One row per entry: ``index``, ``start_time``, ``kind``, ``stage``, ``fire_at`` (planned
     experiment seconds with the RESUMEs received; None: after a break no RESUME ended),
     ``command``, ``runs`` (each run's status, start/end UTC, exit code, lateness) and ``holds``
@@ -152,7 +189,8 @@ def entry_rows(schedule: Any, timeline: VmTimeline, resumes: List[float]) -> Lis
     from vmr_handler.core.schedule.commands import command_lines
     from vmr_handler.core.timeline import build_plan
 
-    plan = build_plan(schedule.entries, sorted(resumes))
+    ordered = sorted(resumes)
+    plan = build_plan(schedule.entries, [at for at, _n in ordered], [n for _at, n in ordered])
     commands = command_lines(schedule.entries, LAUNCH_DIR)
     runs: Dict[int, List[EntryRun]] = {}
     for run in timeline.runs:
@@ -231,6 +269,8 @@ def cmd_schedule_show(args: argparse.Namespace) -> int:
     """
     item = _delivered(args.logs, args.vm)
     schedule = load_delivered(args.logs, args.vm)
+    base = len(schedule.entries)
+    schedule = with_appended(args.logs, args.vm, schedule)
     notes: List[str] = []
     try:
         records = list(read_jsonl(log_path(args.logs, args.vm), notes))
@@ -240,7 +280,7 @@ def cmd_schedule_show(args: argparse.Namespace) -> int:
     for rec in records:
         timeline.add(rec)
     start = start_time(args.logs)
-    rows = entry_rows(schedule, timeline, _received_resumes(records))
+    rows = entry_rows(schedule, timeline, _received_resumes(records, base))
     if args.json:
         doc = {"vm": args.vm, **item, "start_time": start, "entries": rows, "notes": notes}
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")

@@ -39,6 +39,7 @@ from vmr_handler.host.control_api import ControlApi
 from vmr_handler.host.control_client import control_socket_path
 from vmr_handler.host.experiment import Experiment
 from vmr_handler.host.fdlimit import ensure_fd_limit, fd_needs, readable_pool
+from vmr_handler.host.hostentries import HostEntryRunner, schedule_lookup
 from vmr_handler.host.http import ResourceHttp
 from vmr_handler.host.httpcommon import NoteFn
 from vmr_handler.host.resources import ResourceStore
@@ -74,6 +75,11 @@ class HostServer:
         self.experiment = Experiment(config, self.sessions)
         self.channels = channels(config, self.experiment)
         self.resources = ResourceStore(config.resources)
+        lookup = schedule_lookup(config.vms, config.allow_classes)
+        self.host_entries = HostEntryRunner(
+            config.host_entries, config.logs, self.sessions, lookup, self.resources, self.events
+        )  # on_host entries (issue 12), reached by the sessions through the experiment
+        self.experiment.host_entries = self.host_entries
         self.readable = AppendFiles()  # every VM's readable .log, a bounded number open at once
         self.http: Optional[ResourceHttp] = None  # with --http
         self._opened = False
@@ -141,6 +147,7 @@ class HostServer:
             self.experiment.loading = False
         if self.http is not None:  # uploads over HTTP(S) go to the same stores as transfer_chunk
             self.http.transfers = {name: s.transfers for name, s in self.sessions.items()}
+        self.host_entries.open()  # on_host entries that ran when vmr-host died: interrupted
         self.experiment.replayed()
         self._opened = True
 
@@ -210,15 +217,36 @@ class HostServer:
             info: Dict[str, Dict[str, Any]] = {}
             for filename in sorted(spec.filenames):
                 try:
-                    r = self.resources.info(filename)
+                    info[filename] = self._one_resource(name, filename)
                 except ResourceRefused as exc:
                     log.warning("%s: %s (the agent will be refused it)", name, exc)
-                    continue
-                info[filename] = {"size": r.size, "sha256": r.sha256}
-                if self.http is not None:
-                    info[filename]["url"] = self.http.url(name, filename)
             out[name] = info
         return out
+
+    def _one_resource(self, vm: str, filename: str) -> Dict[str, Any]:
+        """``{"size", "sha256"[, "url"]}`` of one resource for ``vm``.
+
+        Raises:
+            ResourceRefused: not a file inside ``--resources`` (or no ``--resources``).
+        """
+        r = self.resources.info(filename)
+        info: Dict[str, Any] = {"size": r.size, "sha256": r.sha256}
+        if self.http is not None:
+            info["url"] = self.http.url(vm, filename)
+        return info
+
+    def _append_resources(self, vm: str, names: List[str]) -> Dict[str, Dict[str, Any]]:
+        """The resources a batch appended to ``vm`` drops (``schedule add``, issue 12), fetched
+        over the channel (``resource_request``).
+
+        Raises:
+            ValueError: one is not a file inside ``--resources`` (nothing is appended).
+        """
+        try:
+            infos = {name: self._one_resource(vm, name) for name in names}
+            return {name: {k: v for k, v in info.items() if k != "url"} for name, info in infos.items()}
+        except ResourceRefused as exc:
+            raise ValueError(f"{exc}; nothing appended") from exc
 
     # ------------------------------------------------------------------ serving
     async def run(self, stop: asyncio.Event) -> None:
@@ -231,7 +259,7 @@ class HostServer:
         if not self._opened:
             self.open()
         try:
-            api = ControlApi(self.experiment, self.mode)
+            api = ControlApi(self.experiment, self.mode, self._append_resources)
             self._control = ControlServer(
                 self.config.logs, api.handlers(), path=control_socket_path(self.config.logs)
             )
@@ -310,6 +338,7 @@ class HostServer:
                     log.exception("%s: tick failed", s.name)
 
     async def _shutdown(self) -> None:
+        await self.host_entries.close()  # their trees killed while the VMs' logs and links are open
         if self.console is not None:
             await self.console.close()
         if self.http is not None:

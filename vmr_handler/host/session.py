@@ -34,7 +34,7 @@ from vmr_handler import __version__
 from vmr_handler.core.clockanswers import StampLead
 from vmr_handler.core.errors import PayloadError
 from vmr_handler.core.events import Event
-from vmr_handler.core.payloads import Ack, ClockReq, Hello
+from vmr_handler.core.payloads import Ack, ClockReq, Hello, HostEntryRequest
 from vmr_handler.core.protocol import (
     ACK,
     CLOCK_REQ,
@@ -42,6 +42,7 @@ from vmr_handler.core.protocol import (
     CONNECT_PREFIX,
     HEARTBEAT,
     HELLO,
+    HOST_ENTRY,
     PROTOCOL_VERSION,
     RESOURCE_CHUNK,
     RESOURCE_REQUEST,
@@ -63,9 +64,10 @@ from vmr_handler.host.delivery import ResourceStreams, ScheduleOffer
 from vmr_handler.host.intake import TRANSFER_TYPES, TransferIntake
 from vmr_handler.host.resources import ResourceStore
 from vmr_handler.host.sessionapi import HostApi, HostEvents, Link
+from vmr_handler.host.sessionstatus import session_status
 from vmr_handler.host.store import DurableAcks, VmLog
 from vmr_handler.host.transfers import TransferStore
-from vmr_handler.host.vmstate import Counters, VmState, add_stats, frames_status
+from vmr_handler.host.vmstate import Counters, VmState, add_stats
 from vmr_handler.host.writespell import WriteSpell
 
 log = logging.getLogger("vmr_handler.host")
@@ -91,7 +93,7 @@ HELLO_BURST = 10.0
 MAX_ANSWERS = 1000
 
 #: Agent control events that are answered, not stored.
-UNSTORED = frozenset({HELLO, HEARTBEAT, ACK, CLOCK_REQ, RESOURCE_REQUEST})
+UNSTORED = frozenset({HELLO, HEARTBEAT, ACK, CLOCK_REQ, RESOURCE_REQUEST, HOST_ENTRY})
 
 
 class ToldHost:
@@ -243,6 +245,7 @@ class VmSession:
             ACK: self._on_ack,
             CLOCK_REQ: self._on_clock_req,
             RESOURCE_REQUEST: self.streams.request,
+            HOST_ENTRY: self._on_host_entry,
             **{t: self._on_host_only for t in HOST_ONLY},
         }
 
@@ -309,7 +312,11 @@ class VmSession:
 
     def refuse(self, request_id: str, details: str) -> None:
         """Answer the agent's request ``request_id`` with a failed ``result`` saying ``details``."""
-        self._send([self.events.make(RESULT, result_data(request_id, False, details))])
+        self.answer(request_id, result_data(request_id, False, details))
+
+    def answer(self, request_id: str, data: Mapping[str, Any]) -> None:
+        """Send the agent the ``result`` ``data`` (answering ``request_id``; dropped when not connected)."""
+        self._send([self.events.make(RESULT, data)])
 
     def warn(self, kind: str, text: str, now: float) -> None:
         """Log a hostile-input remark, rate-limited per kind (1st-5th, then every power of 10)."""
@@ -395,8 +402,13 @@ class VmSession:
         if to_store:
             self._store(to_store, recv_time)
 
-    def _store(self, to_store: List[Event], recv_time: float) -> None:
-        """Write reports to the log, apply the new ones, acknowledge every one stored."""
+    def record(self, events: List[Event], now: float) -> None:
+        """Write host-made reports (an on_host entry's, :mod:`vmr_handler.host.hostentries`) as if
+        the agent had sent them at host UTC ``now``: applied, watched, never acknowledged."""
+        self._store(events, now, ack=False)
+
+    def _store(self, to_store: List[Event], recv_time: float, ack: bool = True) -> None:
+        """Write reports to the log, apply the new ones, acknowledge every one stored (``ack``)."""
         placeholders = self.log.placeholders
         try:
             new = self.log.write([(e, recv_time) for e in to_store])
@@ -411,7 +423,7 @@ class VmSession:
         if self.log.due():
             save_checkpoint(self)
         ids = [e.id for e in to_store if self.log.seen(e.id)]
-        if ids:
+        if ids and ack:
             self.acks.add(ids)  # sent once they are fsynced
 
     def apply(self, ev: Event, received: float) -> None:
@@ -434,6 +446,14 @@ class VmSession:
     def _on_host_only(self, ev: Event, now: float) -> None:
         self.counters.protocol_errors += 1
         self.warn("host-only", f"guest sent a host-only {ev.type!r} event: ignored", now)
+
+    def _on_host_entry(self, ev: Event, now: float) -> None:
+        """``host_entry``: run an on_host entry (issue 12; :meth:`HostApi.host_entry`)."""
+        req = self._payload(lambda: HostEntryRequest.parse(ev.data), now)
+        problem = req and self.host.host_entry(self.name, ev.id, req.index, req.scheduled)
+        if problem:
+            self.counters.protocol_errors += 1
+            self.warn("host_entry", problem, now)
 
     def _on_ack(self, ev: Event, now: float) -> None:
         ack = self._payload(lambda: Ack.parse(ev.data), now)
@@ -548,30 +568,8 @@ class VmSession:
 
     # ------------------------------------------------------------------ status
     def status(self, start_time: Optional[float], now: float) -> Dict[str, Any]:
-        """Everything ``vmr-host status`` shows for this VM (JSON safe)."""
-        c = self.counters
-        return {
-            "vm": self.name,
-            "expected": self.expected,
-            "connected": self.connected,
-            "silent": self.silent if self.connected else None,
-            "state": self.state.word(start_time, now, self.connected, self.connections),
-            **self.state.fields(),
-            "connections": self.connections,
-            "handshakes": self.handshakes,
-            "events": {
-                "stored": self.log.stored,
-                "duplicates": self.log.duplicates,
-                "over_quota": self.log.dropped_events,
-                "over_quota_bytes": self.log.dropped_bytes,
-                "log_bytes": self.log.bytes,
-            },
-            "memory": self.log.memory(),
-            "frames": frames_status(self.decoder_stats()),
-            "refused": c.refused(),
-            "transfers": self.intake.status(),
-            "resources": {"served": c.resources_served, "refused": c.resources_refused},
-        }
+        """Everything ``vmr-host status`` shows for this VM (JSON safe; :func:`session_status`)."""
+        return session_status(self, start_time, now)
 
 
 def save_checkpoint(session: VmSession) -> None:

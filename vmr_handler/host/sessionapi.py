@@ -5,6 +5,8 @@
   :class:`~vmr_handler.transports.base.ByteChannel`);
 * :class:`ReportHost` / :class:`HostApi`: what it asks of the experiment as a whole (start
   time, RESUMEs, the barrier, signing; :class:`~vmr_handler.host.experiment.Experiment`);
+* :class:`HostEntrySink`: what the host's on_host entry runner asks of a session (its log,
+  its answers; :mod:`vmr_handler.host.hostentries`);
 * :class:`HostEvents`: the maker of the host's own events (ids, timestamps).
 """
 
@@ -82,6 +84,31 @@ class HostApi(ReportHost, Protocol):
 
     def sign_for(self, vm: str, event: Event) -> Event:
         """``event`` signed for ``vm`` now (unchanged without a key; ``vmr_handler.core.signing``)."""
+
+    def host_entry(
+        self, vm: str, request_id: str, index: Optional[int], scheduled: Optional[float]
+    ) -> Optional[str]:
+        """``vm``'s agent asks (request ``request_id``) that its on_host entry ``index`` be run,
+        due at host UTC ``scheduled`` (None in a negative stage); the answer, a ``result``,
+        comes through the VM's :class:`HostEntrySink` (issue 12,
+        :meth:`vmr_handler.host.hostentries.HostEntryRunner.request`).
+
+        Returns:
+            What is wrong with a request that breaks the protocol (not an on_host entry of the
+            VM's schedule: answered, refused, never run; the session counts it), else None.
+        """
+
+
+class HostEntrySink(Protocol):
+    """What the on_host entry runner (:mod:`vmr_handler.host.hostentries`) asks of one VM's
+    session (:class:`~vmr_handler.host.session.VmSession`)."""
+
+    def record(self, events: List[Event], now: float) -> None:
+        """Write host-made reports (an on_host entry's start, output, end) to the VM's log at
+        host UTC ``now``, applied as the agent's are (state, console); nothing is acknowledged."""
+
+    def answer(self, request_id: str, data: Mapping[str, Any]) -> None:
+        """Send the agent a ``result`` event of ``data`` (dropped when it is not connected)."""
 
 
 class HostEvents:

@@ -290,6 +290,7 @@ class VmState:
             self.failed_at = None
 
     def _stage_started(self, p: StageStarted, received: float) -> None:
+        self.complete = False  # a stage appended after it completed (issue 12)
         if p.stage is not None:
             self.stage = p.stage
         self.stage_time = p.start_time.value
@@ -314,6 +315,7 @@ class VmState:
         self.host.on_outcome(self.name, "complete", None, received)
 
     def _entry_started(self, p: EntryStarted, received: float) -> None:
+        self.complete = False  # an entry appended after it completed (issue 12)
         if p.lateness is not None and (self.max_lateness is None or p.lateness > self.max_lateness):
             self.max_lateness = p.lateness
         if p.index is not None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Dict, Iterable, Mapping, Sequence, Tuple
+from typing import Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 from vmr_handler.core.schedule.model import EntryKind, Schedule, ScheduleEntry
 
@@ -86,3 +86,28 @@ def new_stages(entries: Sequence[ScheduleEntry], first_number: int) -> Tuple[New
         (first_number + k, t, tuple(e.index for e in negative if e.start_time == t))
         for k, t in enumerate(times)
     )
+
+
+def read_batch(path: str, allowed_classes: Optional[Iterable[str]] = None) -> Tuple[bytes, Schedule]:
+    """Read and load a batch file (``vmr-host schedule add``): its bytes and the batch.
+
+    Raises:
+        ValueError: it cannot be read, is over :data:`MAX_BATCH_BYTES`, or is not a valid
+            schedule (the loader's message names the entry and the field).
+    """
+    from vmr_handler.core.errors import ScheduleError
+    from vmr_handler.core.schedule.loader import load_schedule_bytes
+
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_BATCH_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from exc
+    if len(raw) > MAX_BATCH_BYTES:
+        raise ValueError(
+            f"{path} is over {MAX_BATCH_BYTES // 1024} KiB: a batch travels in one message; split it"
+        )
+    try:
+        return raw, load_schedule_bytes(raw, allowed_classes)
+    except ScheduleError as exc:
+        raise ValueError(f"{path}: {exc}; nothing appended") from exc
