@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import json
 import pickle
+import pickletools
+import re
 import resource
 import struct
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Union
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.refpickle import reference_pickle, reference_record, standin_class
 from vmr_handler.core.errors import ScheduleFormatError, ScheduleValidationError
@@ -78,6 +82,14 @@ def shared_state_pickle(entries: int, extras: int) -> bytes:
         return pickle.dumps(objects, protocol=4)
 
 
+def inst_then(opcodes: bytes) -> bytes:
+    """A pickle whose containers are counted (a 200 000-byte string of ``]`` makes the quick count
+    over), holding an INST of the allowed class, then ``opcodes``."""
+    filler = b"]" * 200_000
+    inst = b"(ifirewheel.vm_resource_manager.schedule_entry\nScheduleEntry\n"
+    return b"\x80\x02]X" + struct.pack("<I", len(filler)) + filler + b"0" + inst + b"a" + opcodes + b"."
+
+
 #: name -> (file bytes, words the error must contain)
 BOMBS: Dict[str, Callable[[], tuple[bytes, List[str]]]] = {
     # 9 bytes: LONG_BINPUT 2**26 makes the C unpickler's memo table 1 GiB (was: accepted, empty)
@@ -92,6 +104,12 @@ BOMBS: Dict[str, Callable[[], tuple[bytes, List[str]]]] = {
     "BINBYTES-1-GiB": lambda: (b"\x80\x03B" + struct.pack("<I", 1 << 30) + b".", ["BINBYTES at byte 2"]),
     "LONG4-1-GiB": lambda: (b"\x80\x02\x8b" + struct.pack("<i", 1 << 30) + b".", ["LONG4"]),
     "FRAME-1-GiB": lambda: (b"\x80\x04\x95" + struct.pack("<Q", 1 << 30) + b"].", ["FRAME"]),
+    # counting containers, the scan read INST's names as opcodes and stopped at the ``f`` of
+    # ``firewheel``: the memo bomb after the allowed class went through (was: 1 GiB of memo)
+    "inst-hides-memo-bomb": lambda: (
+        inst_then(b"r\x00\x00\x00\x04"),
+        ["LONG_BINPUT at byte 200071", "memo index 67,108,864"],
+    ),
     # one byte a container: 1 MB of EMPTY_LIST was 80 MB; a 10 MB one 814 MB
     "pickle-million-empty-lists": lambda: (
         b"\x80\x04(" + b"]" * 1_000_000 + b"l.",
@@ -287,3 +305,192 @@ def test_deep_yaml_over_the_slow_parser_limit_is_refused(monkeypatch: pytest.Mon
         load_schedule_bytes((deep + "#" * 1000).encode())
     with pytest.raises(ScheduleValidationError, match="field 'arguments'"):  # small: parsed, then refused
         load_schedule_bytes(deep.encode())
+
+
+# ------------------------------------------------------------------ the scan's skipping pattern (issue 15)
+def _walk_outcome(data: bytes, counting: bool, allowed: int, how: str) -> Union[int, str]:
+    """What :func:`pickle_scan._walk` says of ``data`` (the tuple count, or its refusal), walked
+    by the ``loop`` alone, opcode by opcode, or with the ``pattern`` as it is, or with the
+    pattern tried again after every opcode the loop checks (``pattern-always``)."""
+    with pytest.MonkeyPatch.context() as mp:
+        if how == "loop":
+            mp.setattr(pickle_scan, "_run_pattern", lambda counting: re.compile(b""))
+        elif how == "pattern-always":
+            mp.setattr(pickle_scan, "PLAIN_BYTES", 0)
+        try:
+            return pickle_scan._walk(data, counting, allowed)
+        except ScheduleFormatError as exc:
+            return str(exc)
+
+
+_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=-(2**300), max_value=2**300)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=80)
+    | st.binary(max_size=300)
+)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=6)
+        | st.tuples(inner, inner)
+        | st.tuples(inner)
+        | st.dictionaries(st.text(max_size=12), inner, max_size=5)
+        | st.frozensets(st.integers(), max_size=4)
+    ),
+    max_leaves=30,
+)
+#: Bytes a hostile pickle would splice in: memo bombs (2**20 is the first index checked),
+#: counts beyond the end, a frame, tuples, containers, an INST, a protocol above the highest.
+_SPLICES = [
+    b"r\x00\x00\x00\x04",
+    b"r\x00\x00\x10\x00",
+    b"r\xff\xff\x0f\x00",
+    b"p1048576\n",
+    b"p1048575\n",
+    b"p99\n",
+    b"\x8e" + struct.pack("<Q", 1 << 30),
+    b"\x95" + struct.pack("<Q", 3),
+    b"X" + struct.pack("<I", 1 << 30),
+    b"X" + struct.pack("<I", 70) + b"x" * 70,
+    b"\x8c\x41" + b"y" * 65,
+    b"T\xff\xff\xff\xff",
+    b"\x85\x85\x86t",
+    b"]]})(",
+    b"ifirewheel.vm_resource_manager.schedule_entry\nScheduleEntry\n",
+    b"\x80" + bytes([pickle.HIGHEST_PROTOCOL + 1]),
+    b"X\xff\xff\xff\x7f",
+    b"I12\n",
+    b"crm\nrf\n",
+]
+
+
+@pytest.mark.skipif(not pickle_scan._POSSESSIVE, reason="no pattern before Python 3.11")
+@settings(max_examples=400, deadline=None)
+@given(
+    value=_VALUES,
+    protocol=st.integers(0, pickle.HIGHEST_PROTOCOL),
+    edits=st.lists(
+        st.tuples(st.integers(0, 10**6), st.sampled_from(["byte", "splice", "cut"]), st.integers(0, 255)),
+        max_size=4,
+    ),
+    counting=st.booleans(),
+)
+def test_the_pattern_changes_nothing_the_walk_says(
+    value: Any, protocol: int, edits: List[Any], counting: bool
+) -> None:
+    """The skipping pattern only makes the walk faster: on real pickles of every protocol and on
+    the same bytes with a byte changed, hostile opcodes spliced in between two opcodes, or cut
+    short, the walk with it accepts and refuses exactly what the loop alone does, with the same
+    message (counting the containers too, against a limit the small inputs can reach)."""
+    original = pickle.dumps([value, value], protocol=protocol)
+    starts = [pos for _op, _arg, pos in pickletools.genops(original)]
+    data = bytearray(original)
+    places = {"byte": lambda k: k % len(original), "splice": lambda k: starts[k % len(starts)]}
+    places["cut"] = lambda k: k % (len(original) + 1)
+    for at, how, byte in sorted(((places[how](k), how, byte) for k, how, byte in edits), reverse=True):
+        if how == "byte":  # (from the end backwards: each place is still where it was, if not cut)
+            data[at : at + 1] = bytes([byte])
+        elif how == "splice":
+            data[at:at] = _SPLICES[byte % len(_SPLICES)]
+        else:
+            del data[at:]
+    raw = bytes(data)
+    allowed = len(raw) // 8 + 2
+    loop = _walk_outcome(raw, counting, allowed, "loop")
+    assert _walk_outcome(raw, counting, allowed, "pattern") == loop
+    assert _walk_outcome(raw, counting, allowed, "pattern-always") == loop
+
+
+@pytest.mark.skipif(not pickle_scan._POSSESSIVE, reason="no pattern before Python 3.11")
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_every_hostile_splice_between_any_two_opcodes_is_judged_as_by_the_loop(protocol: int) -> None:
+    """Each of the hostile splices, between every two opcodes of a small reference schedule: the
+    walk with the pattern says what the loop alone says."""
+    records = [reference_record(t - 1.5, executable="/bin/true", arguments="x" * 70 * t) for t in range(3)]
+    data = reference_pickle(records, protocol=protocol)
+    for _op, _arg, at in pickletools.genops(data):
+        for splice in _SPLICES:
+            raw = data[:at] + splice + data[at:]
+            for counting in (False, True):
+                loop = _walk_outcome(raw, counting, 40, "loop")
+                assert _walk_outcome(raw, counting, 40, "pattern-always") == loop, (at, splice)
+
+
+@pytest.mark.skipif(not pickle_scan._POSSESSIVE, reason="no pattern before Python 3.11")
+@pytest.mark.parametrize("protocol", range(2, pickle.HIGHEST_PROTOCOL + 1))
+def test_the_pattern_steps_over_a_reference_pickle_in_one_match(protocol: int) -> None:
+    """What makes the scan fast: a reference schedule (floats, ints, strings of every length up
+    to RUN_MAX_COUNT, memo puts past 256) is one match of the pattern up to its STOP, or to each
+    FRAME (protocols 4 and 5, one per 64 KiB)."""
+    records = [
+        reference_record(
+            -(t % 7) if t % 5 == 0 else 1.5 * t, executable="/bin/true", arguments="a" * (t % 70)
+        )
+        for t in range(2000)
+    ]
+    data = reference_pickle(records, protocol=protocol)
+    long_ones = {"BINUNICODE", "SHORT_BINUNICODE"}
+    expected = [
+        op.name
+        for op, arg, _pos in pickletools.genops(data)
+        if op.name == "FRAME" or (op.name in long_ones and len(str(arg)) > pickle_scan.RUN_MAX_COUNT)
+    ]
+    match, names = pickle_scan._run_pattern(False).match, pickle_scan._NAMES
+    stops: List[str] = []
+    i = 2  # (after PROTO)
+    while i < len(data) - 1:
+        found = match(data, i)
+        assert found is not None  # (it always matches, if only nothing)
+        i = found.end()
+        stops.append(names[data[i]])
+        if stops[-1] in long_ones:  # the loop's step over it
+            i += (
+                5 + struct.unpack_from("<I", data, i + 1)[0] if stops[-1] == "BINUNICODE" else 2 + data[i + 1]
+            )
+        else:
+            i += 9 if stops[-1] == "FRAME" else 1
+    assert stops == [*expected, "STOP"]
+    long_arguments = sum(len(r["arguments"]) > pickle_scan.RUN_MAX_COUNT for r in records)
+    assert stops.count("BINUNICODE") + stops.count("SHORT_BINUNICODE") == long_arguments == 140
+
+
+def test_a_memo_bomb_after_a_long_harmless_run_is_refused_where_it_stands() -> None:
+    """The pattern hands the loop the one opcode it cannot pass, wherever it stands."""
+    data = reference_pickle(
+        [reference_record(t + 1, executable="/bin/true") for t in range(1000)], protocol=2
+    )
+    at = len(data) - 1
+    bomb = data[:at] + b"r\x00\x00\x00\x04" + data[at:]
+    with pytest.raises(ScheduleFormatError, match=f"LONG_BINPUT at byte {at} puts memo index 67,108,864"):
+        load_schedule_bytes(bomb)
+    put = data[:at] + b"p1048576\n" + data[at:]
+    with pytest.raises(ScheduleFormatError, match=f"PUT at byte {at} puts memo index 1,048,576"):
+        load_schedule_bytes(put)
+
+
+def test_memo_indexes_below_2_to_the_20_are_not_refused() -> None:
+    """A put index below 2**20 (at most a 16 MiB memo table) passes the scan wherever it stands,
+    in both spellings; 2**20 past the offset is refused."""
+    pickle_scan.scan_pickle(b"(lp1048575\n.")
+    pickle_scan.scan_pickle(b"\x80\x02]r\xff\xff\x0f\x00.")
+    with pytest.raises(ScheduleFormatError, match="PUT at byte 2 puts memo index 1,048,576"):
+        pickle_scan.scan_pickle(b"(lp1048576\n.")
+    with pytest.raises(ScheduleFormatError, match="LONG_BINPUT at byte 3 puts memo index 1,048,576"):
+        pickle_scan.scan_pickle(b"\x80\x02]r\x00\x00\x10\x00.")
+
+
+def test_counting_containers_steps_over_an_inst_s_names() -> None:
+    """Counting containers, the walk steps over INST's two name lines as the unpickler does. It
+    read them as opcodes: ``f`` (no opcode) ended the scan there, and a memo bomb after it went
+    through (BOMBS["inst-hides-memo-bomb"] is the same in a process)."""
+    data = inst_then(b"")
+    assert len(data) - len(data.translate(None, pickle_scan._CONTAINERS)) > len(data) // 2 + 65536
+    pickle_scan.scan_pickle(data)
+    with pytest.raises(ScheduleValidationError, match="entry 0"):
+        load_schedule_bytes(data)  # unpickled: an entry without fields
+    with pytest.raises(ScheduleFormatError, match="LONG_BINPUT at byte 200071 puts memo index 67,108,864"):
+        pickle_scan.scan_pickle(inst_then(b"r\x00\x00\x00\x04"))

@@ -370,6 +370,18 @@ def test_pickle_shape_problems_are_format_errors(data, words):
         assert word in str(excinfo.value)
 
 
+@pytest.mark.parametrize("odd", [5, None, {"start_time": 1}, ("a",), "text"])
+def test_a_non_entry_among_entries_is_named_by_its_index(odd):
+    """The item types are screened all at once (issue 15); the error still names the first item
+    that is no schedule entry, wherever it stands."""
+    with standin_class() as cls:
+        good = cls.__new__(cls)
+        good.__dict__.update(reference_record(1, executable="/bin/true"))
+        data = pickle.dumps([good] * 3 + [odd, good, odd], protocol=4)
+    with pytest.raises(ScheduleFormatError, match=f"pickle item 3 is a {type(odd).__name__}, expected"):
+        load_schedule_bytes(data)
+
+
 def test_instance_state_tuple_with_dicts_is_merged():
     data = in_list(ENTRY_GLOBAL + b"(tR" + b"((dVstart_time\nI5\ns(dVexecutable\nV/bin/true\nstb")
     (entry,) = load_schedule_bytes(data).entries

@@ -212,9 +212,11 @@ def unpickle_entries(data: bytes, allowed_classes: Optional[Iterable[str]] = Non
         raise ScheduleFormatError(f"not a readable pickle: {type(exc).__name__}: {exc}") from exc
     if not isinstance(obj, list):
         raise ScheduleFormatError(f"pickle holds a {type(obj).__name__}, expected a list of schedule entries")
-    for i, item in enumerate(obj):
-        if not isinstance(item, PickledEntry):
-            raise ScheduleFormatError(
-                f"pickle item {i} is a {type(item).__name__}, expected a schedule entry object"
-            )
+    # the few types of the items, found in C (an isinstance per item: 15 ms per 100 000, issue 15)
+    if not all(issubclass(kind, PickledEntry) for kind in set(map(type, obj))):
+        for i, item in enumerate(obj):
+            if not issubclass(type(item), PickledEntry):
+                raise ScheduleFormatError(
+                    f"pickle item {i} is a {type(item).__name__}, expected a schedule entry object"
+                )
     return obj
