@@ -215,7 +215,8 @@ def append_batch(engine: Engine, batch_id: str, batch: Schedule, raw: bytes) -> 
     engine.timers.schedule = engine.holds.schedule = engine.schedule
     engine.workdirs.update(working_dirs(list(engine.schedule.entries), engine.config.launch_dir))
     engine.emit(EventType.SCHEDULE_APPENDED, batch=batch_id, **append_answer(record))
-    skip_host_entries(engine.emit, entries)
+    if engine.config.host_ask is None:
+        skip_host_entries(engine.emit, entries)
     for entry in resume_entries(entries):
         engine.resume(resume_id=f"schedule-entry-{entry.index}", entry=entry.index)
     engine.appended()

@@ -36,6 +36,7 @@ class PositiveTimers:
         emit: ``emit(EventType, **data)``: pause/break events.
         fire: called at each group's instant.
         wake: called when the engine's main loop should look again.
+        run_host: arm on_host entries too (a host runs them: the connected agent, issue 12).
 
     Attributes:
         plan: the plan armed last (None before positive time).
@@ -48,6 +49,7 @@ class PositiveTimers:
     emit: Callable[..., object]
     fire: FireFn
     wake: Callable[[], None]
+    run_host: bool = False
     plan: Optional[Plan] = field(default=None, init=False)
     pending: Set[Tuple[str, int]] = field(default_factory=set, init=False)
     _timers: List[Timer] = field(default_factory=list, init=False)
@@ -70,7 +72,8 @@ class PositiveTimers:
             if p.fire_at is None or math.isinf(p.fire_at):
                 continue
             entry = self.schedule.entries[p.index]
-            if p.kind is EntryKind.POSITIVE and self.journal.entry_state(p.index) is None:
+            fires = p.kind is EntryKind.POSITIVE or (self.run_host and p.kind is EntryKind.HOST)
+            if fires and self.journal.entry_state(p.index) is None:
                 groups.setdefault(p.fire_at, []).append(entry)
             elif p.kind in (EntryKind.PAUSE, EntryKind.BREAK):
                 milestones = [("hold", p.fire_at)]

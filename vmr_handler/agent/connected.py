@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional
 
 from vmr_handler.agent.appends import appended_answer
+from vmr_handler.agent.hostcalls import LinkAsker
 from vmr_handler.agent.kpi import KpiSampler
 from vmr_handler.agent.link import LATER, HostLink
 from vmr_handler.agent.outbox import Outbox
@@ -379,6 +380,7 @@ class ConnectedAgent:
         )
         config.report_hold = self.reports.limits
         config.stay = True  # batches may be appended after the schedule completes (issue 12)
+        config.host_ask = LinkAsker(self.link)  # the host runs the on_host entries (issue 12)
         self._engine = engine = open_engine(
             schedule, config, self.reports, self.clock, list(self.config.allow_classes or ())
         )

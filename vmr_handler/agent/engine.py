@@ -40,7 +40,7 @@ from vmr_handler.agent.enginestatus import (
     engine_status,
     waiting_status,
 )
-from vmr_handler.agent.entries import EntryLauncher, LaunchContext
+from vmr_handler.agent.entries import EntryLauncher, LaunchContext, Prepared
 from vmr_handler.agent.executor import SystemProcesses
 from vmr_handler.agent.holds import InitialHolds
 from vmr_handler.agent.journal import Journal, SyncSoon
@@ -153,14 +153,14 @@ class Engine:
         )  # fmt: skip
         self.stage_runner = StageRunner(
             self.entries, journal, clock, processes, self.emit, self.workdirs, config.reboot_command,
-            self._persist,
+            self._persist, config.host_ask,
         )  # fmt: skip
         self.holds = InitialHolds(
             schedule, journal, clock, self.emit, self._set_phase, self._wait_woken, self._sleep_until_utc,
             self._persist,
         )  # fmt: skip
         self.timers = PositiveTimers(
-            schedule, self.journal, self.clock, self.emit, self._fire_group, self._wake.set
+            schedule, journal, clock, self.emit, self._fire_group, self._wake.set, config.host_ask is not None
         )
         self._tasks: Set[asyncio.Task[Any]] = set()
         self.stageplay = StagePlay(
@@ -273,7 +273,7 @@ class Engine:
         return rc
 
     async def _play(self) -> int:
-        announce(self.emit, self.schedule, self.journal)
+        announce(self.emit, self.schedule, self.journal, self.config.host_ask is None)
         self._recover()
         try:
             await self._persist()
@@ -457,11 +457,12 @@ class Engine:
             return
         start = self.journal.start_time
         assert start is not None
-        prepared = self.entries.prepare_due(entries)
-        if not prepared:
+        host = [e for e in entries if e.on_host and self.journal.entry_state(e.index) is None]
+        prepared = self.entries.prepare_due([e for e in entries if not e.on_host])
+        if not prepared and not host:
             self._wake.set()
             return
-        launch = self.entries.launch_all(prepared, start + fire_at)
+        launch = self._launch(prepared, host, start + fire_at)
         task = asyncio.ensure_future(self.reports.when_room(self._stop, launch))
         self._tasks.add(task)
 
@@ -473,6 +474,11 @@ class Engine:
             self._wake.set()
 
         task.add_done_callback(done)
+
+    async def _launch(self, prepared: List[Prepared], host: List[ScheduleEntry], scheduled: float) -> None:
+        """Start ``prepared`` and have the host run ``host`` (on_host entries), all due at ``scheduled``."""
+        on_host = self.stage_runner.on_host(host, scheduled)
+        await asyncio.gather(self.entries.launch_all(prepared, scheduled), on_host)
 
     # ------------------------------------------------------------------ shutdown
     async def _shutdown(self) -> None:

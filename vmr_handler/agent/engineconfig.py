@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Any, Awaitable, Callable, Dict, Mapping, Optional
 
 from vmr_handler.agent.reporthold import HoldLimits
 
@@ -42,3 +42,7 @@ class EngineConfig:
     #: True (the connected agent): the engine stays after its schedule completes, for batches
     #: appended later (:meth:`Engine.append`, issue 12), until it is stopped.
     stay: bool = False
+    #: ``ask(index, scheduled)``: has the host run an on_host entry (the connected agent's
+    #: :class:`~vmr_handler.agent.hostcalls.LinkAsker`); None: on_host entries are reported
+    #: skipped (local mode).
+    host_ask: Optional[Callable[[int, Optional[float]], Awaitable[Mapping[str, Any]]]] = None

@@ -17,9 +17,9 @@ from vmr_handler.core.events import Event, EventType
 from vmr_handler.core.schedule.model import Schedule, ScheduleEntry
 
 
-def announce(emit: Callable[..., Event], schedule: Schedule, journal: Journal) -> None:
+def announce(emit: Callable[..., Event], schedule: Schedule, journal: Journal, no_host: bool = True) -> None:
     """The engine's first events: agent started, schedule loaded, its warnings, a journal reset,
-    the on_host entries this agent does not run."""
+    the on_host entries nobody runs (``no_host``: local mode; else the host runs them)."""
     emit(
         EventType.AGENT_STARTED,
         version=__version__,
@@ -41,7 +41,8 @@ def announce(emit: Callable[..., Event], schedule: Schedule, journal: Journal) -
             moved_to=journal.reset_from,
             details="journal belonged to another schedule; starting fresh",
         )
-    skip_host_entries(emit, schedule.entries)
+    if no_host:
+        skip_host_entries(emit, schedule.entries)
 
 
 def skip_host_entries(emit: Callable[..., Event], entries: Iterable[ScheduleEntry]) -> None:

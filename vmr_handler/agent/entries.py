@@ -341,6 +341,9 @@ class EntryLauncher:
         """Entries the journal says were running when the agent stopped: terminate what is left
         of their process trees, report them interrupted, and let them run again."""
         for index, rec in self.ctx.journal.running_entries().items():
+            if schedule_entries[index].on_host:  # the host ran it: asked again, it answers once
+                self.ctx.journal.forget(index)
+                continue
             pid = rec.get("pid")
             killed = self.ctx.processes.kill_leftover(int(pid), rec.get("create_time"), 3.0) if pid else []
             self.ctx.emit(

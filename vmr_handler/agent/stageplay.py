@@ -63,7 +63,8 @@ class StagePlay:
         and every appended one. Returns ``ok``, ``reboot`` or ``failed``."""
         by_stage: Dict[float, List[ScheduleEntry]] = {}
         for entry in self.schedule().entries:
-            if entry.kind is EntryKind.NEGATIVE:
+            kind = entry.kind
+            if kind is EntryKind.NEGATIVE or (kind is EntryKind.HOST and entry.start_time < 0):
                 by_stage.setdefault(entry.start_time, []).append(entry)
         for number, start_time in enumerate(stages):
             outcome = await self.appended()  # appended meanwhile: once the last stage ended

@@ -8,14 +8,16 @@ run again when the agent comes back (as in the reference), then the next stage.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Dict, List
+from typing import Awaitable, Callable, Dict, List, Optional
 
 from vmr_handler.agent.entries import Emit, EntryLauncher, Prepared
 from vmr_handler.agent.executor import REBOOT_EXIT_CODE, REBOOT_FILE
+from vmr_handler.agent.hostcalls import HostAsk, run_on_host
 from vmr_handler.agent.journal import Journal
 from vmr_handler.agent.ports import Processes
 from vmr_handler.core.clock import Clock
@@ -38,6 +40,8 @@ class StageRunner:
         workdirs: working dir per entry index (``reboot`` files).
         reboot_command: the shell command that reboots the machine.
         persist: saves the journal durably (waits out a full disk; raises when the engine stops).
+        host_ask: has the host run a stage's on_host entries (:mod:`vmr_handler.agent.hostcalls`);
+            None: they are not run (reported skipped).
     """
 
     entries: EntryLauncher
@@ -48,6 +52,7 @@ class StageRunner:
     workdirs: Dict[int, str]
     reboot_command: str
     persist: Callable[[], Awaitable[None]]
+    host_ask: Optional[HostAsk] = None
 
     def recover(self) -> None:
         """After a reboot the requesters run again: their ``reboot`` files and journal states go."""
@@ -81,13 +86,18 @@ class StageRunner:
         )
         prepared: List[Prepared] = []
         for entry in todo:
+            if entry.on_host:
+                continue  # the host runs it (or nobody: reported skipped)
             item = self.entries.prepare(entry)
             if item is None:
                 if self.entries.failure is not None:
                     return "failed"
                 continue
             prepared.append(item)
-        results = await self.entries.launch_all(prepared, scheduled=None)
+        on_host = [e for e in todo if e.on_host]
+        results, _answers = await asyncio.gather(
+            self.entries.launch_all(prepared, scheduled=None), self.on_host(on_host, None)
+        )  # the stage ends when the host answered for its on_host entries too
         check_stop()
         if self.entries.failure is not None:
             return "failed"
@@ -119,3 +129,10 @@ class StageRunner:
         log.warning("rebooting: %s", self.reboot_command)
         await self.processes.reboot(self.reboot_command, self.entries.ctx.env)
         return "reboot"
+
+    async def on_host(self, entries: List[ScheduleEntry], scheduled: Optional[float]) -> None:
+        """Have the host run on_host entries (a stage's, or those due at host UTC ``scheduled``)
+        and wait for its answers; nothing without a host."""
+        if entries and self.host_ask is not None:
+            ctx = self.entries.ctx
+            await run_on_host(entries, scheduled, self.host_ask, ctx.journal, ctx.journal_changed, ctx.wake)

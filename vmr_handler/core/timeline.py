@@ -123,7 +123,9 @@ def _build_plan(
         e.kind if e.data or e.pause or e.on_host else _NEGATIVE if e.start_time < 0 else _POSITIVE
         for e in entries
     ]
-    stages = tuple(sorted({e.start_time for e, k in zip(entries, kinds) if k is _NEGATIVE}))
+    # a stage: every negative entry at one time, the host's (on_host) included (issue 12)
+    staged = (e.start_time for e, k in zip(entries, kinds) if k is _NEGATIVE or _host_stage(e, k))
+    stages = tuple(sorted(set(staged)))
     # (time, position given), ascending: the order in which RESUMEs can end breaks
     resume_list = sorted((float(r), i) for i, r in enumerate(resumes))
     walk = _Walk(resume_list, None if visible is None else [visible[i] for _r, i in resume_list])
@@ -151,6 +153,12 @@ def _build_plan(
 
 
 _NEGATIVE, _POSITIVE = EntryKind.NEGATIVE, EntryKind.POSITIVE
+
+
+def _host_stage(entry: ScheduleEntry, kind: EntryKind) -> bool:
+    """An on_host entry at a negative time: the host runs it inside the VM's stage of that time
+    (reference ``run_vm_resource_host``), so the time is a stage even with no other entry."""
+    return kind is EntryKind.HOST and entry.start_time < 0
 
 
 @dataclass
@@ -375,6 +383,7 @@ def plan_columns(
         if at is not None:
             timed.append(pause.index)
             fire_at.append(at)
+    host_stages = [starts[i] for i, k in kinds.items() if k is EntryKind.HOST and starts[i] < 0]
     return PlanColumns(
         starts,
         kinds,
@@ -382,7 +391,7 @@ def plan_columns(
         timed,
         fire_at,
         _outcomes(walk.resume_list, walk.ended),
-        tuple(sorted(set(map(starts.__getitem__, negative)))),
+        tuple(sorted({*map(starts.__getitem__, negative), *host_stages})),
         walk.initial_delay,
         walk.blocked,
     )

@@ -80,7 +80,8 @@ def new_stages(entries: Sequence[ScheduleEntry], first_number: int) -> Tuple[New
     """The stages a batch's negative entries make: ``(number, start_time, indices)`` per distinct
     start_time, ascending, numbered from ``first_number`` (after every stage so far). A batch's
     negative entries never join a stage of the schedule: they run as stages of their own."""
-    negative = [e for e in entries if e.kind is EntryKind.NEGATIVE]
+    staged = (EntryKind.NEGATIVE, EntryKind.HOST)  # on_host entries run inside their stage
+    negative = [e for e in entries if e.kind in staged and e.start_time < 0]
     times = sorted({e.start_time for e in negative})
     return tuple(
         (first_number + k, t, tuple(e.index for e in negative if e.start_time == t))

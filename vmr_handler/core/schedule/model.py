@@ -153,14 +153,8 @@ class Schedule:
     warnings: Tuple[str, ...] = ()
 
     def stage_times(self) -> Tuple[float, ...]:
-        """Distinct negative start times of entries the agent runs, ascending (the local stages)."""
-        # e.kind is NEGATIVE, spelled out (the property call per entry costs 4x, issue 15)
-        return tuple(
-            sorted(
-                {
-                    e.start_time
-                    for e in self.entries
-                    if e.start_time < 0 and not e.pause and not e.on_host and not (e.data and e.is_resume)
-                }
-            )
-        )
+        """Distinct negative start times of program, data and on_host entries, ascending (the
+        local stages; the host runs a stage's on_host entries inside it, issue 12)."""
+        # e.kind is NEGATIVE or HOST, spelled out (the property call per entry costs 4x, issue 15)
+        times = {e.start_time for e in self.entries if e.start_time < 0 and not e.pause}
+        return tuple(sorted(times - {-math.inf}))  # (a stored RESUME is at -inf; nothing else is)
