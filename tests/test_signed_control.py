@@ -11,6 +11,8 @@ the real host's RESUME ends it.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import subprocess
 import sys
@@ -28,7 +30,14 @@ from tests.hostenv import HostEnv
 from vmr_handler.core.clockanswers import ClockAnswers, StampLead
 from vmr_handler.core.errors import SignatureError
 from vmr_handler.core.events import Event
-from vmr_handler.core.protocol import CLOCK_REQ, CLOCK_RESP, RESUME, FrameDecoder, encode_message
+from vmr_handler.core.protocol import (
+    CLOCK_REQ,
+    CLOCK_RESP,
+    RESUME,
+    SCHEDULE_APPEND,
+    FrameDecoder,
+    encode_message,
+)
 from vmr_handler.core.signing import Verifier, generate_keypair, load_private_key, sign
 
 BREAK = [
@@ -174,6 +183,44 @@ def test_forged_unsigned_stale_and_reused_resumes_are_refused(tmp_path: Path) ->
         received = env.events("a", "resume_received")
         assert len(received) <= before + 1
         assert all(r["event"]["data"].get("ended_break") in (None, 1) for r in received)
+    finally:
+        if rogue is not None:
+            rogue.close()
+        env.close()
+
+
+def _append_event(ident: str) -> Event:
+    """A ``schedule_append`` whose batch would run ``/bin/echo appended`` at once."""
+    raw = json.dumps([{"start_time": -100000, "executable": "/bin/echo", "arguments": "rogue"}]).encode()
+    data = {"format": "json", "sha256": hashlib.sha256(raw).hexdigest(), "entries": 1,
+            "data_b64": base64.b64encode(raw).decode()}  # fmt: skip
+    return Event(SCHEDULE_APPEND, time.time(), ident, data)
+
+
+def test_appended_batches_are_signed_and_forged_ones_refused(tmp_path: Path) -> None:
+    """Issue 12: ``schedule add`` through a signing host is applied; a batch injected on the
+    VM's topic unsigned or signed by another key is refused, and nothing of it runs."""
+    env = HostEnv({"a": BREAK}, start_buffer=0.5, transport="mqtt")
+    rogue = None
+    try:
+        keys, _host_key, other_key = _signed_mqtt_host(env)
+        env.start_agent("a", "--public-key", str(keys / "host.pub"))
+        env.wait_event("a", "break_started")
+        rogue = Rogue(env)
+        rogue.send(_append_event("append-rogue-1"))
+        rogue.send(sign(other_key, _append_event("append-rogue-2"), "a", time.time()))
+        unsigned = env.wait_event("a", "control_refused", id="append-rogue-1")["event"]["data"]["details"]
+        assert "unsigned" in unsigned
+        other = env.wait_event("a", "control_refused", id="append-rogue-2")["event"]["data"]["details"]
+        assert "signed by another key" in other
+        batch = tmp_path / "batch.yaml"
+        batch.write_text('- {start_time: -100000, executable: /bin/echo, arguments: "host batch"}\n')
+        res = env.cli("schedule", "add", "a", str(batch))
+        assert res.returncode == 0, res.stderr
+        env.wait_event("a", "output", index=3, line="host batch")
+        appended = env.events("a", "schedule_appended")
+        assert [r["event"]["data"]["first_index"] for r in appended] == [3]  # the host's only
+        assert not [r for r in env.events("a", "output") if r["event"]["data"].get("line") == "rogue"]
     finally:
         if rogue is not None:
             rogue.close()
