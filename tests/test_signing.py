@@ -72,7 +72,7 @@ def flip_bit(b64: str) -> str:
 
 
 def test_signed_types_are_the_control_messages() -> None:
-    assert frozenset({"schedule", "start_time", "resume"}) == SIGNED_TYPES
+    assert frozenset({"schedule", "start_time", "resume", "schedule_append"}) == SIGNED_TYPES  # issue 12
 
 
 def test_round_trip_over_the_wire() -> None:
