@@ -99,6 +99,7 @@ class AppendBook:
         self.logs = logs
         self.path = os.path.join(logs, APPENDS_FILE)
         self.records: List[AppendRecord] = []
+        self._encoded: Dict[str, str] = {}  # batch id -> its bytes in base64
         try:
             with open(self.path, "rb") as fh:
                 saved = json.loads(fh.read())
@@ -157,11 +158,14 @@ class AppendBook:
         Raises:
             OSError: the batch's file is gone.
         """
+        encoded = self._encoded.get(record.id)
+        if encoded is None:  # read and encoded once (every handshake and answer asks again)
+            encoded = self._encoded[record.id] = base64.b64encode(self.raw(record)).decode("ascii")
         data = {
             "format": record.format,
             "sha256": record.sha256,
             "entries": record.entries,
-            "data_b64": base64.b64encode(self.raw(record)).decode("ascii"),
+            "data_b64": encoded,
             "resources": record.resources.get(vm, {}),
         }
         return Event(SCHEDULE_APPEND, record.issued, record.id, data)
