@@ -334,3 +334,24 @@ def test_a_group_with_drops_fires_with_its_data_already_in_place(tmp_path: Path)
             assert f"run{i}.sh" in (h.processes.workdir_at_start[line] or [])
 
     run(go())
+
+
+def test_a_data_only_entry_reports_its_end_and_is_journaled_done(tmp_path: Path) -> None:
+    # launch_all journals every entry running before the start; a data-only entry has no
+    # process: it must still end (entry_exited once, journal "done"), or a restart re-runs it
+    target = tmp_path / "dropped.txt"
+    sched = [
+        {"start_time": -5, "data": [{"location": str(target), "content": "hello"}]},
+        {"start_time": 3, "data": [{"location": str(tmp_path / "later.txt"), "content": "x"}]},
+    ]
+
+    async def go() -> None:
+        h = Harness(tmp_path, sched, start_buffer=0.0)
+        await h.start()
+        assert await h.finish() == EXIT_OK
+        exited = [e.data["index"] for e in h.of("entry_exited")]
+        assert exited == [0, 1]
+        assert h.journal.entry_state(0) == "done" and h.journal.entry_state(1) == "done"
+        assert target.read_text() == "hello"
+
+    run(go())

@@ -22,7 +22,7 @@ from vmr_handler.agent.executor import (
     ProcessResult,
     shell_command,
 )
-from vmr_handler.agent.journal import DONE, FAILED, Journal
+from vmr_handler.agent.journal import DONE, FAILED, RUNNING, Journal
 from vmr_handler.agent.placement import DataPlacement
 from vmr_handler.agent.ports import OutputCallback, Process, Processes
 from vmr_handler.core.clock import Clock
@@ -250,7 +250,8 @@ class EntryLauncher:
 
     def _data_only_done(self, item: Prepared) -> None:
         entry = item.entry
-        if item.argv is None and self.ctx.journal.entry_state(entry.index) is None:
+        # (launch_all journaled it running before the start: a data-only entry ends here)
+        if item.argv is None and self.ctx.journal.entry_state(entry.index) in (None, RUNNING):
             self.ctx.journal.mark_done(entry.index, DONE)
             self.ctx.emit(
                 EventType.ENTRY_EXITED,

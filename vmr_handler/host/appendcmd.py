@@ -15,13 +15,12 @@ import argparse
 import hashlib
 import json
 import os
-import sys
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 from vmr_handler.core.errors import UsageError
 from vmr_handler.core.readable import few_names
 from vmr_handler.core.schedule.appended import read_batch
-from vmr_handler.host.control_client import EXIT_OK, EXIT_USAGE, control_socket_path
+from vmr_handler.host.control_client import EXIT_OK, control_socket_path
 
 
 def add_parser(actions: Any, add_logs: Any) -> None:
@@ -57,25 +56,38 @@ def cmd_schedule_add(args: argparse.Namespace) -> int:
     """Check the batch, hand it to the running host, print the answer. Returns the exit code.
 
     Raises:
-        UsageError: (exit 2) neither or both of VMs and ``--all``, or a bad batch file.
+        UsageError: (exit 2) neither or both of VMs and ``--all``, a bad batch file, or the
+            host refused it.
         ControlError: no host runs with these ``--logs``.
     """
-    from vmr_handler.core.control import request_at
-
     *vms, file = args.targets
     if bool(vms) == bool(args.all):
         raise UsageError("schedule add needs VM names or --all (not both), then the file")
     path = os.path.abspath(file)
+    result = request_add(args.logs, vms, bool(args.all), path)
+    print(json.dumps(result, indent=1) if args.json else added_text(result, file))
+    return EXIT_OK
+
+
+def request_add(logs: str, vms: List[str], everyone: bool, path: str) -> Dict[str, Any]:
+    """Check the batch file at ``path`` (absolute) and hand it to the host running with ``logs``
+    (the ``schedule_add`` request; also what ``vmr-host push|pull|exec`` send). Returns the
+    host's result (``id``, ``entries``, ``targets``, ``sent_now``, ``pending``).
+
+    Raises:
+        UsageError: a bad batch file, or the host refused it (its reason; nothing appended).
+        ControlError: no host runs with these ``logs``.
+    """
+    from vmr_handler.core.control import request_at
+
     try:
         raw, _batch = read_batch(path)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    payload = {"cmd": "schedule_add", "vms": vms, "all": bool(args.all), "path": path,
+    payload = {"cmd": "schedule_add", "vms": vms, "all": everyone, "path": path,
                "sha256": hashlib.sha256(raw).hexdigest()}  # fmt: skip
-    reply = request_at(control_socket_path(args.logs), payload)
+    reply = request_at(control_socket_path(logs), payload)
     if reply.get("status") != "success":
-        print(f"vmr-host: error: {reply.get('details')}", file=sys.stderr)
-        return EXIT_USAGE
-    result = reply["result"]
-    print(json.dumps(result, indent=1) if args.json else added_text(result, file))
-    return EXIT_OK
+        raise UsageError(str(reply.get("details")))
+    result: Dict[str, Any] = reply["result"]
+    return result

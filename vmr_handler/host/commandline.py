@@ -311,6 +311,13 @@ def _add_schedule(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     add_arguments(sub, _add_logs)
 
 
+def _add_live(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``push``, ``pull`` and ``exec`` (:mod:`vmr_handler.host.livecmds`)."""
+    from vmr_handler.host.livecmds import add_parsers
+
+    add_parsers(sub, _add_logs)
+
+
 #: The sub-commands, in the order ``vmr-host --help`` lists them.
 _COMMANDS: Tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], ...] = (
     _add_serve,
@@ -323,6 +330,7 @@ _COMMANDS: Tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]],
     _add_check,
     _add_logs_cmd,
     _add_schedule,
+    _add_live,
 )
 
 
@@ -469,8 +477,12 @@ def cmd_wait(args: argparse.Namespace) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     """The full front end (:func:`vmr_handler.host.cli.main` sends what the lean path does not
     take here). Returns the exit code."""
+    from vmr_handler.host.livecmds import COMMANDS as LIVE
+    from vmr_handler.host.livecmds import run_live, split_command
+
     parser = _parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    words, command = split_command(sys.argv[1:] if argv is None else argv)  # exec's -- CMD [ARG...]
+    args = parser.parse_args(words)
     # INFO by default: each VM's connect, configured, failed and complete with running counts
     # (issue 13); -q for warnings and errors only, -v for debug
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
@@ -509,6 +521,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             from vmr_handler.host.schedulecmd import cmd_schedule_show
 
             return cmd_schedule_add(args) if args.schedule_cmd == "add" else cmd_schedule_show(args)
+        if args.command in LIVE:
+            return run_live(args, command)
         if args.command == "logs":
             from vmr_handler.host.logscmd import show_logs
 

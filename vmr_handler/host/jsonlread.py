@@ -12,6 +12,7 @@ line longer than :data:`MAX_LINE` is skipped without being held in memory.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, Optional, Tuple
 
@@ -68,6 +69,29 @@ def records_from(
             else:
                 stats.bad += 1
             offset = end
+
+
+def end_offset(path: str) -> int:
+    """The byte offset just after the last whole line of ``path`` now (0: no such file): where a
+    reader starts to get only the records appended from now on (a last line still being
+    written is read with them, once whole).
+
+    Raises:
+        OSError: the file exists but cannot be read.
+    """
+    try:
+        with open(path, "rb") as fh:
+            pos = fh.seek(0, os.SEEK_END)
+            while pos > 0:
+                step = min(64 * 1024, pos)
+                fh.seek(pos - step)
+                newline = fh.read(step).rfind(b"\n")
+                if newline >= 0:
+                    return pos - step + newline + 1
+                pos -= step
+    except FileNotFoundError:
+        pass
+    return 0
 
 
 def event_of(record: Dict[str, Any]) -> Optional[Event]:

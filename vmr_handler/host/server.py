@@ -42,7 +42,7 @@ from vmr_handler.host.fdlimit import ensure_fd_limit, fd_needs, readable_pool
 from vmr_handler.host.hostentries import HostEntryRunner, schedule_lookup
 from vmr_handler.host.http import ResourceHttp
 from vmr_handler.host.httpcommon import NoteFn
-from vmr_handler.host.resources import ResourceStore
+from vmr_handler.host.resources import PUSHED_DIR, ResourceStore
 from vmr_handler.host.schedulecmd import write_index
 from vmr_handler.host.session import VmSession, restore_session, save_checkpoint
 from vmr_handler.host.sessionapi import HostEvents
@@ -74,7 +74,8 @@ class HostServer:
         self.sessions: Dict[str, VmSession] = {}
         self.experiment = Experiment(config, self.sessions)
         self.channels = channels(config, self.experiment)
-        self.resources = ResourceStore(config.resources)
+        # --resources, and the files vmr-host push staged (issue 12)
+        self.resources = ResourceStore(config.resources, os.path.join(config.logs, PUSHED_DIR))
         lookup = schedule_lookup(config.vms, config.allow_classes)
         self.host_entries = HostEntryRunner(
             config.host_entries, config.logs, self.sessions, lookup, self.resources, self.events
@@ -240,7 +241,8 @@ class HostServer:
         over the channel (``resource_request``).
 
         Raises:
-            ValueError: one is not a file inside ``--resources`` (nothing is appended).
+            ValueError: one is not a file inside ``--resources`` nor a staged push (nothing is
+                appended).
         """
         try:
             infos = {name: self._one_resource(vm, name) for name in names}
