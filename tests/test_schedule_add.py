@@ -72,6 +72,7 @@ def test_append_to_all_then_a_break_to_one_ended_by_resume(env: HostEnv) -> None
     rows = json.loads(env.cli("schedule", "show", "a", "--json").stdout)["entries"]
     assert [r["runs"][0]["status"] for r in rows] == ["success"] * 4
     assert "appended late" in rows[3]["command"]
+    assert rows[2]["stage"] == 1  # the stage the agent ran it as (after the schedule's own)
 
     # a break appended to a alone holds what follows it until a RESUME
     brk = _batch(env, "break.yaml", [

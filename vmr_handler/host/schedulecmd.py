@@ -142,9 +142,11 @@ def _received_resumes(records: List[Dict[str, Any]], entries: int) -> List[Tuple
     return out
 
 
-def with_appended(logs: str, vm: str, schedule: Any) -> Any:
+def with_appended(logs: str, vm: str, schedule: Any, stages: Dict[int, int]) -> Any:
     """``schedule`` with the batches ``vm`` appended (``vmr-host schedule add``), numbered as
-    the agent numbered them; a batch that no longer loads is left out with a note on stderr."""
+    the agent numbered them; a batch that no longer loads is left out with a note on stderr.
+    ``stages`` is filled with the stage the agent gave each appended negative entry (its own,
+    after every stage of the schedule: not the one the plan of the whole list would say)."""
     from vmr_handler.core.errors import ScheduleError
     from vmr_handler.core.schedule.appended import extended, reindexed
     from vmr_handler.core.schedule.loader import load_schedule_bytes
@@ -161,6 +163,7 @@ def with_appended(logs: str, vm: str, schedule: Any) -> Any:
             batch = load_schedule_bytes(book.raw(record))
             moved = {int(k): float(v) for k, v in dict(answer.get("moved") or {}).items()}
             schedule = extended(schedule, reindexed(batch.entries, int(answer["first_index"]), moved))
+            stages.update({int(i): int(n) for n, _t, ix in answer.get("stages") or [] for i in ix})
         except (OSError, ScheduleError, ValueError, TypeError) as exc:
             sys.stderr.write(f"note: batch {record.id} not shown: {exc}\n")
     return schedule
@@ -270,7 +273,8 @@ def cmd_schedule_show(args: argparse.Namespace) -> int:
     item = _delivered(args.logs, args.vm)
     schedule = load_delivered(args.logs, args.vm)
     base = len(schedule.entries)
-    schedule = with_appended(args.logs, args.vm, schedule)
+    appended_stages: Dict[int, int] = {}
+    schedule = with_appended(args.logs, args.vm, schedule, appended_stages)
     notes: List[str] = []
     try:
         records = list(read_jsonl(log_path(args.logs, args.vm), notes))
@@ -281,6 +285,8 @@ def cmd_schedule_show(args: argparse.Namespace) -> int:
         timeline.add(rec)
     start = start_time(args.logs)
     rows = entry_rows(schedule, timeline, _received_resumes(records, base))
+    for row in rows:
+        row["stage"] = appended_stages.get(row["index"], row["stage"])
     if args.json:
         doc = {"vm": args.vm, **item, "start_time": start, "entries": rows, "notes": notes}
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
