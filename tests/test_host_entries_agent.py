@@ -12,6 +12,7 @@ import signal
 from typing import Any, Dict, Iterator, List
 
 import pytest
+import yaml
 
 from tests.hostenv import HostEnv
 
@@ -53,6 +54,14 @@ def test_on_host_entries_run_on_the_host_in_the_stage_and_at_their_time(env: Hos
     assert env.events("a", "entry_skipped") == []
     stages = [r["event"]["data"]["stage"] for r in env.events("a", "stage_started")]
     assert stages == [0, 1]
+    # an on_host entry appended later (schedule add) runs on the host too, from the host's copy
+    marker = env.marker  # type: ignore[attr-defined]
+    batch = env.root / "more.yaml"
+    batch.write_text(yaml.safe_dump([{"start_time": 1, "executable": "/bin/sh", "on_host": True,
+                                      "arguments": f"-c 'echo appended >> {marker}'"}]))  # fmt: skip
+    assert env.cli("schedule", "add", "a", str(batch)).returncode == 0
+    assert env.wait_event("a", "entry_exited", index=3)["event"]["data"]["on_host"] is True
+    assert marker.read_text().split() == ["negative", "positive", "appended"]
 
 
 def test_without_host_entries_they_are_refused_and_the_vm_goes_on() -> None:

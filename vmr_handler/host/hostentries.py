@@ -32,6 +32,7 @@ once the program ended (``status``, ``details``, ``exit_code``, ``signal``, ``re
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -47,6 +48,7 @@ from vmr_handler.core.events import Event, EventType, encode_output
 from vmr_handler.core.processes import ProcessResult, ProcessRunner, kill_tree
 from vmr_handler.core.protocol import result_data
 from vmr_handler.core.schedule.model import ScheduleEntry
+from vmr_handler.host.appendbook import AppendBook
 from vmr_handler.host.config import VmSpec
 from vmr_handler.host.resources import ResourceStore
 from vmr_handler.host.sessionapi import HostEntrySink, HostEvents
@@ -80,10 +82,14 @@ RUNNING, ENDED, INTERRUPTED = "running", "ended", "interrupted"
 EntryLookup = Callable[[str, int], Optional[ScheduleEntry]]
 
 
-def schedule_lookup(specs: Mapping[str, VmSpec], allow: Sequence[str]) -> EntryLookup:
+def schedule_lookup(
+    specs: Mapping[str, VmSpec], allow: Sequence[str], book: Optional[AppendBook] = None
+) -> EntryLookup:
     """The default :data:`EntryLookup`: each VM's schedule as the host delivers it
     (``spec.schedule_bytes``), loaded by the restricted loader with the ``--allow-class``
-    names ``allow`` the first time the VM asks; its on_host entries are kept."""
+    names ``allow`` the first time the VM asks; its on_host entries are kept. An index past
+    them is looked for in the batches ``book`` says the VM appended (``vmr-host schedule add``:
+    entries the operator wrote, numbered as the agent answered)."""
     cache: Dict[str, Dict[int, ScheduleEntry]] = {}
 
     def entry_of(vm: str, index: int) -> Optional[ScheduleEntry]:
@@ -101,9 +107,26 @@ def schedule_lookup(specs: Mapping[str, VmSpec], allow: Sequence[str]) -> EntryL
                 schedule = None
             entries = {e.index: e for e in schedule.entries if e.on_host} if schedule else {}
             cache[vm] = entries
-        return entries.get(index)
+        found = entries.get(index)
+        return found if found is not None or book is None else appended_entry(book, vm, index, allow)
 
     return entry_of
+
+
+def appended_entry(book: AppendBook, vm: str, index: int, allow: Sequence[str]) -> Optional[ScheduleEntry]:
+    """On_host entry ``index`` of a batch ``vm`` appended, or None (not one, or unreadable)."""
+    from vmr_handler.core.schedule.loader import load_schedule_bytes
+
+    for record in book.accepted(vm):
+        first = record.answered[vm].get("first_index")
+        if isinstance(first, int) and first <= index < first + record.entries:
+            try:
+                entry = load_schedule_bytes(book.raw(record), allow).entries[index - first]
+            except (OSError, ScheduleError, IndexError) as exc:
+                log.error("%s: batch %s cannot be read for on_host entry %d: %s", vm, record.id, index, exc)
+                return None
+            return dataclasses.replace(entry, index=index) if entry.on_host else None
+    return None
 
 
 @dataclass

@@ -76,7 +76,7 @@ class HostServer:
         self.channels = channels(config, self.experiment)
         # --resources, and the files vmr-host push staged (issue 12)
         self.resources = ResourceStore(config.resources, os.path.join(config.logs, PUSHED_DIR))
-        lookup = schedule_lookup(config.vms, config.allow_classes)
+        lookup = schedule_lookup(config.vms, config.allow_classes, self.experiment.appends)
         self.host_entries = HostEntryRunner(
             config.host_entries, config.logs, self.sessions, lookup, self.resources, self.events
         )  # on_host entries (issue 12), reached by the sessions through the experiment
