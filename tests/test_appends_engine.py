@@ -96,7 +96,10 @@ def test_negative_entries_run_as_a_stage_of_their_own_while_positive_time_goes_o
         records = [{"start_time": -7, "executable": "n2"}, {"start_time": -9, "executable": "n1"}]
         answer = append(h, "b1", records)
         assert answer["stages"] == [[1, -9.0, [3]], [2, -7.0, [2]]]
+        await h.clock.advance_to(start + 25.0)
+        assert h.engine.phase == "stages" and h.engine.current_stage == 1
         await h.clock.advance_to(start + 100.0)
+        assert h.engine.phase == "complete" and h.engine.current_stage is None
         assert h.processes.started_at("n1") == [start + 20.0]
         assert h.processes.started_at("n2") == [start + 50.0]  # after the stage before it, in order
         assert h.processes.started_at("p0") == [start + 40.0]  # positive time went on meanwhile

@@ -89,7 +89,8 @@ class StagePlay:
         if outcome == "ok":
             self.journal.mark_stage_done(number)
             await self.persist()
-            set_phase(before if before not in ("starting", "placing data") else "stages")
+        if self.over and get_phase() == "stages":  # an appended stage while positive time goes on
+            set_phase("positive" if before == "complete" else before)  # (a completed VM runs again)
         return outcome
 
     async def appended(self) -> str:
