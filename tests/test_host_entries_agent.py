@@ -49,7 +49,9 @@ def test_on_host_entries_run_on_the_host_in_the_stage_and_at_their_time(env: Hos
         started, exited = _of(env, "a", "entry_started", index), _of(env, "a", "entry_exited", index)
         assert len(started) == 1 and started[0]["on_host"] is True
         assert len(exited) == 1 and exited[0]["status"] == "success" and exited[0]["on_host"] is True
-    assert _of(env, "a", "entry_started", 2)[0]["lateness"] >= 0
+    # at its time: lateness is the host's spawn against the instant the agent computed on its
+    # host-synchronised clock, so a sync error of a few ms either way shows (never seconds)
+    assert abs(_of(env, "a", "entry_started", 2)[0]["lateness"]) < 5.0
     assert any("ran on the host" in str(o) for o in _of(env, "a", "output", 0))
     assert env.events("a", "entry_skipped") == []
     stages = [r["event"]["data"]["stage"] for r in env.events("a", "stage_started")]
