@@ -37,7 +37,14 @@ from vmr_handler.core.errors import AppendRefused, JournalError, ScheduleError
 from vmr_handler.core.events import Event, EventType
 from vmr_handler.core.fsutil import atomic_write
 from vmr_handler.core.protocol import result_data
-from vmr_handler.core.schedule.appended import MAX_BATCH_BYTES, clamped_start, extended, new_stages, reindexed
+from vmr_handler.core.schedule.appended import (
+    MAX_BATCH_BYTES,
+    batch_entries,
+    clamped_start,
+    extended,
+    new_stages,
+    reindexed,
+)
 from vmr_handler.core.schedule.commands import working_dirs
 from vmr_handler.core.schedule.loader import load_schedule_bytes
 from vmr_handler.core.schedule.model import EntryKind, Schedule, ScheduleEntry
@@ -92,11 +99,10 @@ def restore(
         if hashlib.sha256(raw).hexdigest() != record["sha256"]:
             raise JournalError(f"appended batch {record['id']}: {path} changed since it was appended")
         try:
-            batch = load_schedule_bytes(raw, allowed_classes)
+            entries = batch_entries(raw, record["first_index"], record.get("moved"), allowed_classes)
         except ScheduleError as exc:
             raise JournalError(f"appended batch {record['id']}: {path} no longer loads: {exc}") from exc
-        moved = {int(k): float(v) for k, v in dict(record.get("moved", {})).items()}
-        schedule = extended(schedule, reindexed(batch.entries, int(record["first_index"]), moved))
+        schedule = extended(schedule, entries)
     return schedule
 
 

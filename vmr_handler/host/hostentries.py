@@ -32,7 +32,6 @@ once the program ended (``status``, ``details``, ``exit_code``, ``signal``, ``re
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import os
@@ -47,6 +46,7 @@ from vmr_handler.core.errors import EntryError, HostSetupError, ResourceRefused,
 from vmr_handler.core.events import Event, EventType, encode_output
 from vmr_handler.core.processes import ProcessResult, ProcessRunner, kill_tree
 from vmr_handler.core.protocol import result_data
+from vmr_handler.core.schedule.appended import batch_entries
 from vmr_handler.core.schedule.model import ScheduleEntry
 from vmr_handler.host.appendbook import AppendBook
 from vmr_handler.host.config import VmSpec
@@ -115,17 +115,16 @@ def schedule_lookup(
 
 def appended_entry(book: AppendBook, vm: str, index: int, allow: Sequence[str]) -> Optional[ScheduleEntry]:
     """On_host entry ``index`` of a batch ``vm`` appended, or None (not one, or unreadable)."""
-    from vmr_handler.core.schedule.loader import load_schedule_bytes
-
     for record in book.accepted(vm):
-        first = record.answered[vm].get("first_index")
+        answer = record.answered[vm]
+        first = answer.get("first_index")
         if isinstance(first, int) and first <= index < first + record.entries:
             try:
-                entry = load_schedule_bytes(book.raw(record), allow).entries[index - first]
-            except (OSError, ScheduleError, IndexError) as exc:
+                entry = batch_entries(book.raw(record), first, answer.get("moved"), allow)[index - first]
+            except (OSError, ScheduleError, IndexError, ValueError, TypeError) as exc:
                 log.error("%s: batch %s cannot be read for on_host entry %d: %s", vm, record.id, index, exc)
                 return None
-            return dataclasses.replace(entry, index=index) if entry.on_host else None
+            return entry if entry.on_host else None
     return None
 
 

@@ -148,8 +148,7 @@ def with_appended(logs: str, vm: str, schedule: Any, stages: Dict[int, int]) -> 
     ``stages`` is filled with the stage the agent gave each appended negative entry (its own,
     after every stage of the schedule: not the one the plan of the whole list would say)."""
     from vmr_handler.core.errors import ScheduleError
-    from vmr_handler.core.schedule.appended import extended, reindexed
-    from vmr_handler.core.schedule.loader import load_schedule_bytes
+    from vmr_handler.core.schedule.appended import batch_entries, extended
     from vmr_handler.host.appendbook import AppendBook
 
     try:
@@ -160,9 +159,8 @@ def with_appended(logs: str, vm: str, schedule: Any, stages: Dict[int, int]) -> 
     for record in book.accepted(vm):
         answer = record.answered[vm]
         try:
-            batch = load_schedule_bytes(book.raw(record))
-            moved = {int(k): float(v) for k, v in dict(answer.get("moved") or {}).items()}
-            schedule = extended(schedule, reindexed(batch.entries, int(answer["first_index"]), moved))
+            entries = batch_entries(book.raw(record), answer["first_index"], answer.get("moved"))
+            schedule = extended(schedule, entries)
             stages.update({int(i): int(n) for n, _t, ix in answer.get("stages") or [] for i in ix})
         except (OSError, ScheduleError, ValueError, TypeError) as exc:
             sys.stderr.write(f"note: batch {record.id} not shown: {exc}\n")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Dict, Iterable, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 from vmr_handler.core.schedule.model import EntryKind, Schedule, ScheduleEntry
 
@@ -112,3 +112,22 @@ def read_batch(path: str, allowed_classes: Optional[Iterable[str]] = None) -> Tu
         return raw, load_schedule_bytes(raw, allowed_classes)
     except ScheduleError as exc:
         raise ValueError(f"{path}: {exc}; nothing appended") from exc
+
+
+def batch_entries(
+    raw: bytes, first_index: Any, moved: Any, allowed_classes: Optional[Iterable[str]] = None
+) -> Tuple[ScheduleEntry, ...]:
+    """A kept batch's entries as the agent numbered them: ``raw`` loaded by the restricted
+    loader, numbered from ``first_index``, with ``moved`` (``{index or its text: start_time}``,
+    as the agent's journal and answer keep it) applied. The one place a kept batch is read back
+    (the agent's restart, ``schedule show``, the host's on_host entries).
+
+    Raises:
+        ScheduleError: the batch no longer loads.
+        ValueError, TypeError: ``first_index`` or ``moved`` is not what the agent writes.
+    """
+    from vmr_handler.core.schedule.loader import load_schedule_bytes
+
+    batch = load_schedule_bytes(raw, allowed_classes)
+    shifted = {int(k): float(v) for k, v in dict(moved or {}).items()}
+    return reindexed(batch.entries, int(first_index), shifted)
