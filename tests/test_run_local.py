@@ -265,7 +265,12 @@ def test_ignore_failure_goes_on(tmp_path, agents):
     assert "/proc/vmr-no" in failed[1][0]["data"]["details"]
     assert a.by_index("entry_exited")[0][0]["data"]["exit_code"] == 127
     assert a.by_index("entry_exited")[2][0]["data"]["exit_code"] == 3  # non-zero exit: reported, goes on
-    assert a.events("schedule_complete")
+    # the completion says what happened: an entry that could not start is not "success"
+    done = a.events("schedule_complete")[0]["data"]
+    assert (done["status"], done["ran"], done["exited_nonzero"], done["not_started"]) == ("error", 3, 2, 1)
+    assert done["details"] == (
+        "3 entries ran (2 exited non-zero), 1 could not start (see their entry_failed reports)"
+    )
 
 
 def test_unplaceable_data_fails_the_vm_and_names_the_location(tmp_path, agents):

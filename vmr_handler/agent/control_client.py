@@ -150,6 +150,12 @@ def status_text(result: Dict[str, Any]) -> str:
             f"running: entry {item['index']} ({item['executable']}) pid {item['pid']} "
             f"for {duration(item['running_for'])}"
         )
+    counts = result.get("entries")
+    if isinstance(counts, dict) and any(counts.values()):
+        lines.append(
+            f"entries: {counts.get('ran', 0)} ran, {counts.get('exited_nonzero', 0)} exited non-zero, "
+            f"{counts.get('not_started', 0)} could not start"
+        )
     if result.get("held_reports"):
         lines.append(f"reports held in memory (state dir full?): {result['held_reports']}")
     if result.get("failure"):

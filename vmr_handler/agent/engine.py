@@ -37,7 +37,9 @@ from vmr_handler.agent.bundle import child_environment
 from vmr_handler.agent.engineconfig import DEFAULT_REBOOT_COMMAND, EngineConfig
 from vmr_handler.agent.enginestatus import (
     announce,
+    completion,
     engine_status,
+    entry_counts,
     waiting_status,
 )
 from vmr_handler.agent.entries import EntryLauncher, LaunchContext, Prepared
@@ -307,7 +309,8 @@ class Engine:
     def _complete(self) -> None:
         self.phase = "complete"
         self._completed = True
-        self.emit(EventType.SCHEDULE_COMPLETE, status="success")
+        counts = entry_counts(self.journal, self.schedule.entries)
+        self.emit(EventType.SCHEDULE_COMPLETE, **completion(counts))
 
     def _busy(self) -> bool:
         """Something of the schedule is armed, running or still to run."""

@@ -26,7 +26,7 @@ import logging
 import math
 import os
 import time
-from typing import Any, Awaitable, Callable, Dict, List, Optional
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
 
 from vmr_handler.core.errors import JournalError
 from vmr_handler.core.fsutil import append_whole, atomic_write
@@ -272,6 +272,11 @@ class Journal:
     def mark_done(self, index: int, state: str = DONE, exit_code: Optional[int] = None) -> None:
         """Record (in the log, at once) that ``index`` ended (``done``) or could not run (``failed``)."""
         self._set_entry(index, {"state": state, "exit_code": exit_code})
+
+    def entry_outcomes(self) -> Dict[int, Tuple[str, Optional[int]]]:
+        """Every recorded entry: ``{index: (state, exit_code)}`` (state ``running``, ``done`` or
+        ``failed``; exit_code None for a data-only entry, a signal or no exit yet)."""
+        return {int(k): (str(v.get("state")), v.get("exit_code")) for k, v in self.data["entries"].items()}
 
     def running_entries(self) -> Dict[int, Dict[str, Any]]:
         """Entries recorded as running (left over by a crash): ``{index: record}``."""

@@ -19,8 +19,7 @@ the field and what is wrong) when its ``data`` is not an object, a number field 
 no float can hold (an integer beyond 1.8e308), a value has no JSON text, a ``result``
 has no string ``answers`` or an ``ack`` no ``ids`` list. The consumer counts it and drops it.
 
-:func:`parse_payload` parses an event; :data:`PAYLOADS` maps an event type to its class (the
-report's fold, which reads log records rather than events, parses through it directly).
+:func:`parse_payload` parses an event; :data:`PAYLOADS` maps an event type to its class.
 """
 
 from __future__ import annotations
@@ -224,9 +223,13 @@ class ControlRefused(Payload):
 
 @dataclass(frozen=True)
 class ScheduleComplete(Payload):
-    """``schedule_complete`` (no field is read)."""
+    """``schedule_complete``: ``status`` and the entry counts (None when an agent sends none)."""
 
     TYPE = T.SCHEDULE_COMPLETE.value
+    status: Optional[str]
+    ran: Optional[int]
+    exited_nonzero: Optional[int]
+    not_started: Optional[int]
 
 
 # ---------------------------------------------------------------------------- stages and barrier

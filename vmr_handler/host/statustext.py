@@ -58,7 +58,7 @@ def phase(vm: Dict[str, Any], start: Optional[float], now: float) -> str:
         p = ph["paused"]
         return f"paused (#{p['index']}, {duration(p['duration'])})"
     if vm.get("complete"):
-        return "complete"
+        return "complete" + completion_note(vm.get("completion"))
     running = ph.get("running_entries") or []
     if running:
         names = ", ".join(str(i) for i in running[:6]) + (" ..." if len(running) > 6 else "")
@@ -69,6 +69,19 @@ def phase(vm: Dict[str, Any], start: Optional[float], now: float) -> str:
     if isinstance(stage_time, (int, float)) and vm.get("configured_at") is None:
         return f"stage {stage_time:g}"
     return "configured" if vm.get("configured_at") is not None else "-"
+
+
+def completion_note(completion: Optional[Dict[str, Any]]) -> str:
+    """What a VM's ``schedule_complete`` counted, in words: `` (12 ran, 1 exited non-zero, 2
+    could not start)``; '' when the agent sent no counts."""
+    if not completion or completion.get("ran") is None:
+        return ""
+    parts = [f"{completion['ran']} ran"]
+    if completion.get("exited_nonzero"):
+        parts.append(f"{completion['exited_nonzero']} exited non-zero")
+    if completion.get("not_started"):
+        parts.append(f"{completion['not_started']} could not start")
+    return f" ({', '.join(parts)})"
 
 
 def kpi_cell(vm: Dict[str, Any], now: float) -> str:
@@ -125,6 +138,10 @@ def hints(result: Dict[str, Any]) -> List[str]:
             if name in waiting:
                 line += f"; start without it: vmr-host release --exclude {name}"
             out.append(line)
+        elif vm.get("complete") and (vm.get("completion") or {}).get("not_started"):
+            n = vm["completion"]["not_started"]
+            out.append(f"{name} completed, but {n} entr{'y' if n == 1 else 'ies'} could not start; "
+                       f"see why: vmr-host logs {name}")  # fmt: skip
         elif name in waiting and not vm["connected"]:
             out.append(f"{name} is not connected and the barrier waits for it; "
                        f"start without it: vmr-host release --exclude {name}")  # fmt: skip

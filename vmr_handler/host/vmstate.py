@@ -212,6 +212,8 @@ class VmState:
         #: earlier failures the VM recovered from (a new agent run followed): {at, details}
         self.failure_history: List[Dict[str, Any]] = []
         self.complete = False
+        #: what the last ``schedule_complete`` said: {status, ran, exited_nonzero, not_started}
+        self.completion: Optional[Dict[str, Any]] = None
         # where the VM is now (issue 13): entries running (index -> host UTC seen started),
         # the break it is held at, the pause it is in, the last entry started
         self.running: Dict[int, float] = {}
@@ -312,6 +314,12 @@ class VmState:
 
     def _schedule_complete(self, p: ScheduleComplete, received: float) -> None:
         self.complete = True
+        self.completion = {
+            "status": short(p.status, 16),
+            "ran": p.ran,
+            "exited_nonzero": p.exited_nonzero,
+            "not_started": p.not_started,
+        }
         self.host.on_outcome(self.name, "complete", None, received)
 
     def _entry_started(self, p: EntryStarted, received: float) -> None:
@@ -382,6 +390,7 @@ class VmState:
         if data["schedule_state"] == "sent":
             data["schedule_state"] = "pending"
         data["running"] = [[i, t] for i, t in self.running.items()]
+        data["completion"] = self.completion
         data["kpi"] = self.kpi
         data["kpi_history"] = [list(sample) for sample in self.kpi_history]
         return data
@@ -402,6 +411,10 @@ class VmState:
         ):
             raise ValueError("not a VM state snapshot: bad schedule_state or failure_history")
         kpi, history = _kpi_snapshot(data)
+        completion = data.get("completion")  # absent from an older host's checkpoint
+        if completion is not None and not isinstance(completion, dict):
+            raise ValueError("not a VM state snapshot: bad completion")
+        self.completion = completion
         for k, v in values.items():
             setattr(self, k, v)
         self.running = running
@@ -455,6 +468,7 @@ class VmState:
             "failed_entry": self.failed_entry,
             "failure_history": list(self.failure_history),
             "complete": self.complete,
+            "completion": dict(self.completion) if self.completion else None,
             "phase": {
                 "stage_time": self.stage_time,
                 "running_entries": sorted(self.running),
