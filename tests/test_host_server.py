@@ -295,7 +295,7 @@ def test_resource_chunks_and_refusals(hosts):
             {"location": "e", "filename": "empty.bin"},
         ]},
     ]  # fmt: skip
-    h = _host(hosts, {"vm1": sched}, start=False)
+    h = _host(hosts, {"vm1": sched}, "--allow-missing-resources", start=False)  # refusals on purpose
     (h.resources / "tool.bin").write_bytes(data)
     (h.resources / "empty.bin").write_bytes(b"")
     (h.base / "secret").write_bytes(b"top secret")

@@ -109,7 +109,8 @@ def test_refusals_ranges_and_tokens(unix_env_factory, tmp_path: Path):
     (env.resources / "b.bin").write_bytes(b_data)
     (env.resources / "slow.bin").write_bytes(bytes(8 * MB))  # 8 s at the debug rate
     (env.resources / "link.txt").symlink_to(outside)  # named by a's schedule, leads out
-    base = _start_http_host(env, "--http-debug-rate", str(MB))
+    # gone.bin and link.txt cannot be served: on purpose (serve refuses to start without the flag)
+    base = _start_http_host(env, "--http-debug-rate", str(MB), "--allow-missing-resources")
     tokens = _tokens(env)
     assert stat.S_IMODE((env.logs / "http-tokens.json").stat().st_mode) == 0o600
     assert tokens["a"] != tokens["b"] and len(tokens["a"]) >= 40
@@ -161,7 +162,7 @@ def test_refusals_ranges_and_tokens(unix_env_factory, tmp_path: Path):
     # a restarted host keeps the tokens (agents only learn them with the schedule)
     env.host.send_signal(signal.SIGTERM)
     env.host.wait(timeout=30)
-    base = _start_http_host(env)
+    base = _start_http_host(env, "--allow-missing-resources")
     assert _tokens(env) == tokens
     assert get("/r/a/a.bin").content == a_data
 

@@ -21,6 +21,8 @@ from tests.hostenv import HostEnv
 
 BREAK = {"start_time": 1, "pause_duration": "inf"}
 TOOL = {"location": "tool", "filename": "tool.bin"}  # a VM resource the host lacks at first
+#: the host serves though vm3's tool.bin is missing (without it, serve refuses to start)
+ALLOW = "--allow-missing-resources"
 
 
 def _sched(extra: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -59,7 +61,7 @@ def _status_json(env: HostEnv) -> Dict[str, Any]:
 
 
 def test_status_wait_and_a_recovered_vm(env: HostEnv) -> None:
-    env.start_host()
+    env.start_host(ALLOW)
     for vm in ("vm1", "vm2", "vm3"):
         env.start_agent(vm)
     env.wait_event("vm3", "vm_failed")
@@ -148,7 +150,7 @@ def test_status_wait_and_a_recovered_vm(env: HostEnv) -> None:
 
 def test_readable_numbers_in_status(env: HostEnv) -> None:
     """No epoch float and no number with more than 3 decimals in the human status."""
-    env.start_host()
+    env.start_host(ALLOW)
     for vm in ("vm1", "vm2"):
         env.start_agent(vm)
     env.wait_for(lambda: _vm(_status_json(env), "vm1")["configured_at"] is not None, "vm1 configured")
@@ -161,7 +163,7 @@ def test_readable_numbers_in_status(env: HostEnv) -> None:
 def test_logs_show_follow_and_filter(env: HostEnv) -> None:
     """``vmr-host logs``: events and whole output lines in UTC + experiment time, non-UTF-8
     escaped, ``--entry``/``--stream``/``--json``, and ``-f`` follows what the host appends."""
-    env.start_host()
+    env.start_host(ALLOW)
     env.start_agent("vm2")
     env.wait_event("vm2", "configured")
     assert _cli(env, "release", "--exclude", "vm1", "vm3").returncode == 0
@@ -197,7 +199,7 @@ def test_logs_show_follow_and_filter(env: HostEnv) -> None:
 
 def test_status_watch_redraws(env: HostEnv) -> None:
     """``status --watch`` redraws until stopped (a pipe gets one block per round)."""
-    env.start_host()
+    env.start_host(ALLOW)
     watch = subprocess.Popen(
         [sys.executable, "-m", "vmr_handler.host", "status", "--watch", "--interval", "0.3",
          "--logs", str(env.logs)],

@@ -24,6 +24,7 @@ raise one re-export its name (``vmr_handler.host.store.TransferRefused`` is this
      +-- BarrierError             an operator request the barrier cannot honour (also a ValueError)
      +-- ResourceRefused          a VM-resource request the host will not serve
      |    +-- ResourceMissing        no such file in the resource directory (HTTP 404)
+     +-- ResourcesMissing         a batch names VM resources the host does not have (also a ValueError)
      +-- TransferRefused          a file transfer the host will not store
      |    +-- TransferTooLarge       over the per-file or per-VM limit (HTTP 413)
      |    +-- TransferConflict       does not continue what the host holds (HTTP 409)
@@ -175,6 +176,14 @@ class ResourceRefused(VmrError):
 
 class ResourceMissing(ResourceRefused):
     """The name is acceptable but no such file is in the resource directory (HTTP 404)."""
+
+
+class ResourcesMissing(VmrError, ValueError):
+    """An appended batch names VM resources the host does not have (SPEC section 8); nothing is
+    appended. The message lists every such file with the VMs and entries that need it.
+
+    Also a ``ValueError``, so that the control socket answers it as a refused request.
+    """
 
 
 class TransferRefused(VmrError):

@@ -111,6 +111,12 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     serve.add_argument("--resources", metavar="DIR", help="VM-resource files for `filename` drops")
     serve.add_argument(
+        "--allow-missing-resources",
+        action="store_true",
+        help="serve even when schedules name files not in --resources (one warning per file; the VMs "
+        "that need one are refused it); without it serve refuses to start, listing them",
+    )
+    serve.add_argument(
         "--host-entries",
         action="store_true",
         help="run the schedules' on_host entries on this host when their VM asks (an absolute path, "
@@ -262,35 +268,50 @@ def _add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def _add_check(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``check DIR [--allow-class NAME]... [--json]``."""
+    """``check DIR [--resources DIR] [--allow-class NAME]... [--json]``."""
     check = sub.add_parser(
         "check", help="check every schedule file of a --schedules directory (exit 2: some cannot be used)"
     )
     check.add_argument("schedules", metavar="DIR", help="one schedule per VM: <vm>.pkl|.yaml|.json")
+    check.add_argument("--resources", metavar="DIR",
+                       help="also check every `filename` drop is a file of DIR (as serve's)")  # fmt: skip
     check.add_argument("--allow-class", action="append", default=[], metavar="MODULE.NAME",
                        help="also admit this schedule-entry class name in pickles (as serve's)")  # fmt: skip
-    check.add_argument("--json", action="store_true", help="print {vms: {...}, problems: [...]} as JSON")
+    check.add_argument("--json", action="store_true",
+                       help="print {vms: {...}, problems: [...], resources: {...}} as JSON")  # fmt: skip
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """``vmr-host check DIR``: every bad schedule file at once (issue 13), each named with the
-    loader's message; exit 0 when all can be used, 2 when some cannot."""
+    """``vmr-host check DIR [--resources RES]``: every bad schedule file at once, each named with
+    the loader's message, and with ``--resources`` every ``filename`` drop that is not a file of
+    RES (:mod:`vmr_handler.host.resources`, the listing ``serve`` refuses to start with).
+
+    Returns:
+        0 when all can be used, 2 when some file cannot or some resource is missing.
+
+    Raises:
+        UsageError: no such directory or no schedule in it; ``--resources`` is not a directory.
+    """
     import json
 
+    from vmr_handler.host.resources import check_resources
     from vmr_handler.host.specs import check_specs
 
     specs, problems = check_specs(args.schedules, args.allow_class)
+    resources = check_resources(specs, args.resources)
     if args.json:
         vms = {vm: {"path": sp.schedule_path, "sha256": sp.digest, "format": sp.format}
                for vm, sp in specs.items()}  # fmt: skip
-        print(json.dumps({"vms": vms, "problems": problems}, indent=1))
+        print(json.dumps({"vms": vms, "problems": problems, "resources": resources.to_dict()}, indent=1))
     else:
         for vm, spec in sorted(specs.items()):
             print(f"ok       {vm}: {spec.schedule_path} ({spec.format}, sha256 {spec.digest[:12]})")
         for line in problems:
             print(f"PROBLEM  {line}")
-        print(f"{len(specs)} schedule(s) usable, {len(problems)} file(s) with problems")
-    return EXIT_USAGE if problems else EXIT_OK
+        for line in resources.lines():
+            print(line)
+        print(f"{len(specs)} schedule(s) usable, {len(problems)} file(s) with problems{resources.summary()}")
+    return EXIT_USAGE if problems or resources.missing else EXIT_OK
 
 
 def _add_logs_cmd(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -406,6 +427,7 @@ def build_config(args: argparse.Namespace) -> HostConfig:
         name=experiment_name(args, mqtt.experiment if mqtt is not None else None),
         host_entries=args.host_entries,
         allow_classes=tuple(args.allow_class),
+        allow_missing_resources=args.allow_missing_resources,
     )
 
 

@@ -132,6 +132,8 @@ class VmSpec:
         format: ``pickle``, ``yaml`` or ``json``.
         filenames: the ``filename`` drops the schedule names (the only resources this VM
             may request).
+        drops: ``(filename, entry indices)`` of the schedule's own drops, by name (what
+            ``serve`` and ``check`` list when a file is missing).
     """
 
     name: str
@@ -140,6 +142,7 @@ class VmSpec:
     digest: str
     format: str
     filenames: FrozenSet[str] = frozenset()
+    drops: Tuple[Tuple[str, Tuple[int, ...]], ...] = ()
 
 
 @dataclass
@@ -176,6 +179,9 @@ class HostConfig:
             (``--host-entries``; :mod:`vmr_handler.host.hostentries`, issue 12); False: refused.
         allow_classes: the ``--allow-class`` names the schedules were loaded with (the host
             loads a VM's schedule again to look its on_host entries up).
+        allow_missing_resources: serve even when schedules name VM resources the host does not
+            have (``--allow-missing-resources``: one warning per file); False: refuse to start
+            (:mod:`vmr_handler.host.resources`).
     """
 
     vms: Dict[str, VmSpec]
@@ -198,3 +204,4 @@ class HostConfig:
     name: str = ""
     host_entries: bool = False
     allow_classes: Tuple[str, ...] = ()
+    allow_missing_resources: bool = False

@@ -9,15 +9,19 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from vmr_handler import __version__
 from vmr_handler.core.control import Handler
 from vmr_handler.core.readable import few_names
 from vmr_handler.core.schedule.appended import read_batch
-from vmr_handler.core.schedule.model import FileDrop
 from vmr_handler.host.appendbook import issue_batch
 from vmr_handler.host.experiment import Experiment
+from vmr_handler.host.resources import entry_drops
+
+#: Per target VM, the ``{filename: {"size", "sha256"}}`` of the files a batch drops, from the
+#: target VMs and the batch's drops (file name -> entry indices); raises ``ResourcesMissing``.
+ResourceInfo = Callable[[List[str], Mapping[str, Sequence[int]]], Dict[str, Dict[str, Dict[str, Any]]]]
 
 
 class ControlApi:
@@ -26,13 +30,15 @@ class ControlApi:
     Args:
         experiment: the experiment (its config, barrier, RESUMEs and the VMs' sessions).
         mode: ``listen``, ``connect`` or ``mqtt`` (shown by ``status``).
+        resource_info: checks and describes the files a batch drops (the server's); None: a
+            batch is sent without them.
     """
 
     def __init__(
         self,
         experiment: Experiment,
         mode: str,
-        resource_info: Optional[Callable[[str, List[str]], Dict[str, Dict[str, Any]]]] = None,
+        resource_info: Optional[ResourceInfo] = None,
     ) -> None:
         self.experiment = experiment
         self.mode = mode
@@ -55,15 +61,16 @@ class ControlApi:
         Raises:
             ValueError: bad targets; the file cannot be read, changed since the CLI read it, is
                 too big, or is not a valid schedule (the loader's message, naming the entry and
-                field); a ``filename`` drop that is not in ``--resources``. Nothing is appended.
+                field); ``ResourcesMissing``: a ``filename`` drop the host does not have (every
+                such file, with the VMs and entries that need it). Nothing is appended.
         """
         targets = self._targets(request, "schedule add")
         path = str(request.get("path"))
         raw, batch = read_batch(path, self.experiment.config.allow_classes)
         if hashlib.sha256(raw).hexdigest() != request.get("sha256"):
             raise ValueError(f"{path} changed since it was read; run the command again")
-        names = sorted({d.filename for e in batch.entries for d in e.data if isinstance(d, FileDrop)})
-        resources = {vm: self.resource_info(vm, names) if self.resource_info else {} for vm in targets}
+        drops = entry_drops(batch.entries)
+        resources = self.resource_info(targets, drops) if self.resource_info else {vm: {} for vm in targets}
         x = self.experiment
         try:
             record, sent = issue_batch(

@@ -26,11 +26,11 @@ import functools
 import logging
 import os
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set
 
 from vmr_handler import __version__
 from vmr_handler.core.control import ControlServer
-from vmr_handler.core.errors import ControlError, HostSetupError, ResourceRefused
+from vmr_handler.core.errors import ControlError, HostSetupError, ResourceRefused, ResourcesMissing
 from vmr_handler.host.appendfiles import AppendFiles
 from vmr_handler.host.barrier import waiting_text
 from vmr_handler.host.channels import Channels, channel_mode
@@ -42,7 +42,15 @@ from vmr_handler.host.fdlimit import ensure_fd_limit, fd_needs, readable_pool
 from vmr_handler.host.hostentries import HostEntryRunner, schedule_lookup
 from vmr_handler.host.http import ResourceHttp
 from vmr_handler.host.httpcommon import NoteFn
-from vmr_handler.host.resources import PUSHED_DIR, ResourceStore
+from vmr_handler.host.resources import (
+    PUSHED_DIR,
+    ResourceStore,
+    batch_needs,
+    find_missing,
+    missing_text,
+    missing_warning,
+    schedule_needs,
+)
 from vmr_handler.host.schedulecmd import write_index
 from vmr_handler.host.session import VmSession, restore_session, save_checkpoint
 from vmr_handler.host.sessionapi import HostEvents
@@ -76,6 +84,7 @@ class HostServer:
         self.channels = channels(config, self.experiment)
         # --resources, and the files vmr-host push staged (issue 12)
         self.resources = ResourceStore(config.resources, os.path.join(config.logs, PUSHED_DIR))
+        self._unserved: Set[str] = set()  # resources said to be missing (warned about once)
         lookup = schedule_lookup(config.vms, config.allow_classes, self.experiment.appends)
         self.host_entries = HostEntryRunner(
             config.host_entries, config.logs, self.sessions, lookup, self.resources, self.events
@@ -112,14 +121,31 @@ class HostServer:
             raise HostSetupError(str(exc), 2) from exc
         self.channels.check()
 
+    def check_resources(self) -> None:
+        """Every ``filename`` drop of the schedules is a file the host can serve (SPEC section 8);
+        with ``--allow-missing-resources`` one warning per file that is not.
+
+        Raises:
+            HostSetupError: (exit 2) some are not, without ``--allow-missing-resources``: every
+                such file once, with the VMs and entries that need it, and what to do.
+        """
+        missing = find_missing(self.resources, schedule_needs(self.config.vms))
+        if missing and not self.config.allow_missing_resources:
+            raise HostSetupError(missing_text(missing, self.resources, "the schedules", "serve"), 2)
+        for m in missing:
+            log.warning("%s", missing_warning(m, self.resources))
+            self._unserved.add(m.name)
+
     def open(self) -> None:
         """Create directories, restore ``experiment.json``, replay every VM's ``.jsonl``.
 
         Raises:
-            HostSetupError: a path is too long (exit 2), or the state cannot be read, the
-                directories cannot be made or the open-files limit cannot be raised to what
-                the VMs need (exit 1; :mod:`vmr_handler.host.fdlimit`).
+            HostSetupError: the schedules name VM resources the host does not have (exit 2,
+                before anything is made; :meth:`check_resources`), a path is too long (exit 2),
+                or the state cannot be read, the directories cannot be made or the open-files
+                limit cannot be raised to what the VMs need (exit 1; :mod:`vmr_handler.host.fdlimit`).
         """
+        self.check_resources()
         self.check_paths()
         cfg = self.config
         http_per_vm = self.limits.resource_streams if cfg.http is not None else 0
@@ -212,15 +238,17 @@ class HostServer:
 
     def _resource_info(self) -> Dict[str, Dict[str, Dict[str, Any]]]:
         """Per VM: ``{filename: {"size", "sha256"[, "url"]}}`` of the resources its schedule names
-        (``url`` with ``--http``: the agent fetches them over HTTP(S) instead of the channel)."""
+        (``url`` with ``--http``: the agent fetches them over HTTP(S) instead of the channel).
+        A file that cannot be served is left out (the agent is refused it), warned about once."""
         out: Dict[str, Dict[str, Dict[str, Any]]] = {}
         for name, spec in self.config.vms.items():
             info: Dict[str, Dict[str, Any]] = {}
-            for filename in sorted(spec.filenames):
+            for filename in sorted(spec.filenames - self._unserved):
                 try:
                     info[filename] = self._one_resource(name, filename)
-                except ResourceRefused as exc:
-                    log.warning("%s: %s (the agent will be refused it)", name, exc)
+                except ResourceRefused as exc:  # unreadable since check_resources
+                    self._unserved.add(filename)
+                    log.warning("%s (the VMs that need it are refused it)", exc)
             out[name] = info
         return out
 
@@ -236,19 +264,26 @@ class HostServer:
             info["url"] = self.http.url(vm, filename)
         return info
 
-    def _append_resources(self, vm: str, names: List[str]) -> Dict[str, Dict[str, Any]]:
-        """The resources a batch appended to ``vm`` drops (``schedule add``, issue 12), fetched
-        over the channel (``resource_request``).
+    def _append_resources(
+        self, targets: List[str], drops: Mapping[str, Sequence[int]]
+    ) -> Dict[str, Dict[str, Dict[str, Any]]]:
+        """Per target VM, the ``{filename: {"size", "sha256"}}`` of the resources a batch appended
+        to it drops (``drops``: file name -> the batch's entries that drop it), fetched over the
+        channel (``resource_request``).
 
         Raises:
-            ValueError: one is not a file inside ``--resources`` nor a staged push (nothing is
-                appended).
+            ResourcesMissing: some are neither files inside ``--resources`` nor staged pushes
+                (the same check and listing as :meth:`check_resources`; nothing is appended).
         """
+        missing = find_missing(self.resources, batch_needs(drops, targets))
+        if missing:
+            raise ResourcesMissing(missing_text(missing, self.resources, "the batch", "batch"))
         try:
-            infos = {name: self._one_resource(vm, name) for name in names}
-            return {name: {k: v for k, v in info.items() if k != "url"} for name, info in infos.items()}
-        except ResourceRefused as exc:
-            raise ValueError(f"{exc}; nothing appended") from exc
+            infos = {name: self.resources.info(name) for name in sorted(drops)}
+        except ResourceRefused as exc:  # unreadable, or a staged push changed, since the check
+            raise ResourcesMissing(f"{exc}; nothing appended") from exc
+        sizes = {name: {"size": r.size, "sha256": r.sha256} for name, r in infos.items()}
+        return {vm: {name: dict(v) for name, v in sizes.items()} for vm in targets}
 
     # ------------------------------------------------------------------ serving
     async def run(self, stop: asyncio.Event) -> None:

@@ -45,8 +45,8 @@ def check_specs(schedules: str, allow: Sequence[str]) -> Tuple[Dict[str, VmSpec]
         names = sorted(os.listdir(schedules))
     except OSError as exc:
         raise UsageError(f"cannot read --schedules {schedules}: {exc.strerror}") from exc
-    from vmr_handler.core.schedule import FileDrop  # serve only: keeps the CLI quick
-    from vmr_handler.core.schedule.loader import read_schedule
+    from vmr_handler.core.schedule.loader import read_schedule  # serve only: keeps the CLI quick
+    from vmr_handler.host.resources import entry_drops
 
     specs: Dict[str, VmSpec] = {}
     problems: List[str] = []
@@ -73,10 +73,9 @@ def check_specs(schedules: str, allow: Sequence[str]) -> Tuple[Dict[str, VmSpec]
         except ScheduleError as exc:
             problems.append(f"{path}: {exc}")
             continue
-        filenames = frozenset(
-            item.filename for e in schedule.entries for item in e.data if isinstance(item, FileDrop)
-        )
-        specs[stem] = VmSpec(stem, path, data, schedule.digest, schedule.source_format, filenames)
+        drops = entry_drops(schedule.entries)
+        fmt, digest = schedule.source_format, schedule.digest
+        specs[stem] = VmSpec(stem, path, data, digest, fmt, frozenset(drops), tuple(sorted(drops.items())))
     if not seen:
         raise UsageError(f"no schedules (<vm>{'|'.join(SCHEDULE_SUFFIXES)}) in {schedules}")
     return specs, problems
