@@ -271,10 +271,14 @@ done
 ls -l /dev/virtio-ports/
 # vmr.name=NAME on the kernel command line names the agent (only for its logs), unless the
 # fw_cfg blob is there: then the blob alone names it (a command-line name would win over it)
+# vmr.launch=DIR puts the entries' working dirs in DIR (e.g. /tmp/launch: the tmpfs, emptied by
+# a reboot) instead of /var/launch
 name_arg=
+launch_arg=
 for w in $(cat /proc/cmdline); do
     case $w in
         vmr.name=*) [ -e "$fw_cfg" ] || name_arg="--vm-name ${w#vmr.name=}" ;;
+        vmr.launch=*) launch_arg="--launch-dir ${w#vmr.launch=}" ;;
         vmr.timing) for run in cold warm; do   # measure the agent's start-up in this guest
                         echo "vmr-guest: --version $run:"; time /usr/local/bin/vmr-handler --version
                     done ;;
@@ -283,7 +287,7 @@ done
 echo "vmr-guest: uptime $(cut -d' ' -f1 /proc/uptime) s, starting vmr-handler"
 # reboot requests: busybox `reboot -f` (syncs, then restarts the kernel; no init to ask).
 # QEMU without -no-reboot boots the guest again; with -no-reboot QEMU exits.
-/usr/local/bin/vmr-handler run --quiet $name_arg --reboot-command 'sync; reboot -f'
+/usr/local/bin/vmr-handler run --quiet $name_arg $launch_arg --reboot-command 'sync; reboot -f'
 echo "vmr-guest: vmr-handler exited $?, powering off"
 poweroff -f
 EOF

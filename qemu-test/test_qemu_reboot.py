@@ -11,6 +11,13 @@ with code 10 (``exit10``), or R exits 0 leaving a file named ``reboot`` in its w
 ``agent_started`` from a new boot (``boot_id`` in the host's handshake notes differs), R started
 twice (the ``reboot`` file removed by the agent before the rerun), A and B once, then
 ``schedule_complete``; every event id logged once.
+
+The ``exit10`` run has its launch dir on the tmpfs ``/tmp`` (``vmr.launch=/tmp/launch``), so the
+reboot empties it while the journal on the disk says every entry's data was placed: R, B and
+the positive entry run after the reboot with their data, placed again by the agent and reported
+so (``data_placed``, ``outcome: restored``, "rebooted"). The ``file`` run keeps the launch dir on
+the state disk (the ``reboot`` file must survive the reboot to be removed), where nothing is
+placed again. The counters of both runs are on the state disk (``/var/launch``).
 """
 
 from __future__ import annotations
@@ -32,11 +39,14 @@ VM = "vmr"
 
 pytestmark = pytest.mark.timeout(tq.BUILD_TIMEOUT + WAIT + 120)
 
-# Each entry has its own working dir (`<launch>/<start_time>/sh`, `sh_1`): `runs` counts the runs
-# of that entry on the state disk, so it also proves the launch dir survives the reboot.
+# Each entry counts its runs in its own file on the state disk (/var/launch/<x>.runs) and prints
+# the content of the file it drops (`<x>.txt` in its working dir), so a run without its data shows.
 # R prints whether a `reboot` file is in its working dir when it starts: the agent must have
 # removed it before running R again (else R would request a reboot forever).
-_R = "echo r >> runs; n=$(wc -l < runs); if [ -e reboot ]; then f=left; else f=gone; fi; echo R $n $f; "
+_R = (
+    "echo r >> /var/launch/r.runs; n=$(wc -l < /var/launch/r.runs); "
+    "if [ -e reboot ]; then f=left; else f=gone; fi; echo R $n $f $(cat r.txt); "
+)
 #: How R asks for a reboot on its first run (docs/schedule.md: exit code 10, or a `reboot` file
 #: left in its working dir, here with exit code 0).
 REQUESTS = {
@@ -45,21 +55,34 @@ REQUESTS = {
 }
 #: R's exit codes (first run, run after the reboot).
 EXITS = {"exit10": [10, 0], "file": [0, 0]}
+#: Kernel command-line words per run: ``exit10`` has its launch dir on the tmpfs /tmp.
+APPEND = {"exit10": "vmr.launch=/tmp/launch", "file": ""}
+
+
+def _entry(start_time: float, name: str, line: str) -> Dict[str, Any]:
+    """An entry that runs ``line`` with ``/bin/sh -c`` and drops ``<name>.txt`` (``data-<name>``)."""
+    return {
+        "start_time": start_time,
+        "executable": "/bin/sh",
+        "arguments": f"-c '{line}'",
+        "data": [{"location": f"{name}.txt", "content": f"data-{name}\n"}],
+    }
+
+
+def _counted(letter: str) -> str:
+    """Count a run in ``/var/launch/<letter>.runs`` and print ``<LETTER> <count> <dropped data>``."""
+    runs = f"/var/launch/{letter}.runs"
+    return f"echo {letter} >> {runs}; echo {letter.upper()} $(wc -l < {runs}) $(cat {letter}.txt)"
 
 
 def schedule(how: str) -> List[Dict[str, Any]]:
     """A (runs once), R (requests a reboot on its first run, the ``how`` way) in stage -10,
-    B in stage -5, one positive entry."""
-    sh = "/bin/sh"
+    B in stage -5, one positive entry; each drops a file and prints it."""
     return [
-        # 0 = A: runs once
-        {"start_time": -10, "executable": sh, "arguments": "-c 'echo a >> runs; echo A $(wc -l < runs)'"},
-        # 1 = R: asks for a reboot on its first run only
-        {"start_time": -10, "executable": sh, "arguments": f"-c '{REQUESTS[how]}'"},
-        # 2 = B: the next stage, after the reboot
-        {"start_time": -5, "executable": sh, "arguments": "-c 'echo b >> runs; echo B $(wc -l < runs)'"},
-        # 3: positive time
-        {"start_time": 1, "executable": "/bin/echo", "arguments": "positive after reboot"},
+        _entry(-10, "a", _counted("a")),  # 0 = A: runs once
+        _entry(-10, "r", REQUESTS[how]),  # 1 = R: asks for a reboot on its first run only
+        _entry(-5, "b", _counted("b")),  # 2 = B: the next stage, after the reboot
+        _entry(1, "p", "echo positive after reboot $(cat p.txt)"),  # 3: positive time
     ]
 
 
@@ -108,7 +131,7 @@ def test_reboot_request_really_reboots_the_guest(guest: Dict[str, Any], how: str
         disk = env.root / "state.img"
         disk_how = _make_disk(disk)
         env.start_host()
-        q = tq.Qemu(env, VM, guest["kernel"], guest["initrd"], no_reboot=False, disk=disk)
+        q = tq.Qemu(env, VM, guest["kernel"], guest["initrd"], no_reboot=False, disk=disk, append=APPEND[how])
 
         status_boot_ids: List[str] = []
 
@@ -170,11 +193,21 @@ def test_reboot_request_really_reboots_the_guest(guest: Dict[str, Any], how: str
         assert [d["reboot_requested"] for d in exited] == [True, False], exited
         assert [d["status"] for d in exited] == ["success", "success"], exited
         assert not _data(env, "entry_interrupted"), _data(env, "entry_interrupted")
-        assert _lines(env, 0) == ["A 1"], _lines(env, 0)
+        assert not _data(env, "entry_failed"), _data(env, "entry_failed")
+        assert _lines(env, 0) == ["A 1 data-a"], _lines(env, 0)
         # its counter survived on the disk; a `reboot` file it left was removed before its rerun
-        assert _lines(env, 1) == ["R 1 gone", "R 2 gone"], _lines(env, 1)
-        assert _lines(env, 2) == ["B 1"], _lines(env, 2)
-        assert _lines(env, 3) == ["positive after reboot"]
+        assert _lines(env, 1) == ["R 1 gone data-r", "R 2 gone data-r"], _lines(env, 1)
+        assert _lines(env, 2) == ["B 1 data-b"], _lines(env, 2)
+        assert _lines(env, 3) == ["positive after reboot data-p"]
+        # the reboot emptied a launch dir on the tmpfs: what was still to run was placed again
+        restored = {d["index"]: d for d in _data(env, "data_placed", outcome="restored")}
+        if APPEND[how]:
+            assert sorted(restored) == [1, 2, 3], restored
+            for d in restored.values():
+                assert d["path"].startswith("/tmp/launch/") and d["preloaded"] is True, d
+                assert "rebooted since" in d["details"] and "gone since" in d["details"], d
+        else:
+            assert restored == {}, restored
         # stage 0 finished once (before the reboot) ... then stage 1, configured, complete
         order = [
             (r["event"]["type"], r["event"]["data"].get("stage"))

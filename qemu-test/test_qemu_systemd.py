@@ -13,6 +13,14 @@ the unit (``BindsTo=`` the port's device) stops the agent, and the udev rule alo
 again (nothing else wants the unit any more once the boot is over; ``NRestarts`` stays 0). The
 restarted agent resumes from its journal on the same boot and plays the rest of the schedule.
 
+Before that, in stage 0, an entry (R) asks for a reboot (exit code 10) after adding a tmpfs on
+``/var/launch`` to ``/etc/fstab`` (the disk is a snapshot: the change lives as long as QEMU).
+The guest really reboots (QEMU runs without ``-no-reboot``), systemd mounts the empty tmpfs
+on the launch dir before it starts the unit, and the journal on the disk still says every
+entry's data was placed: R runs again with its data, the next stage's entry (no data) gets its
+working dir back, and the positive entries find their data, placed again by the agent and
+reported so (``data_placed``, ``outcome: restored``, "rebooted").
+
 Every wait is bounded; timings are printed in "qemu-test timings", never asserted.
 """
 
@@ -36,7 +44,7 @@ from guestlab import BUILD_TIMEOUT, HERE, PORT_NAME, REPO, reassemble, say, stag
 from tests.hostenv import HostEnv
 
 VM = "vm1"
-BOOT_TIMEOUT = 300.0  # QEMU start -> the positive entry at +1 has run (systemd under TCG: ~40-60 s)
+BOOT_TIMEOUT = 420.0  # QEMU start -> two boots -> the positive entry at +1 (TCG: ~40-60 s a boot)
 REPLUG_TIMEOUT = 180.0  # port back -> the entry after the replug has run
 UNPLUGGED_FOR = 8.0  # seconds the port stays away
 AFTER_REPLUG_AT = 30  # experiment time of the entry that must run after the replug
@@ -56,7 +64,14 @@ echo "agent_start_us $(systemctl show -p ExecMainStartTimestampMonotonic --value
 echo "uptime $(cut -d' ' -f1 /proc/uptime)"
 echo "copies $(ls -d /var/lib/vmr-handler/tmp/_MEI* 2>/dev/null | wc -l)"
 echo "tmpdir ${TMPDIR-unset}"
+echo "launchfs $(stat -f -c %T /var/launch)"
 """
+#: R (entry 4, stage 0): its first run puts a tmpfs on /var/launch from the next boot on and asks
+#: for a reboot; it counts its runs on the disk (/root) and prints the file it drops.
+REQUESTER = (
+    "echo r >> /root/r.runs; n=$(wc -l < /root/r.runs); echo R $n $(cat r.txt); "
+    'if [ $n -eq 1 ]; then echo "tmpfs /var/launch tmpfs mode=755 0 0" >> /etc/fstab; exit 10; fi'
+)
 
 
 def _schedule() -> List[Dict[str, Any]]:
@@ -68,15 +83,27 @@ def _schedule() -> List[Dict[str, Any]]:
             "arguments": "probe.sh",
             "data": [{"location": "probe.sh", "content": PROBE}],
         },
-        # stage 1 (-10): a second configuration stage
+        # stage 1 (-10): a second configuration stage (no data: its working dir is made again)
         {"start_time": -10, "executable": "sleep", "arguments": "1"},
         # positive time: one entry at +1 (before the unplug), one after the replug
-        {"start_time": 1, "executable": "/bin/echo", "arguments": f"positive on {VM}"},
+        {
+            "start_time": 1,
+            "executable": "cat",
+            "arguments": "positive.txt",
+            "data": [{"location": "positive.txt", "content": f"positive on {VM}\n"}],
+        },
         {
             "start_time": AFTER_REPLUG_AT,
             "executable": "/bin/sh",
             "arguments": "probe.sh",
             "data": [{"location": "probe.sh", "content": PROBE}],
+        },
+        # 4 = R, stage 0 too: the reboot onto a tmpfs launch dir
+        {
+            "start_time": -20,
+            "executable": "/bin/sh",
+            "arguments": f"-c '{REQUESTER}'",
+            "data": [{"location": "r.txt", "content": "data-r\n"}],
         },
     ]
 
@@ -182,8 +209,7 @@ class SystemdQemu:
             "1024",
             "-smp",
             "2",  # MTTCG: systemd starts services in parallel (one guest at a time here)
-            "-nographic",
-            "-no-reboot",
+            "-nographic",  # no -no-reboot: a guest reboot boots it again (the disk snapshot stays)
             "-nic",
             "none",
             "-monitor",
@@ -279,6 +305,9 @@ def test_systemd_unit_and_udev_rule_start_the_agent(systemd_guest: Dict[str, Any
         def alive() -> None:
             if q.proc.poll() is not None:
                 raise AssertionError(f"QEMU exited {q.proc.returncode}\n{q.tail()}")
+            failed = env.events(VM, "entry_failed")  # e.g. started in a missing working dir
+            if failed:
+                raise AssertionError(f"an entry failed: {[r['event']['data'] for r in failed]}")
 
         def exited(index: int) -> bool:
             alive()
@@ -294,18 +323,23 @@ def test_systemd_unit_and_udev_rule_start_the_agent(systemd_guest: Dict[str, Any
                 ) from None
 
         # ------------------------------------------------------------ boot: the unit starts the agent
+        # (R asks for a reboot in stage 0; the unit starts the agent again in the second boot)
         wait(lambda: exited(2), "the positive entry at +1 has run", BOOT_TIMEOUT)
         t_booted = time.monotonic() - t_test
-        assert len(env.events(VM, "agent_started")) == 1
-        first = env.events(VM, "agent_started")[0]
+        booted = env.events(VM, "agent_started")
+        assert len(booted) == 2, booted
+        first = booted[0]
         assert first["event"]["data"]["resumed_from_journal"] is False, first
+        assert booted[1]["event"]["data"]["resumed_from_journal"] is True, booted[1]
         hello_after = utc(first["host_received"]) - q.started
+        rebooted_after = utc(booted[1]["host_received"]) - utc(first["host_received"])
 
         loaded = env.events(VM, "schedule_loaded")
-        assert len(loaded) == 1, loaded
+        assert len(loaded) == 2, loaded  # once per boot (the second from the stored schedule)
         digest = hashlib.sha256((env.schedules / f"{VM}.yaml").read_bytes()).hexdigest()
-        assert loaded[0]["event"]["data"]["digest"] == digest  # delivered over the real port
-        assert loaded[0]["event"]["data"]["entries"] == len(schedule)
+        for one in loaded:
+            assert one["event"]["data"]["digest"] == digest  # delivered over the real port
+            assert one["event"]["data"]["entries"] == len(schedule)
 
         placed = [r["event"]["data"] for r in env.events(VM, "data_placed")]
         assert any(d["index"] == 0 and d["location"] == "probe.sh" for d in placed), placed
@@ -317,8 +351,25 @@ def test_systemd_unit_and_udev_rule_start_the_agent(systemd_guest: Dict[str, Any
         assert boot_probe.get("active") == "active" and boot_probe.get("restarts") == "0", boot_probe
         # the single file unpacked once, where the unit's TMPDIR says; entries do not see that TMPDIR
         assert boot_probe.get("copies") == "1" and boot_probe.get("tmpdir") == "unset", boot_probe
+        assert boot_probe.get("launchfs") != "tmpfs", boot_probe  # the first boot: on the disk
+
+        # ------------------------------------------------------------ the reboot onto a tmpfs launch dir
+        requested = [r["event"]["data"] for r in env.events(VM, "reboot_requested")]
+        assert len(requested) == 1 and requested[0]["requesters"] == [4], requested
+        assert reassemble(env, VM, 4) == b"R 1 data-r\nR 2 data-r\n"  # ran again, with its data
+        assert not env.events(VM, "entry_failed"), env.events(VM, "entry_failed")
+        restored = {
+            r["event"]["data"]["index"]: r["event"]["data"]
+            for r in env.events(VM, "data_placed")
+            if r["event"]["data"]["outcome"] == "restored"
+        }
+        assert sorted(restored) == [2, 3, 4], restored  # what was still to run; entry 0 had run
+        for d in restored.values():
+            assert d["preloaded"] is True and "rebooted since" in d["details"], d
 
         assert stage_order(env, VM) == [
+            ("stage_started", 0),
+            ("stage_finished", 0),  # then the reboot: R alone runs stage 0 again
             ("stage_started", 0),
             ("stage_finished", 0),
             ("stage_started", 1),
@@ -345,17 +396,19 @@ def test_systemd_unit_and_udev_rule_start_the_agent(systemd_guest: Dict[str, Any
         q.plug_port()
         wait(lambda: exited(3), "the entry after the replug has run", REPLUG_TIMEOUT)
 
-        stopped = [r["event"] for r in env.events(VM, "agent_stopped")]
+        stopped = [
+            r["event"] for r in env.events(VM, "agent_stopped") if r["event"]["timestamp"] > t_unplug - 1.0
+        ]
         assert len(stopped) == 1 and "SIGTERM" in stopped[0]["data"]["reason"], stopped
         # the agent stopped while the port was away (agent clock, host-corrected; ~ms after the
         # device_del), not at the replug; its report arrived through the new connection
         assert t_unplug - 1.0 < stopped[0]["timestamp"] < t_plug - 1.0, (t_unplug, stopped, t_plug)
-        started = env.events(VM, "agent_started")
+        started = env.events(VM, "agent_started")[1:]  # the second boot's, then the replug's
         assert len(started) == 2, started
         assert started[1]["event"]["data"]["resumed_from_journal"] is True, started[1]
         assert utc(started[1]["host_received"]) > t_plug
         boots = _handshake_boots(env)
-        assert len(boots) == 2 and boots[0] == boots[1], boots  # the same boot: no reboot, a restart
+        assert len(boots) == 3 and boots[0] != boots[1] == boots[2], boots  # a reboot, then a restart
         after = _probe(env, 3)
         assert after.get("cgroup") == UNIT_CGROUP, after
         # started twice by systemd in this boot, and not by Restart= (NRestarts counts those)
@@ -363,6 +416,7 @@ def test_systemd_unit_and_udev_rule_start_the_agent(systemd_guest: Dict[str, Any
         assert after.get("copies") == "1", after  # the stopped agent's copy went with it
         assert after.get("wants") == "vmr-handler.service", after
         assert after.get("port", "").startswith("/dev/vport"), after
+        assert after.get("launchfs") == "tmpfs", after  # the second boot: the launch dir on a tmpfs
         starts = [r["event"]["data"] for r in env.events(VM, "start_time_set")]
         assert [s["start_time"] for s in starts] == [start, start], starts  # kept from the journal
         late = _entry_started(env, 3)
@@ -370,7 +424,7 @@ def test_systemd_unit_and_udev_rule_start_the_agent(systemd_guest: Dict[str, Any
 
         # ------------------------------------------------------------ nothing ran twice
         ran = sorted(r["event"]["data"]["index"] for r in env.events(VM, "entry_started"))
-        assert ran == [0, 1, 2, 3], ran
+        assert ran == [0, 1, 2, 3, 4, 4], ran
         assert not env.events(VM, "entry_interrupted")
         wait(lambda: env.events(VM, "schedule_complete"), "schedule_complete", 60.0)
         ids = [r["event"]["id"] for r in env.events(VM)]
@@ -380,6 +434,7 @@ def test_systemd_unit_and_udev_rule_start_the_agent(systemd_guest: Dict[str, Any
         say(
             f"systemd guest: QEMU start -> agent_started received {hello_after:.1f} s (systemd started "
             f"the unit at guest uptime {agent_start_s:.1f} s, the probe ran at {boot_probe.get('uptime')}); "
+            f"reboot onto the tmpfs launch dir: first -> second agent_started {rebooted_after:.1f} s; "
             f"-> positive entry done {t_booted:.1f} s"
         )
         say(

@@ -19,14 +19,16 @@ def agents() -> Iterator[List[Agent]]:
 
 
 @pytest.fixture
-def full_disk(tmp_path):
-    """A 64 KiB tmpfs (root needed, as in CI and in guests): writing more fills it."""
+def full_disk(tmp_path, request):
+    """A 64 KiB tmpfs (root needed, as in CI and in guests): writing more fills it. Another size:
+    ``@pytest.mark.parametrize("full_disk", ["2m"], indirect=True)``."""
     import subprocess
 
-
+    size = getattr(request, "param", "64k")
     mnt = tmp_path / "small"
     mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True)
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)]
+    res = subprocess.run(mount, capture_output=True)
     if res.returncode != 0:
         pytest.fail(f"cannot mount a tmpfs for the disk-full test: {res.stderr!r}")
     yield mnt

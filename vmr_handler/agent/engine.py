@@ -135,7 +135,7 @@ class Engine:
         self.workdirs = working_dirs(list(schedule.entries), config.launch_dir)
         self.shell = config.shell or find_shell()
         self._env = child_environment(config.env)
-        self.data = DataPlacement(self.workdirs, config.resources_dir, self.emit, self.journal.preloaded)
+        self.data = DataPlacement(self.workdirs, config.resources_dir, self.emit, journal, clock.time)
         self.stages = schedule.stage_times()
         self.phase = "starting"
         self._stop = asyncio.Event()
@@ -151,6 +151,7 @@ class Engine:
             LaunchContext(
                 journal, clock, processes, self.emit, self._syncer.changed, self._wake.set, self.workdirs,
                 self.data, self.shell, self._env, config.local_start, self.reports.room,
+                self.reports.reported,
             )
         )  # fmt: skip
         self.stage_runner = StageRunner(
@@ -248,7 +249,7 @@ class Engine:
             self._stop_reason = reason
             self._stop.set()
             self._wake.set()
-            self.reports.stop_waiting()
+            self.reports.stop_waiting(STOP_GRACE)
             task = asyncio.ensure_future(self.entries.kill_running())
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -271,7 +272,7 @@ class Engine:
         finally:
             done.set()
             await reminders
-        await self.reports.written(self._stop, STOP_GRACE)  # held reports too (issue 16)
+        await self.reports.written()  # held reports too (at a stop: STOP_GRACE at most)
         return rc
 
     async def _play(self) -> int:
@@ -315,7 +316,7 @@ class Engine:
     def _busy(self) -> bool:
         """Something of the schedule is armed, running or still to run."""
         return bool(
-            self.timers.pending or self.entries.running or self._tasks or self.stageplay.busy
+            self.timers.pending or self.entries.busy or self._tasks or self.stageplay.busy
         )  # fmt: skip
 
     async def _more_work(self) -> None:
@@ -489,6 +490,7 @@ class Engine:
         self.timers.cancel()
         await self.stageplay.cancel()
         await self.entries.kill_running()
+        await self.entries.journaled()  # entry_failed marks (at a stop: STOP_GRACE at most)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self._syncer.cancel()

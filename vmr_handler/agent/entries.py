@@ -5,14 +5,21 @@ data if the preload did not, builds the command line the reference would run, st
 entry of a group together (one journal append each before the spawn), reports output and
 exits, and explains the shell's 126/127. A failure to place data fails the VM unless
 ``ignore_failure``; a failure to start is the entry's own (the schedule goes on).
+
+Done means reported: an entry is journaled done (or failed) only once every report it made is
+written (the outbox, the report file). While reports are held on a full disk it stays
+``running`` in the journal, so an agent killed meanwhile runs it again after a restart
+(:meth:`EntryLauncher.recover`) instead of losing its output; a stage, a reboot request and
+``schedule_complete`` wait for those marks like for the entries' ends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Dict, List, Optional
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Set
 
 from vmr_handler.agent.executor import (
     NOT_EXECUTABLE_EXIT_CODE,
@@ -30,6 +37,8 @@ from vmr_handler.core.errors import EntryError
 from vmr_handler.core.events import Event, EventType, encode_output
 from vmr_handler.core.schedule.commands import command_line, first_word, program_missing, target_path
 from vmr_handler.core.schedule.model import ScheduleEntry, TransferOut
+
+log = logging.getLogger(__name__)
 
 #: What a shell's exit codes 126/127 mean (POSIX).
 _SHELL_CODES = {NOT_EXECUTABLE_EXIT_CODE: "not executable", NOT_FOUND_EXIT_CODE: "command not found"}
@@ -77,6 +86,10 @@ class LaunchContext:
         room: None while reports can be written, else a future done when they can again
             (:meth:`~vmr_handler.agent.reporthold.ReportHold.room`): an entry's output waits
             for it (back-pressure, issue 16).
+        reported: None when every report made so far is written, else an awaitable that is
+            True once it is, False when the agent stopped first
+            (:meth:`~vmr_handler.agent.reporthold.ReportHold.reported`): an entry is journaled
+            done only then.
     """
 
     journal: Journal
@@ -91,6 +104,7 @@ class LaunchContext:
     env: Optional[Dict[str, str]]
     local: bool
     room: Callable[[], Optional[Awaitable[None]]] = lambda: None
+    reported: Callable[[], Optional[Awaitable[bool]]] = lambda: None
 
 
 class EntryLauncher:
@@ -108,6 +122,12 @@ class EntryLauncher:
         self.ctx = ctx
         self.running: Dict[int, Running] = {}
         self.failure: Optional[str] = None
+        self._marking: Set[asyncio.Future[None]] = set()  # entry_failed marks waiting for reports
+
+    @property
+    def busy(self) -> bool:
+        """An entry runs, or an entry's end waits for its reports to be written."""
+        return bool(self.running or self._marking)
 
     # ------------------------------------------------------------------ failures
     def entry_failed(self, entry: ScheduleEntry, exc: Exception, can_fail_vm: bool = True) -> None:
@@ -134,7 +154,53 @@ class EntryLauncher:
             )
             self.ctx.wake()
         else:
-            self.ctx.journal.mark_done(entry.index, FAILED)
+            later = self._journal_done(entry.index, FAILED)
+            if later is not None:
+                task = asyncio.ensure_future(later)
+                self._marking.add(task)
+                task.add_done_callback(self._marked)
+
+    def _marked(self, task: asyncio.Future[None]) -> None:
+        self._marking.discard(task)
+        self.ctx.wake()
+
+    async def journaled(self) -> None:
+        """Wait until the entry_failed marks waiting for their reports are journaled (or were
+        given up: the agent stopped)."""
+        if self._marking:
+            await asyncio.gather(*self._marking, return_exceptions=True)
+
+    # ------------------------------------------------------------------ done means reported
+    def _journal_done(
+        self, index: int, state: str, exit_code: Optional[int] = None
+    ) -> Optional[Awaitable[None]]:
+        """Journal ``index`` ended (``state``, ``exit_code``) once every report made so far is
+        written: at once when it is (None is returned: the sink works), else an awaitable that
+        does it then. Meanwhile the journal says ``running`` with ``reports_held``: a crash
+        runs the entry again. When the agent stops first it stays so (logged)."""
+        wait = self.ctx.reported()
+        if wait is None:
+            self._mark_done(index, state, exit_code)
+            return None
+        self.ctx.journal.mark_reports_held(index, exit_code)
+        self.ctx.journal_changed()
+        return self._journal_done_later(wait, index, state, exit_code)
+
+    async def _journal_done_later(
+        self, wait: Awaitable[bool], index: int, state: str, exit_code: Optional[int]
+    ) -> None:
+        if await wait:
+            self._mark_done(index, state, exit_code)
+        else:
+            log.warning(
+                "entry %d: its reports were not written before the agent stopped: it runs again "
+                "when the agent restarts",
+                index,
+            )
+
+    def _mark_done(self, index: int, state: str, exit_code: Optional[int]) -> None:
+        self.ctx.journal.mark_done(index, state, exit_code)
+        self.ctx.journal_changed()
 
     # ------------------------------------------------------------------ prepare
     def prepare(self, entry: ScheduleEntry) -> Optional[Prepared]:
@@ -192,6 +258,7 @@ class EntryLauncher:
         waits = [self._finish(item, run) for item, run in zip(prepared, started)]
         for item, result in zip(prepared, await asyncio.gather(*waits)):
             results[item.entry.index] = result
+        await self.journaled()  # entries that could not be placed or started: journaled too
         return results
 
     def _output_reporter(self, entry: ScheduleEntry, tail: Dict[str, bytes]) -> OutputCallback:
@@ -248,11 +315,10 @@ class EntryLauncher:
         )
         return running
 
-    def _data_only_done(self, item: Prepared) -> None:
+    async def _data_only_done(self, item: Prepared) -> None:
         entry = item.entry
         # (launch_all journaled it running before the start: a data-only entry ends here)
         if item.argv is None and self.ctx.journal.entry_state(entry.index) in (None, RUNNING):
-            self.ctx.journal.mark_done(entry.index, DONE)
             self.ctx.emit(
                 EventType.ENTRY_EXITED,
                 index=entry.index,
@@ -262,11 +328,14 @@ class EntryLauncher:
                 status="success",
                 details="data-only entry: data placed",
             )
+            later = self._journal_done(entry.index, DONE)
+            if later is not None:
+                await later
 
     async def _finish(self, item: Prepared, running: Optional[Running]) -> Optional[ProcessResult]:
         entry = item.entry
         if running is None:
-            self._data_only_done(item)
+            await self._data_only_done(item)
             return None
         result = await running.process.wait()
         self.running.pop(entry.index, None)
@@ -299,8 +368,6 @@ class EntryLauncher:
             details += "; reboot requested" + (
                 " (reported only in positive time)" if entry.start_time > 0 else ""
             )
-        self.ctx.journal.mark_done(entry.index, DONE, result.exit_code)
-        self.ctx.journal_changed()
         self.ctx.emit(
             EventType.ENTRY_EXITED,
             **ended,
@@ -309,6 +376,9 @@ class EntryLauncher:
             details=details,
             reboot_requested=reboot,
         )
+        later = self._journal_done(entry.index, DONE, result.exit_code)  # done once reported
+        if later is not None:
+            await later
         self.ctx.wake()
         return result
 
@@ -352,7 +422,10 @@ class EntryLauncher:
                 index=index,
                 executable=schedule_entries[index].executable,
                 killed_pids=killed,
-                details="was running when the agent stopped; runs again",
+                details="it had ended, but its reports were not on disk yet when the agent stopped "
+                "(a full state dir); runs again"
+                if rec.get("reports_held")
+                else "was running when the agent stopped; runs again",
             )
             self.ctx.journal.forget(index)
 

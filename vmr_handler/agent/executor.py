@@ -173,7 +173,29 @@ def _payload(item: Union[ContentDrop, FileDrop], resources_dir: str) -> bytes:
         ) from exc
 
 
-def place_data(entry: ScheduleEntry, workdir: str, resources_dir: str) -> List[PlacedFile]:
+def drops(entry: ScheduleEntry) -> List[Union[ContentDrop, FileDrop]]:
+    """The entry's content and file drops, in data order (its other data puts nothing in place)."""
+    return [item for item in entry.data if isinstance(item, (ContentDrop, FileDrop))]
+
+
+def make_workdir(workdir: str) -> None:
+    """Create the working dir ``workdir`` and its parents (nothing when it exists).
+
+    Raises:
+        EntryError: it cannot be created (the path and the cause).
+    """
+    try:
+        os.makedirs(workdir, exist_ok=True)
+    except OSError as exc:
+        raise EntryError(f"cannot create working dir {workdir}: {exc.strerror or exc}") from exc
+
+
+def place_data(
+    entry: ScheduleEntry,
+    workdir: str,
+    resources_dir: str,
+    only: Optional[List[Union[ContentDrop, FileDrop]]] = None,
+) -> List[PlacedFile]:
     """Create ``workdir`` and drop the entry's content/file data, never overwriting anything.
 
     Relative locations are relative to ``workdir``. Each file is written to a temp file in the
@@ -183,21 +205,22 @@ def place_data(entry: ScheduleEntry, workdir: str, resources_dir: str) -> List[P
     never overwritten: the same content already there is ``present`` (an earlier run of this
     agent put it there), anything else is ``kept`` and reported (``docs/firewheel.md``).
 
+    Args:
+        entry: the entry whose data is dropped.
+        workdir: its working dir (absolute).
+        resources_dir: where ``filename`` drops are read from.
+        only: these drops of the entry (default: all of them, :func:`drops`).
+
     Returns:
-        One :class:`PlacedFile` per content/file drop, in data order.
+        One :class:`PlacedFile` per content/file drop placed, in data order.
 
     Raises:
         EntryError: the location, the resource and the cause (missing resource, disk full...);
             the message does not repeat the entry's label (the caller's report names the entry).
     """
     placed: List[PlacedFile] = []
-    try:
-        os.makedirs(workdir, exist_ok=True)
-    except OSError as exc:
-        raise EntryError(f"cannot create working dir {workdir}: {exc.strerror or exc}") from exc
-    for item in entry.data:
-        if not isinstance(item, (ContentDrop, FileDrop)):
-            continue
+    make_workdir(workdir)
+    for item in drops(entry) if only is None else only:
         path = target_path(item.location, workdir)
         payload = _payload(item, resources_dir)
         mode = 0o755 if item.executable else 0o644

@@ -129,7 +129,7 @@ class Journal:
             "resumes": [],
             "reboot": None,  # {"stage": k, "requesters": [...]}
             "holds": {},  # {"hold": [index...], "hold_end": [index...]}: positive-time pauses passed
-            "preloaded": [],  # indices of entries whose data was placed ahead of time
+            "placed": [],  # [{"boot", "at", "ahead", "entries": [index...]}]: Journal.placements
             "failed": None,
         }
 
@@ -269,6 +269,12 @@ class Journal:
             self.data["entries"][str(index)] = record
         self._log_entry(index, record)
 
+    def mark_reports_held(self, index: int, exit_code: Optional[int] = None) -> None:
+        """Record (in the log, at once) that ``index`` ended (``exit_code``) but some of its
+        reports are not written yet: it stays ``running`` (a restart runs it again) with no
+        process left to kill, and ``reports_held`` says why it runs again."""
+        self._set_entry(index, {"state": RUNNING, "exit_code": exit_code, "reports_held": True})
+
     def mark_done(self, index: int, state: str = DONE, exit_code: Optional[int] = None) -> None:
         """Record (in the log, at once) that ``index`` ended (``done``) or could not run (``failed``)."""
         self._set_entry(index, {"state": state, "exit_code": exit_code})
@@ -366,10 +372,20 @@ class Journal:
         self.data.setdefault("resume_ids", {})[resume_id] = outcome
 
     @property
-    def preloaded(self) -> List[int]:
-        """Indices of entries whose data was placed ahead of time (a live list, saved by :meth:`save`)."""
-        preloaded: List[int] = self.data.setdefault("preloaded", [])
-        return preloaded
+    def placements(self) -> List[Dict[str, Any]]:
+        """Whose data was placed, when and in which boot: a live list, saved by :meth:`save`.
+
+        One group per agent run and way of placing: ``{"boot": kernel boot id or None, "at":
+        reference UTC seconds the group began or None, "ahead": True when placed before
+        anything ran, "entries": [entry index, ...]}`` (:mod:`vmr_handler.agent.placement`).
+        A journal of the older format (``"preloaded": [index, ...]``) reads as one group with
+        boot and time unknown, once: the list is moved here.
+        """
+        groups: List[Dict[str, Any]] = self.data.setdefault("placed", [])
+        legacy = self.data.pop("preloaded", None)
+        if isinstance(legacy, list) and legacy:
+            groups.insert(0, {"boot": None, "at": None, "ahead": True, "entries": [int(i) for i in legacy]})
+        return groups
 
     def initial_done(self, index: int) -> bool:
         """Whether the ``-inf`` pause/break at entry ``index`` was passed."""

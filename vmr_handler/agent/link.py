@@ -28,6 +28,7 @@ from vmr_handler.core.clock import SystemClock
 from vmr_handler.core.clockanswers import ClockAnswers
 from vmr_handler.core.errors import ChannelClosed, SignatureError, VmrError
 from vmr_handler.core.events import Event, EventFactory, EventType
+from vmr_handler.core.fsutil import kernel_boot_id
 from vmr_handler.core.runs import StartGate, signed_for
 from vmr_handler.transports.base import ByteChannel, Opener
 
@@ -540,9 +541,5 @@ def _journal_summary(state_dir: str) -> Dict[str, Any]:
 
 
 def machine_boot_id() -> str:
-    """This boot's id (the kernel's ``boot_id``; a random one where there is none)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
-            return fh.read().strip()
-    except OSError:
-        return uuid.uuid4().hex
+    """This boot's id (the kernel's ``boot_id``, :func:`kernel_boot_id`; a random one where there is none)."""
+    return kernel_boot_id() or uuid.uuid4().hex

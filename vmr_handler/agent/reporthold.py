@@ -16,7 +16,10 @@ of the sink:
   that cannot wait (an entry's end, the engine's own lifecycle) are still held, never dropped:
   the memory is bounded by the limit plus a few reports per running entry;
 * one error is logged when the sink starts failing, one when the hold fills up, one when the
-  held reports have been written (never one per report).
+  held reports have been written (never one per report);
+* :meth:`ReportHold.reported` tells when every report made so far is written (the engine
+  journals an entry done only then: a crash before re-runs the entry instead of dropping its
+  reports). While nothing is held it is None at once: no cost while the sink works.
 
 A report the sink refuses for another reason (a bug, a value JSON cannot hold) is logged and
 dropped, as before: retrying it could never succeed and would hold back every later report.
@@ -98,6 +101,10 @@ class ReportHold:
         self._unbounded = False
         self._drained = asyncio.Event()
         self._drained.set()
+        self._made = 0  # reports made so far: the held ones are the last len(self._held) of them
+        self._marks: Deque[Tuple[int, asyncio.Event]] = deque()  # (report count, set once written)
+        self._stopping = asyncio.Event()
+        self._give_up_at: Optional[float] = None  # reference UTC when waits for writes end (a stop)
         #: reports written after being held, over the process's life
         self.delivered_late = 0
 
@@ -106,6 +113,7 @@ class ReportHold:
         """Write ``event`` now, or hold it (behind the held ones) when writing fails."""
         if self._note is not None:
             self._note(event)
+        self._made += 1
         if not self._held:
             try:
                 self._deliver(event)
@@ -153,9 +161,15 @@ class ReportHold:
         self._waiters.append(waiter)
         return waiter
 
-    def stop_waiting(self) -> None:
-        """The engine stops: no producer waits any more (reports are still held, never dropped)."""
+    def stop_waiting(self, grace: float = 0.0) -> None:
+        """The engine stops: no producer waits any more (reports are still held, never dropped),
+        and waits for reports to be written (:meth:`written`, :meth:`reported`) end ``grace``
+        seconds (on the hold's clock) from now at the latest: a disk that stays full must not
+        keep a stopping agent up."""
         self._unbounded = True
+        if not self._stopping.is_set():
+            self._give_up_at = self._clock.time() + grace
+            self._stopping.set()
         self._wake_waiters()
 
     async def wait_room(self) -> None:
@@ -173,16 +187,39 @@ class ReportHold:
         else:
             await work
 
-    async def written(self, stopped: asyncio.Event, grace: float) -> bool:
-        """Wait until nothing is held; once ``stopped`` is set, at most ``grace`` seconds more
-        (a stopping agent on a disk that stays full must still end). True when nothing is held."""
-        if not stopped.is_set():
-            drained = asyncio.ensure_future(self.drained())
-            stop = asyncio.ensure_future(stopped.wait())
-            await asyncio.wait([drained, stop], return_when=asyncio.FIRST_COMPLETED)
-            drained.cancel()
-            stop.cancel()
-        return await self.drained(grace)
+    async def written(self) -> bool:
+        """Wait until nothing is held; after :meth:`stop_waiting`, until its grace ends at the
+        latest (a stopping agent on a disk that stays full must still end). True when nothing
+        is held."""
+        return await self._until(self._drained)
+
+    def reported(self) -> Optional[asyncio.Future[bool]]:
+        """Whether every report made so far is written (the sink took it, or refused it for
+        good: a report that can never be written is logged and dropped).
+
+        Returns:
+            None when it is already (nothing is held: the fast path, nothing to await); else a
+            future that is True once it is, False when :meth:`stop_waiting`'s grace ended
+            first (then those reports may never be written). A future: a caller may drop it.
+        """
+        if not self._held:
+            return None
+        written = asyncio.Event()
+        self._marks.append((self._made, written))  # made counts only grow: the deque stays sorted
+        return asyncio.ensure_future(self._until(written))
+
+    async def _until(self, done: asyncio.Event) -> bool:
+        """Wait for ``done``; once stopping, at most until the grace ends. True when it is set."""
+        if not self._stopping.is_set():
+            waits = [asyncio.ensure_future(done.wait()), asyncio.ensure_future(self._stopping.wait())]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiting in waits:
+                    waiting.cancel()
+        if not done.is_set() and self._give_up_at is not None:
+            await self._clock.wait(done, self._give_up_at)
+        return done.is_set()
 
     async def drained(self, timeout: Optional[float] = None) -> bool:
         """Wait until nothing is held (at most ``timeout`` seconds on the hold's clock, None:
@@ -247,8 +284,15 @@ class ReportHold:
             self._held.popleft()
             self._bytes -= size
             self.delivered_late += 1
+            self._release_marks()
             if not self.full:
                 self._wake_waiters()
+
+    def _release_marks(self) -> None:
+        """Set the :meth:`reported` waits whose reports are all written (or dropped) now."""
+        written = self._made - len(self._held)
+        while self._marks and self._marks[0][0] <= written:
+            self._marks.popleft()[1].set()
 
     def _recovered(self) -> None:
         if self._failing_since is not None:

@@ -7,7 +7,8 @@ One home for what both sides need, so neither imports the other's modules:
 * :func:`append_whole` -- an append that is on disk whole or not at all (a full disk);
 * :func:`sha256_file` -- a file's digest, read in 1 MiB pieces;
 * :func:`walk_files` -- a directory tree's files at any depth (no recursion, no symlinks);
-* :func:`utc_text` -- the UTC form every log line and report uses.
+* :func:`utc_text` -- the UTC form every log line and report uses;
+* :func:`kernel_boot_id` -- this boot's id, where the kernel tells it.
 """
 
 from __future__ import annotations
@@ -118,6 +119,20 @@ def utc_text(ts: Optional[float]) -> str:
     if ts is None:
         return "-"
     return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+#: Where Linux tells this boot's id (a new random UUID at every boot).
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+
+def kernel_boot_id() -> Optional[str]:
+    """This boot's id as the kernel tells it (:data:`BOOT_ID_PATH`), or None where it cannot be
+    read (not Linux, no /proc): two equal ids mean no reboot in between."""
+    try:
+        with open(BOOT_ID_PATH, encoding="ascii") as fh:
+            return fh.read().strip() or None
+    except (OSError, ValueError):
+        return None
 
 
 def walk_files(top: str) -> Iterator[Tuple[str, List[str]]]:
