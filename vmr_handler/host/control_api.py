@@ -15,9 +15,9 @@ from vmr_handler import __version__
 from vmr_handler.core.control import Handler
 from vmr_handler.core.readable import few_names
 from vmr_handler.core.schedule.appended import read_batch
+from vmr_handler.core.schedule.model import entry_drops
 from vmr_handler.host.appendbook import issue_batch
 from vmr_handler.host.experiment import Experiment
-from vmr_handler.host.resources import entry_drops
 
 #: Per target VM, the ``{filename: {"size", "sha256"}}`` of the files a batch drops, from the
 #: target VMs and the batch's drops (file name -> entry indices); raises ``ResourcesMissing``.

@@ -35,7 +35,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from vmr_handler.core.errors import ResourceMissing, ResourceRefused, UsageError
 from vmr_handler.core.fsutil import sha256_file
@@ -183,21 +183,6 @@ NEXT = {
 }
 
 
-def entry_drops(entries: Iterable[Any]) -> Dict[str, Tuple[int, ...]]:
-    """File name -> the indices of the entries (:class:`~vmr_handler.core.schedule.model.
-    ScheduleEntry`) whose data drop it (``{location, filename}``), in schedule order."""
-    from vmr_handler.core.schedule.model import FileDrop
-
-    out: Dict[str, List[int]] = {}
-    for entry in entries:
-        for item in entry.data:
-            if isinstance(item, FileDrop):
-                indices = out.setdefault(item.filename, [])
-                if entry.index not in indices:
-                    indices.append(entry.index)
-    return {name: tuple(indices) for name, indices in out.items()}
-
-
 def schedule_needs(specs: Mapping[str, VmSpec]) -> Dict[str, Dict[str, Tuple[int, ...]]]:
     """The files the schedules of ``specs`` drop: name -> VM -> entry indices (a name a spec
     lists in ``filenames`` without its entries: no index)."""
@@ -212,7 +197,8 @@ def schedule_needs(specs: Mapping[str, VmSpec]) -> Dict[str, Dict[str, Tuple[int
 def batch_needs(
     drops: Mapping[str, Sequence[int]], targets: Sequence[str]
 ) -> Dict[str, Dict[str, Tuple[int, ...]]]:
-    """The files a batch (:func:`entry_drops` of its entries) drops in each of ``targets``."""
+    """The files a batch drops (``entry_drops`` of its entries, :mod:`vmr_handler.core.schedule.model`)
+    in each of ``targets``."""
     return {name: {vm: tuple(indices) for vm in targets} for name, indices in drops.items()}
 
 

@@ -46,7 +46,7 @@ def check_specs(schedules: str, allow: Sequence[str]) -> Tuple[Dict[str, VmSpec]
     except OSError as exc:
         raise UsageError(f"cannot read --schedules {schedules}: {exc.strerror}") from exc
     from vmr_handler.core.schedule.loader import read_schedule  # serve only: keeps the CLI quick
-    from vmr_handler.host.resources import entry_drops
+    from vmr_handler.core.schedule.model import entry_drops
 
     specs: Dict[str, VmSpec] = {}
     problems: List[str] = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import Enum
-from typing import Optional, Tuple, Union
+from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 
 @dataclass(frozen=True)
@@ -158,3 +158,17 @@ class Schedule:
         # e.kind is NEGATIVE or HOST, spelled out (the property call per entry costs 4x, issue 15)
         times = {e.start_time for e in self.entries if e.start_time < 0 and not e.pause}
         return tuple(sorted(times - {-math.inf}))  # (a stored RESUME is at -inf; nothing else is)
+
+
+def entry_drops(entries: Iterable[ScheduleEntry]) -> Dict[str, Tuple[int, ...]]:
+    """VM-resource file name -> the indices of the ``entries`` whose data drop it
+    (``{location, filename}``), in schedule order (``vmr-host serve``/``check`` and an appended
+    batch: which VMs and entries need a file the host may lack, SPEC section 8)."""
+    out: Dict[str, List[int]] = {}
+    for entry in entries:
+        for item in entry.data:
+            if isinstance(item, FileDrop):
+                indices = out.setdefault(item.filename, [])
+                if entry.index not in indices:
+                    indices.append(entry.index)
+    return {name: tuple(indices) for name, indices in out.items()}
