@@ -65,7 +65,7 @@ def _wrap(owner: Any, attr: str, name: str) -> bool:
 def _install() -> List[str]:
     traced: List[str] = []
     try:
-        from vmr_handler.agent import engine, entries
+        from vmr_handler.agent.engine import engine, entries
 
         for owner, attr, name in (
             (engine.Engine, "_fire_group", "fire_group"),
@@ -82,7 +82,7 @@ def _install() -> List[str]:
     except ImportError:
         pass
     try:
-        from vmr_handler.agent import journal
+        from vmr_handler.agent.state import journal
 
         for attr, name in (
             ("_log_entry", "journal_append"),  # one entry change: json line + os.write
@@ -129,7 +129,7 @@ def main() -> int:
     out_path = sys.argv[1]
     argv = sys.argv[2:]
     traced = _install()
-    from vmr_handler.agent import cli
+    from vmr_handler.agent.cli import commandline as cli
 
     rc = 1
     try:

@@ -1,6 +1,6 @@
 """Stopping benchmark child processes (shared by bench_agent.py and bench_host.py).
 
-Trees are killed with ``vmr_handler.agent.executor.kill_tree`` (psutil), the agent's own killer.
+Trees are killed with ``vmr_handler.agent.machine.executor.kill_tree`` (psutil), the agent's own killer.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import psutil
 
-from vmr_handler.agent.executor import kill_tree
+from vmr_handler.agent.machine.executor import kill_tree
 
 
 def stop_child(proc: subprocess.Popen[Any], term_timeout: float = 10.0) -> None:

@@ -955,7 +955,7 @@ def section_plan(
 ) -> Dict[str, Any]:
     import yaml
 
-    from vmr_handler.agent import cli as vcli
+    from vmr_handler.agent.cli import commandline as vcli
     from vmr_handler.core.schedule import load_schedule
     from vmr_handler.core.timeline import build_plan
 
@@ -973,7 +973,7 @@ def section_plan(
     t_dump, _text = best_of(1, lambda: json.dumps(vcli.plan_json(plan)))
     t_cols = t_pcols = t_text = math.nan
     try:  # issue 15: `plan --json` without an object per entry (absent from older trees)
-        from vmr_handler.agent.planout import plan_text
+        from vmr_handler.agent.cli._planout import plan_text
         from vmr_handler.core.schedule.loader import load_schedule_columns
         from vmr_handler.core.timeline import plan_columns
     except ImportError:

@@ -57,7 +57,7 @@ if REPO not in sys.path:
 
 from vmr_handler.core.control import request as agent_request  # noqa: E402
 from vmr_handler.core.events import Event  # noqa: E402
-from vmr_handler.core.protocol import CONNECT_PREFIX, FrameDecoder, encode_message  # noqa: E402
+from vmr_handler.core.wire.protocol import CONNECT_PREFIX, FrameDecoder, encode_message  # noqa: E402
 
 # --------------------------------------------------------------------------- targets
 TARGET_SPREAD_P99_MS = 20.0

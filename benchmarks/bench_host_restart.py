@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tests.fakeagent import SIMPLE, Host
 from vmr_handler.core.events import Event
-from vmr_handler.core.protocol import encode_message
+from vmr_handler.core.wire.protocol import encode_message
 
 PREFIX = "bench0000000"
 LINE = (

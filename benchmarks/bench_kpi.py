@@ -1,4 +1,4 @@
-"""Cost of the agent's KPI samples (issue 14 section 1; ``vmr_handler/agent/kpi.py``).
+"""Cost of the agent's KPI samples (issue 14 section 1; ``vmr_handler/agent/machine/kpi.py``).
 
     .venv/bin/python benchmarks/bench_kpi.py [--seconds 60] [--rounds 1] [--samples 2000]
 
@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Tuple
 import psutil
 from _procs import stop_child  # benchmarks/ is sys.path[0] when run as a script
 
-from vmr_handler.agent.kpi import READINGS, KpiSampler, PsutilProbe
+from vmr_handler.agent.machine.kpi import READINGS, KpiSampler, PsutilProbe
 from vmr_handler.core.clock import SystemClock
 from vmr_handler.core.events import EventFactory, EventType
 

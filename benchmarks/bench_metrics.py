@@ -36,15 +36,15 @@ import time
 from typing import Callable, Dict, List, Tuple
 
 from vmr_handler.core.events import Event
-from vmr_handler.host.config import HostConfig, Limits, VmSpec
 from vmr_handler.host.console.metrics import ConsoleMetrics
 from vmr_handler.host.console.views import all_rows
-from vmr_handler.host.experiment import Experiment
-from vmr_handler.host.resources import ResourceStore
-from vmr_handler.host.session import VmSession
-from vmr_handler.host.sessionapi import HostEvents
-from vmr_handler.host.store import VmLog
-from vmr_handler.host.transfers import TransferStore
+from vmr_handler.host.logs.store import VmLog
+from vmr_handler.host.serve.config import HostConfig, Limits, VmSpec
+from vmr_handler.host.serve.experiment.experiment import Experiment
+from vmr_handler.host.serve.files.resources import ResourceStore
+from vmr_handler.host.serve.files.transfers import TransferStore
+from vmr_handler.host.serve.session.api import HostEvents
+from vmr_handler.host.serve.session.session import VmSession
 
 SCHEDULE = b"- {start_time: 1, executable: /bin/true}\n"
 T0 = 1_700_000_000.0

@@ -20,7 +20,7 @@ Each run starts, all on this machine and all stopped by PID at the end:
   by ONE manual loop per process (an epoll selector over the clients' sockets with paho's
   socket callbacks, ``loop_read`` / ``loop_write`` / ``loop_misc``; no thread per client).
 
-A simulated agent does what the real agent does on the wire (``vmr_handler/agent/link.py``,
+A simulated agent does what the real agent does on the wire (``vmr_handler/agent/connected/link.py``,
 ``transports/mqtt/``), minus the clock sync and running anything: MQTT v5, client id
 ``vmr-<experiment>-<vm>``, username = VM name, ``clean_start=False`` + session expiry, a
 retained ``offline`` last will on ``presence``; on CONNACK it subscribes ``down``, ``start``
@@ -77,7 +77,7 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from vmr_handler.core.events import Event  # noqa: E402
-from vmr_handler.core.protocol import encode_message  # noqa: E402
+from vmr_handler.core.wire.protocol import encode_message  # noqa: E402
 from vmr_handler.transports.mqtt.guest import presence_payload  # noqa: E402
 from vmr_handler.transports.mqtt.topics import (  # noqa: E402
     HOST_START_QOS,
@@ -272,7 +272,8 @@ class SimAgent:
         rec = self.rec
         if t == "hello":
             rec["host_hellos"] = rec.get("host_hellos", 0) + 1
-            # the agent's rule (vmr_handler/agent/link.py HostLink._on_hello): answer the host's hello
+            # the agent's rule (vmr_handler/agent/connected/link.py HostLink._on_hello): answer the host's
+            # hello
             # with a new hello only when already welcomed or when our own is older than the
             # heartbeat (5 s); until 2026-11-23 it was "older than 1 s" (schedules sent twice)
             if "t_welcome" in rec or time.monotonic() - self.hello_mono >= 5.0:
@@ -566,7 +567,7 @@ def host_with_poll(argv: List[str]) -> int:
     shim.__dict__.update(_select.__dict__)
     shim.select = poll_select  # type: ignore[attr-defined]
     paho_client.select = shim  # type: ignore[attr-defined]
-    from vmr_handler.host.cli import main as host_main
+    from vmr_handler.host.cli.vmr_host import main as host_main
 
     sys.argv = ["vmr-host", *argv]
     return int(host_main() or 0)

@@ -37,8 +37,8 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from tests.reportgen import generate  # noqa: E402
+from vmr_handler.host.logs.store import ExperimentStore  # noqa: E402
 from vmr_handler.host.report import ExperimentTimeline, read_jsonl, render_html  # noqa: E402
-from vmr_handler.host.store import ExperimentStore  # noqa: E402
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 NOW = 1_800_000_400.0

@@ -1,4 +1,4 @@
-"""Cost of signed control messages (vmr_handler/core/signing.py): µs per sign and per verify.
+"""Cost of signed control messages (vmr_handler/core/wire/signing.py): µs per sign and per verify.
 
     .venv/bin/python benchmarks/bench_signing.py [--tmp-root DIR]
 
@@ -12,7 +12,7 @@ Then, per ``clock_resp`` (issue 16), what the host does in ``VmSession._on_clock
 ``t3`` stamp to the answer handed to the transport (build, sign when keyed, encode), unsigned and
 signed, as the median / p99 of: that stamp-to-handoff time (the error ``t3`` would have without
 a lead; the offset error is half of it), and the error left once ``t3`` is stamped ahead by
-:class:`~vmr_handler.core.clockanswers.StampLead` (as the host does). And the agent's check of a
+:class:`~vmr_handler.core.wire.clockanswers.StampLead` (as the host does). And the agent's check of a
 signed answer (``Verifier.authenticate`` + ``ClockAnswers.take``; after ``t4`` is stamped).
 """
 
@@ -29,10 +29,10 @@ from typing import Callable, List
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from vmr_handler.core import protocol as P
-from vmr_handler.core.clockanswers import ClockAnswers, StampLead
 from vmr_handler.core.events import Event
-from vmr_handler.core.signing import Verifier, sign
+from vmr_handler.core.wire import protocol as P
+from vmr_handler.core.wire.clockanswers import ClockAnswers, StampLead
+from vmr_handler.core.wire.signing import Verifier, sign
 
 
 def median_us(fn: Callable[[], object], repeat: int) -> float:
@@ -95,7 +95,7 @@ def clock_resp_rows(key: Ed25519PrivateKey, repeat: int) -> List[str]:
         left: List[float] = []
         for i in range(repeat + 20):
             t1 = time.time() - 0.001
-            now = time.time()  # the host's code path (host/session.py _on_clock_req)
+            now = time.time()  # the host's code path (host/serve/session/session.py _on_clock_req)
             t3 = now + lead.value
             resp = Event(
                 P.CLOCK_RESP,

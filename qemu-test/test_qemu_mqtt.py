@@ -388,8 +388,8 @@ def test_blob_path_is_the_agents_default() -> None:
     """The fw_cfg name QEMU is given here is the one the agent reads by default."""
     from guestlab import FW_CFG_NAME as LAB_NAME
 
-    from vmr_handler.agent.cli import DEFAULT_FW_CFG
-    from vmr_handler.host.mqttlayout import FW_CFG_NAME
+    from vmr_handler.agent.cli.commandline import DEFAULT_FW_CFG
+    from vmr_handler.host.cli.mqtt_config.layout import FW_CFG_NAME
 
     assert LAB_NAME == FW_CFG_NAME
     assert Path(DEFAULT_FW_CFG) == Path("/sys/firmware/qemu_fw_cfg/by_name") / FW_CFG_NAME / "raw"

@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from vmr_handler.agent.appends import restore
-from vmr_handler.agent.engine import Engine, EngineConfig
-from vmr_handler.agent.executor import ProcessResult
-from vmr_handler.agent.journal import Journal
-from vmr_handler.agent.ports import OutputCallback
+from vmr_handler.agent.engine.appends import restore
+from vmr_handler.agent.engine.engine import Engine, EngineConfig
+from vmr_handler.agent.engine.ports import OutputCallback
+from vmr_handler.agent.machine.executor import ProcessResult
+from vmr_handler.agent.state.journal import Journal
 from vmr_handler.core.clock import FakeClock
 from vmr_handler.core.events import Event
 from vmr_handler.core.schedule import load_schedule_bytes
@@ -75,7 +75,7 @@ class FakeProcess:
 
 
 class FakeProcesses:
-    """The :class:`~vmr_handler.agent.ports.Processes` port, scripted.
+    """The :class:`~vmr_handler.agent.engine.ports.Processes` port, scripted.
 
     Args:
         clock: the fake clock processes run on.

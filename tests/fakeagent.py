@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 import yaml
 
 from vmr_handler.core.events import Event
-from vmr_handler.core.protocol import FrameDecoder, encode_message
+from vmr_handler.core.wire.protocol import FrameDecoder, encode_message
 
 WAIT = 20.0  # upper bound of any wait, seconds (a bound, not a speed assertion)
 

@@ -228,7 +228,7 @@ class HostEnv:
 def write_pki(directory: Path) -> None:
     """A test CA and a server certificate for 127.0.0.1 (made like ``vmr-host mqtt-config
     --tls``): ``ca.crt``, ``server.crt`` and ``server.key`` in ``directory``."""
-    from vmr_handler.host.mqtttls import make_pki
+    from vmr_handler.host.cli.mqtt_config._tls import make_pki
 
     pki = make_pki("t", ["127.0.0.1"], 1)
     (directory / "ca.crt").write_bytes(pki.ca_cert)

@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from vmr_handler.core.events import Event
-from vmr_handler.host.config import Limits, VmSpec
-from vmr_handler.host.resources import ResourceStore
-from vmr_handler.host.session import VmSession
-from vmr_handler.host.sessionapi import HostEvents
-from vmr_handler.host.store import VmLog
-from vmr_handler.host.transfers import TransferStore
+from vmr_handler.host.logs.store import VmLog
+from vmr_handler.host.serve.config import Limits, VmSpec
+from vmr_handler.host.serve.files.resources import ResourceStore
+from vmr_handler.host.serve.files.transfers import TransferStore
+from vmr_handler.host.serve.session.api import HostEvents
+from vmr_handler.host.serve.session.session import VmSession
 
 
 class FakeExperiment:

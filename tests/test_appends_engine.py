@@ -17,7 +17,7 @@ from typing import Any, Coroutine, Dict, List
 import pytest
 
 from tests.enginefakes import T0, Harness
-from vmr_handler.agent.engine import EXIT_OK
+from vmr_handler.agent.engine.engine import EXIT_OK
 from vmr_handler.core.errors import AppendRefused
 from vmr_handler.core.schedule import Schedule, load_schedule_bytes
 

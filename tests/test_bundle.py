@@ -1,4 +1,4 @@
-"""The single-file agent's own run time (vmr_handler/agent/bundle.py), without building it.
+"""The single-file agent's own run time (vmr_handler/agent/machine/bundle.py), without building it.
 
 Real directories, real ``flock`` held by real processes, real ``prctl``: which unpacked copies
 are removed (only this program's, only dead ones), what entries inherit, the parent watch.
@@ -16,7 +16,7 @@ from typing import Iterator, List
 
 import pytest
 
-from vmr_handler.agent import bundle
+from vmr_handler.agent.machine import bundle
 
 HOLD = (
     "import fcntl, os, sys, time\n"
@@ -152,7 +152,7 @@ def test_entries_get_the_environment_from_before_the_bootloader(
 WATCH = (
     "import os, signal, sys, time\n"
     "sys.path.insert(0, sys.argv[1])\n"
-    "from vmr_handler.agent import bundle\n"
+    "from vmr_handler.agent.machine import bundle\n"
     "signal.signal(signal.SIGTERM, lambda *a: (print('SIGTERM', flush=True), os._exit(0)))\n"
     "print('watched' if bundle.watch_bootloader() else 'not watched', flush=True)\n"
     "time.sleep(30)\n"

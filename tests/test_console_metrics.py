@@ -22,18 +22,18 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.test_payloads import _Link
 from vmr_handler.core.events import Event
-from vmr_handler.core.protocol import encode_message
-from vmr_handler.host.config import HostConfig, Limits, VmSpec
+from vmr_handler.core.wire.protocol import encode_message
 from vmr_handler.host.console import metrics as metrics_module
 from vmr_handler.host.console.metrics import LATENESS_BUCKETS, RUN_STATUSES, ConsoleMetrics, le_text
 from vmr_handler.host.console.views import STATES
-from vmr_handler.host.experiment import Experiment
-from vmr_handler.host.resources import ResourceStore
-from vmr_handler.host.session import VmSession
-from vmr_handler.host.sessionapi import HostEvents
-from vmr_handler.host.store import VmLog
-from vmr_handler.host.transfers import TransferStore
-from vmr_handler.host.vmstate import short
+from vmr_handler.host.logs.store import VmLog
+from vmr_handler.host.model.vmstate import short
+from vmr_handler.host.serve.config import HostConfig, Limits, VmSpec
+from vmr_handler.host.serve.experiment.experiment import Experiment
+from vmr_handler.host.serve.files.resources import ResourceStore
+from vmr_handler.host.serve.files.transfers import TransferStore
+from vmr_handler.host.serve.session.api import HostEvents
+from vmr_handler.host.serve.session.session import VmSession
 
 T0 = 1_700_000_000.0
 SCHEDULE = b"- {start_time: -5, executable: /bin/true}\n- {start_time: 1, executable: /bin/true}\n"

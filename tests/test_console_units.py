@@ -13,11 +13,11 @@ from typing import Any, Dict, List
 import pytest
 
 from vmr_handler.core.errors import UsageError
-from vmr_handler.host import jsonlread
 from vmr_handler.host.console import events as ev
 from vmr_handler.host.console.options import console_options, experiment_name
 from vmr_handler.host.console.stream import Hub, sse
 from vmr_handler.host.console.views import changed_rows, sorted_rows
+from vmr_handler.host.logs import jsonlread
 
 
 def _rec(i: int, type_: str = "output", index: int = 1) -> bytes:
@@ -166,8 +166,8 @@ def test_live_timeline_folds_the_logs_then_holds_reports_while_a_thread_reads_it
 
     from tests.test_console_metrics import T0, Host
     from tests.test_payloads import _Link
-    from vmr_handler.host.config import Limits
     from vmr_handler.host.console.live import LiveExperiment
+    from vmr_handler.host.serve.config import Limits
 
     h = Host(tmp_path, ["vm1"], Limits())
     assert h.sessions["vm1"].attach(_Link(), h.now)  # type: ignore[arg-type]

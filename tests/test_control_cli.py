@@ -12,12 +12,13 @@ from typing import List, Optional
 
 import pytest
 
-from vmr_handler.agent.control_client import ControlCommand, parse_control
-from vmr_handler.host.commandline import _parser, client_command
-from vmr_handler.host.control_client import DEFAULT_LOGS, ClientCommand, parse_client
+from vmr_handler.agent.cli.control_client import ControlCommand, parse_control
+from vmr_handler.host.cli.commandline import _parser, client_command
+from vmr_handler.host.cli.control_client import DEFAULT_LOGS, ClientCommand, parse_client
 
 #: Modules the lean path must not import (the full front end, the host's configuration).
-HEAVY = ["argparse", "logging", "asyncio", "vmr_handler.host.config", "vmr_handler.host.commandline", "yaml"]
+HEAVY = ["argparse", "logging", "asyncio", "vmr_handler.host.serve.config",
+         "vmr_handler.host.cli.commandline", "yaml"]
 
 
 def _full(argv: List[str]) -> Optional[ClientCommand]:
@@ -100,7 +101,7 @@ def _run_lean(code: str) -> dict:
 def test_vmr_host_resume_imports_only_what_it_uses(tmp_path: Path) -> None:
     logs = tmp_path / DEFAULT_LOGS
     doc = _run_lean(
-        "from vmr_handler.host.cli import main\n"
+        "from vmr_handler.host.cli.vmr_host import main\n"
         f"def run(): return main(['resume', '--all', '--logs', {str(logs)!r}])"
     )
     assert doc["rc"] == 1 and "no running vmr-host" in doc["err"]
@@ -109,7 +110,7 @@ def test_vmr_host_resume_imports_only_what_it_uses(tmp_path: Path) -> None:
 
 def test_vmr_host_resume_without_target_is_a_usage_error_on_the_lean_path(tmp_path: Path) -> None:
     doc = _run_lean(
-        "from vmr_handler.host.cli import main\n"
+        "from vmr_handler.host.cli.vmr_host import main\n"
         f"def run(): return main(['resume', '--logs', {str(tmp_path)!r}])"
     )
     assert doc["rc"] == 2 and "VM names or --all" in doc["err"]
@@ -118,7 +119,7 @@ def test_vmr_host_resume_without_target_is_a_usage_error_on_the_lean_path(tmp_pa
 
 def test_vmr_handler_status_imports_only_what_it_uses(tmp_path: Path) -> None:
     doc = _run_lean(
-        "from vmr_handler.agent.cli import main\n"
+        "from vmr_handler.agent.cli.commandline import main\n"
         f"def run(): return main(['status', '--state-dir', {str(tmp_path)!r}])"
     )
     assert doc["rc"] == 1 and "no running vmr-handler" in doc["err"]

@@ -19,8 +19,8 @@ from typing import Any, Coroutine, Dict, List, Optional
 
 from tests.enginefakes import T0, Harness
 from tests.test_report_hold import FlakySink, _engine
-from vmr_handler.agent.engine import EXIT_OK, STOP_GRACE
-from vmr_handler.agent.reporthold import HoldLimits, ReportHold
+from vmr_handler.agent.engine.engine import EXIT_OK, STOP_GRACE
+from vmr_handler.agent.state.reporthold import HoldLimits, ReportHold
 from vmr_handler.core.clock import FakeClock
 from vmr_handler.core.events import Event, EventFactory, EventType
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Coroutine
 
 from tests.enginefakes import T0, Harness
-from vmr_handler.agent.engine import EXIT_FAILED, EXIT_OK
+from vmr_handler.agent.engine.engine import EXIT_FAILED, EXIT_OK
 
 
 def run(coro: Coroutine[Any, Any, None]) -> None:

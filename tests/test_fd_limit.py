@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from tests.hostenv import WAIT
-from vmr_handler.host.fdlimit import fd_needs
+from vmr_handler.host.serve._fdlimit import fd_needs
 
 pytestmark = pytest.mark.faults
 
@@ -111,7 +111,7 @@ def test_a_low_soft_limit_is_raised_by_the_host_itself(tmp_path: Path) -> None:
 def test_a_host_that_may_raise_its_hard_limit_does(monkeypatch: pytest.MonkeyPatch) -> None:
     # root with CAP_SYS_RESOURCE (not this machine's containers): the hard limit is raised too.
     # The syscalls are faked: this is the pure decision of ensure_fd_limit.
-    from vmr_handler.host import fdlimit
+    from vmr_handler.host.serve import _fdlimit as fdlimit
 
     limits = {"now": (200, 200)}
 
@@ -126,12 +126,12 @@ def test_a_host_that_may_raise_its_hard_limit_does(monkeypatch: pytest.MonkeyPat
 
 
 def test_fd_needs_by_mode() -> None:
-    base = 64 + 256  # the process, and the readable logs open at once (host/appendfiles.py)
+    base = 64 + 256  # the process, and the readable logs open at once (host/logs/appendfiles.py)
     assert fd_needs(10_000, "mqtt").required == base + 10_000
     assert fd_needs(10_000, "mqtt").wanted == base + 3 * 10_000  # + a passing file + its .log
     assert fd_needs(10, "connect").required == base + 2 * 10
     assert fd_needs(10, "listen", http_per_vm=2).wanted == base + 3 * 10 + 4 * 10
-    from vmr_handler.host.fdlimit import readable_pool
+    from vmr_handler.host.serve._fdlimit import readable_pool
 
     needs = fd_needs(5_000, "mqtt")  # soft enough for everything: every readable log stays open
     assert readable_pool(needs.wanted, needs, 5_000) == 5_000

@@ -264,7 +264,7 @@ def test_resume_and_transfer_entries_are_validated(tmp_path, record, field, word
 
 
 def test_place_data_never_overwrites(tmp_path):
-    from vmr_handler.agent.executor import place_data
+    from vmr_handler.agent.machine.executor import place_data
     from vmr_handler.core.schedule.model import ContentDrop, ScheduleEntry
 
     target = tmp_path / "t.txt"

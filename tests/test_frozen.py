@@ -114,7 +114,7 @@ def test_single_file_without_host_python_or_host_code(frozen: Path) -> None:
     assert not (frozen.parent / "_internal").exists(), "one file, nothing next to it"
     names = _archive(frozen)
     assert any(n.startswith("libpython3") for n in names), "libpython is bundled"
-    assert "vmr_handler.agent.bundle" in names and "vmr_handler.agent.cli" in names
+    assert "vmr_handler.agent.machine.bundle" in names and "vmr_handler.agent.cli.commandline" in names
     assert not [n for n in names if n.startswith("vmr_handler.host")], "vmr-host is not part of the agent"
     host_only = ("aiohttp", "prometheus_client", "multidict", "yarl", "selenium")
     assert not [n for n in names if n.split(".")[0] in host_only], "the console's libraries stay on the host"

@@ -2,7 +2,7 @@
 
 A guest can make the host hash its files again at their last chunk (chunks out of order,
 rewritten bytes); that runs in a worker thread, one file at a time per VM, but without a
-budget one VM could keep a core busy. :class:`~vmr_handler.host.intake.TransferIntake` spends
+budget one VM could keep a core busy. :class:`~vmr_handler.host.serve.session.intake.TransferIntake` spends
 the missing bytes from a token bucket; a hash over the budget waits, the VM's later transfer
 reports wait behind it, and it still completes. Real files, a real event loop, the budget's
 clock frozen (the delay is computed, not timed).
@@ -19,9 +19,9 @@ from typing import Any, List, Tuple
 import pytest
 
 from vmr_handler.core.events import Event
-from vmr_handler.host.intake import TransferIntake
-from vmr_handler.host.transfers import TransferStore
-from vmr_handler.host.vmstate import Counters
+from vmr_handler.host.model.vmstate import Counters
+from vmr_handler.host.serve.files.transfers import TransferStore
+from vmr_handler.host.serve.session.intake import TransferIntake
 
 pytestmark = pytest.mark.faults
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from vmr_handler.host.barrier import Barrier, BarrierError
+from vmr_handler.host.serve.experiment.barrier import Barrier, BarrierError
 
 
 def test_start_is_last_configured_plus_buffer_and_waits_for_exactly_the_missing():
@@ -166,7 +166,7 @@ def test_announcement_that_completes_the_barrier_sets_the_start():
 
 def test_the_log_line_names_a_few_waiting_vms_and_counts_the_rest() -> None:
     # one `configured` line per VM naming every VM still waiting was 441 MB of log at 9,900 VMs
-    from vmr_handler.host.barrier import waiting_text
+    from vmr_handler.host.serve.experiment.barrier import waiting_text
 
     b = Barrier([f"vm{i:05d}" for i in range(10_000)], buffer=1.0)
     first = ", ".join(f"vm{i:05d}" for i in range(8))

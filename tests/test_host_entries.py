@@ -1,4 +1,4 @@
-"""on_host entries run by the host (issue 12 section 2, ``vmr_handler/host/hostentries.py``).
+"""on_host entries run by the host (issue 12 section 2, ``vmr_handler/host/serve/experiment/hostentries.py``).
 
 The runner is driven with REAL processes (scripts written to tmp dirs) through a real
 ``VmSession`` (its real log on disk; the agent's side of the link captured), fed the agent's
@@ -25,20 +25,20 @@ import yaml
 from tests.fakeagent import WAIT, Host
 from tests.hostfakes import FakeExperiment
 from vmr_handler.core.events import Event
-from vmr_handler.core.protocol import FrameDecoder, encode_message
-from vmr_handler.host.config import Limits, VmSpec
-from vmr_handler.host.hostentries import (
+from vmr_handler.core.wire.protocol import FrameDecoder, encode_message
+from vmr_handler.host.logs.store import VmLog
+from vmr_handler.host.serve.config import Limits, VmSpec
+from vmr_handler.host.serve.experiment.hostentries import (
     DISABLED,
     RESTARTED,
     STOPPED,
     HostEntryRunner,
     schedule_lookup,
 )
-from vmr_handler.host.resources import ResourceStore
-from vmr_handler.host.session import VmSession
-from vmr_handler.host.sessionapi import HostEvents
-from vmr_handler.host.store import VmLog
-from vmr_handler.host.transfers import TransferStore
+from vmr_handler.host.serve.files.resources import ResourceStore
+from vmr_handler.host.serve.files.transfers import TransferStore
+from vmr_handler.host.serve.session.api import HostEvents
+from vmr_handler.host.serve.session.session import VmSession
 
 _T = TypeVar("_T")
 

@@ -19,9 +19,9 @@ import pytest
 
 from tests.fakeagent import SIMPLE, FakeAgent, Host
 from vmr_handler.core.events import Event
-from vmr_handler.core.protocol import encode_message
-from vmr_handler.host.seenids import SeenIds, SeenLimits, split_id
-from vmr_handler.host.store import VmLog
+from vmr_handler.core.wire.protocol import encode_message
+from vmr_handler.host.logs.seenids import SeenIds, SeenLimits, split_id
+from vmr_handler.host.logs.store import VmLog
 
 
 # ------------------------------------------------------------------------------ SeenIds

@@ -22,7 +22,7 @@ from typing import Iterator, List
 import pytest
 
 from tests.fakeagent import SIMPLE, WAIT, FakeAgent, Host, short_dir
-from vmr_handler.core.protocol import encode_message
+from vmr_handler.core.wire.protocol import encode_message
 
 
 @pytest.fixture

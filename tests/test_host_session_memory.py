@@ -27,12 +27,12 @@ import yaml
 from tests.hostfakes import make_session
 from vmr_handler.core.errors import ChannelClosed
 from vmr_handler.core.events import Event
-from vmr_handler.core.protocol import FrameDecoder, encode_message
 from vmr_handler.core.ratelimit import TokenBucket
-from vmr_handler.host.config import Limits
-from vmr_handler.host.links import ChannelLink, serve_channel
-from vmr_handler.host.mqtt import MqttService
-from vmr_handler.host.session import VmSession
+from vmr_handler.core.wire.protocol import FrameDecoder, encode_message
+from vmr_handler.host.serve.channels.links import ChannelLink, serve_channel
+from vmr_handler.host.serve.channels.mqtt import MqttService
+from vmr_handler.host.serve.config import Limits
+from vmr_handler.host.serve.session.session import VmSession
 from vmr_handler.transports.memory import MemoryChannel, memory_pair
 from vmr_handler.transports.mqtt.options import MqttOptions
 from vmr_handler.transports.mqtt.topics import Topics

@@ -13,11 +13,11 @@ import pytest
 
 from vmr_handler.core.errors import TransferRefused
 from vmr_handler.core.events import Event
-from vmr_handler.host.chunkhash import PendingHash
-from vmr_handler.host.logtext import printable
-from vmr_handler.host.resources import ResourceRefused, ResourceStore
-from vmr_handler.host.store import VmLog
-from vmr_handler.host.transfers import TransferStore
+from vmr_handler.host.logs.store import VmLog
+from vmr_handler.host.logs.text import printable
+from vmr_handler.host.serve.files.chunkhash import PendingHash
+from vmr_handler.host.serve.files.resources import ResourceRefused, ResourceStore
+from vmr_handler.host.serve.files.transfers import TransferStore
 
 
 def _ev(i: int, type_: str = "output", **data) -> Event:
@@ -129,7 +129,7 @@ def test_transfer_confine_accepts(location, parts):
 
 
 def test_transfer_confine_refuses_trees_deeper_than_the_limit():
-    from vmr_handler.host.transferpaths import MAX_LOCATION_DEPTH
+    from vmr_handler.host.serve.files.transferpaths import MAX_LOCATION_DEPTH
 
     assert len(TransferStore.confine("/".join(["d"] * MAX_LOCATION_DEPTH))) == MAX_LOCATION_DEPTH
     with pytest.raises(TransferRefused, match=f"{MAX_LOCATION_DEPTH + 1} directory levels"):
@@ -420,8 +420,8 @@ def test_acks_wait_for_the_fsync_of_what_they_acknowledge(tmp_path, monkeypatch,
     import asyncio
     import threading
 
-    from vmr_handler.host import store as store_mod
-    from vmr_handler.host.store import DurableAcks
+    from vmr_handler.host.logs import store as store_mod
+    from vmr_handler.host.logs.store import DurableAcks
 
     gate, calls, fail = threading.Event(), [], []
     real_fsync = os.fsync
@@ -470,7 +470,7 @@ def test_acks_wait_for_the_fsync_of_what_they_acknowledge(tmp_path, monkeypatch,
 def test_readable_logs_of_many_vms_share_a_bounded_number_of_open_files(tmp_path):
     # 10 000 VMs held 20 000 log files open (issue 16): the readable .log now goes through a
     # pool of at most `limit` open files; every line still lands in its own VM's file, in order
-    from vmr_handler.host.appendfiles import AppendFiles
+    from vmr_handler.host.logs.appendfiles import AppendFiles
 
     pool = AppendFiles(limit=3)
     logs = [VmLog(str(tmp_path), f"vm{i}", quota=1 << 30) for i in range(10)]

@@ -22,7 +22,7 @@ from tests import test_connected
 from tests.broker import free_port
 from tests.hostenv import HostEnv, write_pki
 from tests.test_http_resources import _start_http_host, _tokens, _vm_log
-from vmr_handler.agent.transfers import HTTP_TRANSFER_MIN, TRANSFER_CHUNK
+from vmr_handler.agent.connected.transfers import HTTP_TRANSFER_MIN, TRANSFER_CHUNK
 
 MB = 1024 * 1024
 env_factory = test_connected.env_factory

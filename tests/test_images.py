@@ -67,7 +67,7 @@ def test_bake_systemd_rootfs_installs_and_enables(tmp_path, binary):
 
 
 def test_baked_config_template_is_accepted_by_the_agent(tmp_path):
-    from vmr_handler.agent.cli import load_config
+    from vmr_handler.agent.cli.commandline import load_config
 
     conf = load_config(str(ROOT / "images" / "config.yaml"))
     assert conf["port"] == "/dev/virtio-ports/org.vmr.handler.0"

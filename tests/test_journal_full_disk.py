@@ -20,8 +20,8 @@ from typing import Any, Coroutine
 import pytest
 
 from tests.enginefakes import T0, Harness
-from vmr_handler.agent import journal as journal_module
-from vmr_handler.agent.engine import EXIT_OK
+from vmr_handler.agent.engine.engine import EXIT_OK
+from vmr_handler.agent.state import journal as journal_module
 from vmr_handler.core.errors import JournalError
 
 pytestmark = pytest.mark.faults

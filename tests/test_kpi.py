@@ -1,4 +1,4 @@
-"""KPIs (issue 14 section 1, seed 004): the agent's :class:`~vmr_handler.agent.kpi.KpiSampler`
+"""KPIs (issue 14 section 1, seed 004): the agent's :class:`~vmr_handler.agent.machine.kpi.KpiSampler`
 on a FakeClock (intervals, a change, 0 = off, stop, failing readings, skipped samples), a real
 sample of this machine, the host's ``kpi`` payload on hostile data, the latest sample in
 ``vmr-host status``, and a real ``vmr-handler run --local --kpi-interval`` process.
@@ -24,16 +24,16 @@ import pytest
 from tests.agent import Agent, cli
 from tests.hostfakes import FakeExperiment, make_session
 from tests.test_payloads import _Link
-from vmr_handler.agent.kpi import READINGS, KpiSampler, PsutilProbe, check_interval
+from vmr_handler.agent.machine.kpi import READINGS, KpiSampler, PsutilProbe, check_interval
 from vmr_handler.core.clock import FakeClock
 from vmr_handler.core.errors import PayloadError, UsageError
 from vmr_handler.core.events import Event, EventType, describe
 from vmr_handler.core.payloads import KPI_NET_FIELDS, MAX_KPI_INTERFACES, Kpi, parse_payload
-from vmr_handler.core.protocol import encode_message
 from vmr_handler.core.readable import kpi_brief, kpi_text, size
-from vmr_handler.host.config import HostConfig, Limits
-from vmr_handler.host.statustext import format_status, kpi_cell
-from vmr_handler.host.vmstate import KPI_HISTORY, KPI_NAME, KPI_SERIES, VmState
+from vmr_handler.core.wire.protocol import encode_message
+from vmr_handler.host.cli.statustext import format_status, kpi_cell
+from vmr_handler.host.model.vmstate import KPI_HISTORY, KPI_NAME, KPI_SERIES, VmState
+from vmr_handler.host.serve.config import HostConfig, Limits
 
 T0 = 1_800_000_000.0
 GiB = 1 << 30
@@ -194,7 +194,7 @@ def test_a_reading_that_fails_is_reported_once_and_left_out(caplog: pytest.LogCa
         run.probe.fail = {"disk_io", "load"}
         await run.clock.advance(30)
 
-    with caplog.at_level(logging.WARNING, logger="vmr_handler.agent.kpi"):
+    with caplog.at_level(logging.WARNING, logger="vmr_handler.agent.machine.kpi"):
         run = fake(scenario, 10)
     datas = [d for _, d in run.samples]
     assert len(datas) == 3  # never fatal: every sample still comes
@@ -440,7 +440,7 @@ def test_status_shows_the_latest_sample(tmp_path: Path) -> None:
 
 def test_the_host_option_and_its_default(tmp_path: Path) -> None:
     assert HostConfig({}, frozenset(), "logs", "channels").kpi_interval == 10.0
-    from vmr_handler.host.commandline import _parser, build_config
+    from vmr_handler.host.cli.commandline import _parser, build_config
 
     (tmp_path / "vm1.yaml").write_text("- {start_time: 1, executable: /bin/true}\n")
     base = ["serve", "--schedules", str(tmp_path), "--logs", str(tmp_path / "logs")]
@@ -517,7 +517,7 @@ def test_cpu_busy_a_tick_below_the_last_sample_is_zero_percent_not_missing() -> 
     # /proc/stat's idle and iowait move in 10 ms ticks and iowait may go back: over 0.2 s the
     # busy share (total - idle - iowait) came out a tick lower than before, and the sample had
     # no cpu_percent at all (seen in CI); psutil calls that 0 %
-    from vmr_handler.agent.kpi import _rates
+    from vmr_handler.agent.machine.kpi import _rates
 
     out = _rates({"cpu": (10.00, 100.30)}, {"cpu": (10.01, 100.10)}, 0.2)
     assert out["cpu_percent"] == 0.0

@@ -61,3 +61,34 @@ def test_every_public_exception_derives_from_vmr_error() -> None:
             if obj.__module__.startswith("vmr_handler") and not issubclass(obj, VmrError):
                 outside.append(f"{obj.__module__}.{attr}")
     assert not outside, f"exceptions outside VmrError: {sorted(set(outside))}"
+
+
+# The packages whose __init__ re-exports names of their modules; every other __init__ is a
+# docstring and nothing else (importing a package costs nothing: the lean command paths).
+REEXPORTING = {"vmr_handler", "vmr_handler.core.schedule", "vmr_handler.host.report"}
+
+
+def test_every_package_says_what_it_holds_and_what_it_may_import() -> None:
+    import ast
+    import re
+
+    faults = []
+    packages = ["vmr_handler"] + [
+        m.name for m in pkgutil.walk_packages(vmr_handler.__path__, "vmr_handler.") if m.ispkg
+    ]
+    for name in packages:
+        folder = REPO.joinpath(*name.split("."))
+        tree = ast.parse((folder / "__init__.py").read_text(encoding="utf-8"))
+        doc = ast.get_docstring(tree) or ""
+        if not doc.strip():
+            faults.append(f"{name}: no docstring (what it holds, what it may import)")
+            continue
+        if not re.search(r"^May import:", doc, re.MULTILINE):
+            faults.append(f"{name}: no 'May import:' line")
+        children = [c for _, c, _ in pkgutil.iter_modules([str(folder)]) if c != "__main__"]
+        for child in children:
+            if not re.search(rf"(?<![A-Za-z0-9]){re.escape(child.lstrip('_'))}(?![A-Za-z0-9_])", doc):
+                faults.append(f"{name}: its docstring does not name {child}")
+        if name not in REEXPORTING and len(tree.body) > 1:
+            faults.append(f"{name}: __init__.py holds more than its docstring")
+    assert not faults, "\n".join(faults)

@@ -22,10 +22,10 @@ import pytest
 
 from tests.hostenv import WAIT, HostEnv
 from vmr_handler.core.errors import ResourceMissing, ResourceRefused
-from vmr_handler.host.appendbook import AppendBook
-from vmr_handler.host.liveexec import ExecFollow
-from vmr_handler.host.livefollow import follow
-from vmr_handler.host.resources import ResourceStore, pushed_name
+from vmr_handler.host.cli.live._exec import ExecFollow
+from vmr_handler.host.cli.live.follow import follow
+from vmr_handler.host.serve.experiment.appendbook import AppendBook
+from vmr_handler.host.serve.files.resources import ResourceStore, pushed_name
 
 SCHEDULE: List[Dict[str, Any]] = [{"start_time": -1, "executable": "/bin/echo", "arguments": "configured"}]
 

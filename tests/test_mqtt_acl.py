@@ -31,7 +31,8 @@ import yaml
 from paho.mqtt.enums import CallbackAPIVersion
 
 from tests.broker import Broker, free_port
-from vmr_handler.host import mqttfiles, mqtttls
+from vmr_handler.host.cli.mqtt_config import _files as mqttfiles
+from vmr_handler.host.cli.mqtt_config import _tls as mqtttls
 from vmr_handler.transports.mqtt import topics
 
 MOSQUITTO_PASSWD = shutil.which("mosquitto_passwd")
@@ -729,7 +730,7 @@ def test_generated_files_are_valid_transport_settings(tmp_path: Path) -> None:
     """The agent reads ``vms/<vm>.yaml`` as its fw_cfg blob and the host reads
     ``host/<user>.yaml`` as ``--credentials`` (without client certificates: see docs/mqtt.md).
     """
-    from vmr_handler.agent.cli import load_config
+    from vmr_handler.agent.cli.commandline import load_config
     from vmr_handler.transports.mqtt.options import options_from
 
     out = generate(

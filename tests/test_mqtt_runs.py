@@ -24,10 +24,10 @@ import pytest
 from tests.broker import Broker
 from tests.hostenv import HostEnv
 from vmr_handler.core.events import Event
-from vmr_handler.core.protocol import SCHEDULE, START_TIME
-from vmr_handler.core.runs import StartGate, new_run_id
-from vmr_handler.host.config import HostConfig
-from vmr_handler.host.experiment import Experiment
+from vmr_handler.core.wire.protocol import SCHEDULE, START_TIME
+from vmr_handler.core.wire.runs import StartGate, new_run_id
+from vmr_handler.host.serve.config import HostConfig
+from vmr_handler.host.serve.experiment.experiment import Experiment
 
 pytestmark = pytest.mark.faults
 

@@ -2,7 +2,7 @@
 
 A host publishes its start once, retained, on ``vmr/E/_hosts/<host>/start`` (signed for every
 VM of its run with a key); every agent reads every host's, and takes only its own host's run's
-(:class:`vmr_handler.core.runs.StartGate`). VMs whose agent has not shown that the broker lets
+(:class:`vmr_handler.core.wire.runs.StartGate`). VMs whose agent has not shown that the broker lets
 it read that topic (older agents, an ACL from before it, VMs never seen) still get it on their
 own topics. Late joiners and agents back while the host is away take the retained one. Real ``vmr-host
 serve`` and ``vmr-handler run`` processes (:class:`tests.hostenv.HostEnv`); the pure rules
@@ -30,9 +30,9 @@ from tests.test_mqtt_secure import _agent as secure_agent
 from tests.test_signed_control import _keygen
 from vmr_handler.core.errors import SignatureError
 from vmr_handler.core.events import Event
-from vmr_handler.core.protocol import RESUME, START_TIME
-from vmr_handler.core.runs import EVERY_VM_OF_RUN, MAX_HELD, StartGate, signed_for
-from vmr_handler.core.signing import Verifier, generate_keypair, sign
+from vmr_handler.core.wire.protocol import RESUME, START_TIME
+from vmr_handler.core.wire.runs import EVERY_VM_OF_RUN, MAX_HELD, StartGate, signed_for
+from vmr_handler.core.wire.signing import Verifier, generate_keypair, sign
 
 #: ``mqtt_env``: makes an experiment over its own broker
 MakeEnv = Callable[..., HostEnv]

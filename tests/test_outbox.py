@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from vmr_handler.agent.outbox import Outbox
+from vmr_handler.agent.state.outbox import Outbox
 from vmr_handler.core.errors import JournalError
 from vmr_handler.core.events import EventFactory, EventType
 

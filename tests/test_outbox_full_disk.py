@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from tests.hostenv import HostEnv, fill
-from vmr_handler.agent.executor import ProcessRunner
+from vmr_handler.agent.machine.executor import ProcessRunner
 
 pytestmark = pytest.mark.faults
 
@@ -88,7 +88,7 @@ def test_output_waits_on_its_pipe_while_reports_cannot_be_written(tmp_path):
 def test_a_journal_on_a_full_disk_keeps_entry_changes_until_it_can_save(full_disk, caplog):
     # an entry that ends while the state dir is full must not fail the VM: its change is kept
     # in memory (no later append, which could replay without it) and saved with the next snapshot
-    from vmr_handler.agent.journal import Journal
+    from vmr_handler.agent.state.journal import Journal
 
     journal = Journal(str(full_disk), "d" * 64)
     journal.save()

@@ -17,7 +17,7 @@ from tests.hostfakes import FakeExperiment, make_session
 from vmr_handler.core import payloads as P
 from vmr_handler.core.errors import PayloadError, VmrError
 from vmr_handler.core.events import Event, EventType
-from vmr_handler.core.protocol import (
+from vmr_handler.core.wire.protocol import (
     ACK,
     CLOCK_REQ,
     HEARTBEAT,
@@ -27,8 +27,8 @@ from vmr_handler.core.protocol import (
     encode_message,
     encode_raw_message,
 )
-from vmr_handler.host.config import Limits
-from vmr_handler.host.vmstate import VmState
+from vmr_handler.host.model.vmstate import VmState
+from vmr_handler.host.serve.config import Limits
 
 T0 = 1_800_000_000.0
 HUGE_INT = 10**400  # valid JSON, but no float can hold it

@@ -12,8 +12,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-from vmr_handler.agent.journal import JOURNAL_NAME, Journal
-from vmr_handler.agent.placement import DataPlacement
+from vmr_handler.agent.engine.placement import DataPlacement
+from vmr_handler.agent.state.journal import JOURNAL_NAME, Journal
 from vmr_handler.core.events import EventType
 from vmr_handler.core.schedule import load_schedule_bytes
 from vmr_handler.core.schedule.commands import working_dirs

@@ -1,4 +1,4 @@
-"""``plan --json`` without an object per entry (issue 15, :mod:`vmr_handler.agent.planout`): the
+"""``plan --json`` without an object per entry (issue 15, :mod:`vmr_handler.agent.cli._planout`): the
 schedule validated as columns, planned as columns and written from columns of strings must give,
 byte for byte, what the object path gives: ``json.dumps(plan_json(build_plan(entries, resumes),
 command_lines(entries, launch_dir)))`` of ``load_schedule``'s entries. Compared on varied
@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vmr_handler.agent import cli
-from vmr_handler.agent.planout import PlanRequest, number_texts, parse_plan_json, plan_json_output
+from vmr_handler.agent.cli import commandline as cli
+from vmr_handler.agent.cli._planout import PlanRequest, number_texts, parse_plan_json, plan_json_output
 from vmr_handler.core.errors import ScheduleError
 from vmr_handler.core.schedule import load_schedule
 from vmr_handler.core.schedule.commands import command_lines, working_dirs, working_dirs_of
@@ -198,7 +198,7 @@ FLOATS = [0.0, -0.0, 1.0, -1.0, 2.5, -7.25, 1e-7, 8.3, 123456789012345.0, float(
 
 
 def test_number_texts_are_json_of_number_text() -> None:
-    from vmr_handler.agent.control_client import number_text
+    from vmr_handler.agent.cli.control_client import number_text
 
     assert number_texts(FLOATS) == [json.dumps(number_text(v)) for v in FLOATS]
     assert number_texts([]) == []

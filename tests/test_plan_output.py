@@ -1,4 +1,4 @@
-"""``plan --json`` at parse speed (issue 15): :func:`~vmr_handler.agent.planout.plan_text` writes
+"""``plan --json`` at parse speed (issue 15): :func:`~vmr_handler.agent.cli._planout.plan_text` writes
 the JSON itself, from columns, and must give, byte for byte, ``json.dumps(plan_json(...))`` of the
 object path, the output every consumer reads (whole schedules: tests/test_plan_fast.py)."""
 
@@ -12,9 +12,9 @@ from typing import List, Sequence
 
 import pytest
 
-from vmr_handler.agent.cli import plan_json
-from vmr_handler.agent.control_client import number_text
-from vmr_handler.agent.planout import number_texts, plan_text
+from vmr_handler.agent.cli._planout import number_texts, plan_text
+from vmr_handler.agent.cli.commandline import plan_json
+from vmr_handler.agent.cli.control_client import number_text
 from vmr_handler.core.schedule.commands import command_lines
 from vmr_handler.core.schedule.model import ContentDrop, EntryKind, PauseSpec, ResumeMark, ScheduleEntry
 from vmr_handler.core.schedule.validate import ScheduleColumns

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vmr_handler.core import protocol as P
 from vmr_handler.core.events import Event
+from vmr_handler.core.wire import protocol as P
 
 
 def _ev(i: int, ts: float = 1.0, **data) -> Event:

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from vmr_handler.agent.reminders import AT_BARRIER, FIRST, MAX, Reminder
+from vmr_handler.agent.engine._reminders import AT_BARRIER, FIRST, MAX, Reminder
 
 BARRIER = {"phase": AT_BARRIER, "configured_at": 1795490376.3, "blocked_by_break": None}
 BREAK = {"phase": "positive", "blocked_by_break": 6}
@@ -57,7 +57,7 @@ def test_a_wrong_or_missing_port_is_said_at_the_default_level(tmp_path: Path) ->
 def test_the_reminders_look_at_a_cheap_status_that_never_builds_a_plan(monkeypatch) -> None:
     """At the barrier the engine has no armed plan; building one for a big schedule every second
     would cost CPU while the agent only waits (idle CPU 0 %)."""
-    from vmr_handler.agent import engine as engine_mod
+    from vmr_handler.agent.engine import engine as engine_mod
 
     class Holds:
         current = None

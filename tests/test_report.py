@@ -14,7 +14,7 @@ import pytest
 
 from tests.hostenv import HostEnv
 from tests.reportgen import generate
-from vmr_handler.host.cli import main as host_main
+from vmr_handler.host.cli.vmr_host import main as host_main
 from vmr_handler.host.report import (
     PROBLEMS,
     ExperimentTimeline,

@@ -17,8 +17,8 @@ from typing import Any, Coroutine, List
 import pytest
 
 from tests.enginefakes import T0, Harness
-from vmr_handler.agent.engine import EXIT_OK, Engine
-from vmr_handler.agent.reporthold import HoldLimits, ReportHold
+from vmr_handler.agent.engine.engine import EXIT_OK, Engine
+from vmr_handler.agent.state.reporthold import HoldLimits, ReportHold
 from vmr_handler.core.clock import FakeClock
 from vmr_handler.core.errors import JournalError
 from vmr_handler.core.events import Event, EventFactory, EventType
@@ -66,7 +66,7 @@ def test_a_sink_failing_n_times_loses_nothing_and_keeps_the_order(tmp_path: Path
         assert [e.type for e in sink.written][-1] == "schedule_complete"
         assert len(h.engine.reports) == 0
 
-    with caplog.at_level(logging.WARNING, logger="vmr_handler.agent.reporthold"):
+    with caplog.at_level(logging.WARNING, logger="vmr_handler.agent.state.reporthold"):
         run(go())
     # one line when it starts failing, one when it recovers: not one per report
     assert [r.levelname for r in caplog.records] == ["ERROR", "WARNING"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from vmr_handler.core.events import Event
-from vmr_handler.host.statustext import format_status, hints
-from vmr_handler.host.vmstate import VmState
+from vmr_handler.host.cli.statustext import format_status, hints
+from vmr_handler.host.model.vmstate import VmState
 
 
 class _Host:

@@ -27,10 +27,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from paho.mqtt.enums import CallbackAPIVersion
 
 from tests.hostenv import HostEnv
-from vmr_handler.core.clockanswers import ClockAnswers, StampLead
 from vmr_handler.core.errors import SignatureError
 from vmr_handler.core.events import Event
-from vmr_handler.core.protocol import (
+from vmr_handler.core.wire.clockanswers import ClockAnswers, StampLead
+from vmr_handler.core.wire.protocol import (
     CLOCK_REQ,
     CLOCK_RESP,
     RESUME,
@@ -38,7 +38,7 @@ from vmr_handler.core.protocol import (
     FrameDecoder,
     encode_message,
 )
-from vmr_handler.core.signing import Verifier, generate_keypair, load_private_key, sign
+from vmr_handler.core.wire.signing import Verifier, generate_keypair, load_private_key, sign
 
 BREAK = [
     {"start_time": -1, "executable": "/bin/true"},

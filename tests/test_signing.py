@@ -1,4 +1,5 @@
-"""Signed control messages (vmr_handler/core/signing.py, SPEC section 7, issue 6 §2) and `vmr-host keygen`."""
+"""Signed control messages (vmr_handler/core/wire/signing.py, SPEC section 7, issue 6 §2) and `vmr-host
+keygen`."""
 
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vmr_handler.core import protocol as P
 from vmr_handler.core.events import Event
-from vmr_handler.core.signing import (
+from vmr_handler.core.wire import protocol as P
+from vmr_handler.core.wire.signing import (
     SIGNED_TYPES,
     SignatureError,
     SigningError,

@@ -1,16 +1,17 @@
-"""vmr-handler: the agent that plays one VM's part of an emulation-testbed experiment.
+"""vmr-handler: the agent that plays one VM's part of an emulation-testbed experiment, and
+``vmr-host``, the controller that serves every VM of it.
 
-See ``SPEC.md`` (shared) and ``docs/`` for the schedule semantics, the events the agent
-reports and the command line. The package is layered so that the pure parts never do I/O:
+General layout (``docs/architecture.md``), four layers, each importing only those below it::
 
-* :mod:`vmr_handler.core.schedule` -- model, restricted unpickler, loaders, validation
-* :mod:`vmr_handler.core.timeline` -- pure pause/break/RESUME arithmetic (the *plan*)
-* :mod:`vmr_handler.agent.engine` -- drives a plan on a clock (stages, barrier, firing)
-* :mod:`vmr_handler.agent.executor` -- working dirs, data drops, process trees, output
-* :mod:`vmr_handler.agent.journal` -- atomic on-disk progress
-* :mod:`vmr_handler.core.events` -- the one event model every report uses
-* :mod:`vmr_handler.transports` -- where events go (local JSONL now)
-* :mod:`vmr_handler.agent.cli` -- argparse front end only
+    agent/        the guest agent, ``vmr-handler`` (frozen into one executable)
+    host/         the host controller, ``vmr-host``
+    transports/   one byte-channel contract, one module per transport
+    core/         what both sides share: errors, events, schedules, the timeline, the wire
+
+``agent`` and ``host`` never import each other: the frozen agent carries no host code.
+``__main__``: ``python -m vmr_handler`` is ``vmr-handler``.
+
+May import: nothing of its own (``__version__`` only).
 """
 
 __version__ = "0.1.0"

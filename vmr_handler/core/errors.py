@@ -1,7 +1,7 @@
 """The project's whole error tree. Library errors are translated at the boundary (``raise ... from``).
 
 Every exception vmr-handler raises on purpose derives from :class:`VmrError`; the modules that
-raise one re-export its name (``vmr_handler.host.store.TransferRefused`` is this module's class)::
+raise one re-export its name (``vmr_handler.host.logs.store.TransferRefused`` is this module's class)::
 
     VmrError
      +-- UsageError               bad command-line input (exit code 2)
@@ -93,12 +93,12 @@ class ControlError(VmrError):
 
 
 class SigningError(VmrError):
-    """An Ed25519 key file or the replay memory cannot be used (``vmr_handler/core/signing.py``);
+    """An Ed25519 key file or the replay memory cannot be used (``vmr_handler/core/wire/signing.py``);
     the message names the file and what is wrong."""
 
 
 class SignatureError(SigningError):
-    """A control message is refused by :class:`vmr_handler.core.signing.Verifier` (SPEC section 7).
+    """A control message is refused by :class:`vmr_handler.core.wire.signing.Verifier` (SPEC section 7).
 
     Attributes:
         event_type: the refused event's ``type``.

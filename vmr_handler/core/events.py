@@ -5,7 +5,7 @@ An :class:`Event` is a frozen, past-tense fact: ``{"timestamp", "type", "id", "d
 (a per-boot uuid prefix + a counter, so ids also sort in emission order). Results carry
 ``status: success|error`` and ``details`` inside ``data``. A batch on the wire is a
 message ``{"now": ..., "events": [...]}`` with ascending timestamps (seed 001), built by
-:func:`vmr_handler.core.protocol.encode_message`.
+:func:`vmr_handler.core.wire.protocol.encode_message`.
 The event types are listed in :class:`EventType` and documented in ``docs/events.md``.
 """
 

@@ -32,7 +32,7 @@ from typing import Any, Callable, ClassVar, Dict, Mapping, Optional, Tuple, Type
 from vmr_handler.core.errors import PayloadError
 from vmr_handler.core.events import Event
 from vmr_handler.core.events import EventType as T
-from vmr_handler.core.protocol import ACK, CLOCK_REQ, HELLO, HOST_ENTRY, PROTOCOL_VERSION, RESULT
+from vmr_handler.core.wire.protocol import ACK, CLOCK_REQ, HELLO, HOST_ENTRY, PROTOCOL_VERSION, RESULT
 
 #: The JSON text of a value that is not a string is cut to this many characters (consumers
 #: show at most 80 characters of it).
@@ -478,7 +478,7 @@ class Hello(Payload):
     """``hello`` (agent -> host), what the agent says of itself.
 
     Attributes:
-        supported: ``protocol`` equals :data:`~vmr_handler.core.protocol.PROTOCOL_VERSION`.
+        supported: ``protocol`` equals :data:`~vmr_handler.core.wire.protocol.PROTOCOL_VERSION`.
         protocol: the ``repr`` of the ``protocol`` sent when not supported (for the refusal).
         vm: the VM name it claims (whole), None when not a string; vm_given: ``vm`` not null.
         agent_version, boot_id: strings or None. unacked: an integer or None.

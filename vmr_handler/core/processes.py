@@ -1,8 +1,8 @@
 """Processes the agent and the host run: one program and its output, followed to the end, and
 its whole process tree killed (psutil).
 
-Shared by the agent's entries (:mod:`vmr_handler.agent.executor`) and the host's on_host
-entries (:mod:`vmr_handler.host.hostentries`, issue 12), so neither imports the other.
+Shared by the agent's entries (:mod:`vmr_handler.agent.machine.executor`) and the host's on_host
+entries (:mod:`vmr_handler.host.serve.experiment.hostentries`, issue 12), so neither imports the other.
 
 * :class:`ProcessRunner` -- start a command in its own session, stream stdout/stderr line by
   line while it runs (:data:`OutputCallback`), report exit code or signal and duration;

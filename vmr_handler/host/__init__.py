@@ -1,16 +1,20 @@
-"""``vmr-host``: the host controller (SPEC section 8, issue 4).
+"""``vmr-host``: the host controller. One process serves every VM of an experiment on one
+asyncio event loop; the other commands read its logs or talk to its control socket.
 
-One process serves every VM of an experiment over its virtio-serial channel (a QEMU
-chardev unix socket), on one asyncio event loop. Modules, one per role:
+General layout (import rule: ``cli > console > report | serve > model > logs``)::
 
-* :mod:`.barrier` -- the experiment start barrier (pure: plain numbers, no I/O)
-* :mod:`.store` -- per-VM logs (``.log``/``.jsonl``, de-duplicated), ``experiment.json``,
-  confined transfers
-* :mod:`.resources` -- the VM-resource store (``--resources``), confined and hashed
-* :mod:`.session` -- one VM's protocol engine (handshake, clock, acks, limits)
-* :mod:`.server` -- the event loop: listen/connect wirings, control socket, experiment
-* :mod:`.config` -- settings and per-VM limits
-* :mod:`.cli` -- ``vmr-host serve|status|resume|release``
+    cli/        vmr-host's commands: vmr_host (the console script, lean path first),
+                commandline, control_client, statustext, logs, schedule/ (show, add),
+                live/ (push, pull, exec), mqtt_config/, _offline, _waiting, _keygen
+    console/    the operators' console of ``serve --console`` (web page, REST, metrics)
+    report/     the experiment timeline as one HTML file (``vmr-host report``)
+    serve/      the ``vmr-host serve`` process: server, config, specs, control_api,
+                experiment/, session/, channels/, http/, files/
+    model/      what the host knows of the experiment (vmstate)
+    logs/       what the host keeps on disk and reads back: store, seenids, jsonlread,
+                appendfiles, text, writespell
+    __main__    ``python -m vmr_handler.host`` is ``vmr-host``
 
-The wire protocol is ``docs/protocol.md``; the operator guide is ``docs/host.md``.
+May import: ``core`` and ``transports``; never ``agent``. The wire protocol is
+``docs/protocol.md``; the operator guide is ``docs/host.md``.
 """

@@ -1,5 +1,5 @@
 """``python -m vmr_handler.host`` is the same as the ``vmr-host`` console script."""
 
-from vmr_handler.host.cli import main
+from vmr_handler.host.cli.vmr_host import main
 
 raise SystemExit(main())

@@ -1,5 +1,13 @@
-"""Transports: where the agent's events go and where its control input comes from.
+"""Transports: one byte-channel contract, one module per way of carrying it.
 
-Local mode (:mod:`.local`) writes events as JSON lines to a report file and a readable log
-to stderr. The virtio-serial and MQTT transports build on the same event model.
+General layout::
+
+    base           the contract: ByteChannel (read, write, write_ephemeral, close), Opener
+    memory         an in-memory pair (tests of everything above)
+    stream         unix stream sockets (``--port unix:PATH``)
+    virtio_serial  a virtio-serial port, or a pty standing in
+    mqtt/          the MQTT broker: topics, options, bridge, guest (agent), host (one VM's channel)
+    local          local mode's report file (JSON lines) and readable log
+
+May import: ``core``; nothing of ``agent`` or ``host``.
 """

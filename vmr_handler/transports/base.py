@@ -3,7 +3,8 @@
 Every transport gives the same small interface, :class:`ByteChannel`: ``read`` some bytes,
 ``write`` all of some bytes, ``write_ephemeral`` a message worthless after a while, ``close``.
 What travels is the newline-framed protocol of ``docs/protocol.md``; the session layers above
-(:mod:`vmr_handler.agent.link`, :mod:`vmr_handler.host.session`) are the same code whatever
+(:mod:`vmr_handler.agent.connected.link`, :mod:`vmr_handler.host.serve.session.session`) are the same code
+whatever
 carries the bytes. The transports, one module each::
 
     base.py           this contract (+ ChannelClosed, from core.errors)

@@ -26,15 +26,15 @@ from aiohttp import web
 
 from vmr_handler.core.errors import HostSetupError
 from vmr_handler.core.fsutil import atomic_write
-from vmr_handler.host.config import ConsoleOptions
 from vmr_handler.host.console.auth import is_loopback, load_token, refusal
 from vmr_handler.host.console.events import EventQuery, page
 from vmr_handler.host.console.live import LiveExperiment
 from vmr_handler.host.console.openapi import openapi_document
 from vmr_handler.host.console.stream import KEEPALIVE, sse
 from vmr_handler.host.console.views import vm_detail
-from vmr_handler.host.control_api import ControlApi
 from vmr_handler.host.report.render import timeline_fragment
+from vmr_handler.host.serve.config import ConsoleOptions
+from vmr_handler.host.serve.control_api import ControlApi
 
 log = logging.getLogger("vmr_host.console")
 

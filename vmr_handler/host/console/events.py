@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Deque, Dict, FrozenSet, List, Optional
 
-from vmr_handler.host.jsonlread import records_from
+from vmr_handler.host.logs.jsonlread import records_from
 
 #: Most records one page holds (``limit`` above it is cut to it).
 MAX_PAGE = 1000

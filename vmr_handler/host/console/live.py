@@ -2,7 +2,8 @@
 every VM's ``.jsonl`` at start and then from each report as it is stored, the metrics that
 count reports, and the stream of changes to the browsers watching.
 
-:class:`LiveExperiment` is an :attr:`Experiment.watchers <vmr_handler.host.experiment.Experiment.watchers>`
+:class:`LiveExperiment` is an :attr:`Experiment.watchers
+<vmr_handler.host.serve.experiment.experiment.Experiment.watchers>`
 entry; everything runs on the host's event loop except the first fold (a worker thread, which
 reads the logs up to their size at that moment while the reports stored meanwhile wait).
 """
@@ -18,9 +19,9 @@ from vmr_handler.core.events import Event
 from vmr_handler.host.console.metrics import ConsoleMetrics
 from vmr_handler.host.console.stream import Hub, Message
 from vmr_handler.host.console.views import all_rows, changed_rows, experiment_view
-from vmr_handler.host.experiment import Experiment
-from vmr_handler.host.jsonlread import event_of, records_from
+from vmr_handler.host.logs.jsonlread import event_of, records_from
 from vmr_handler.host.report.fold import ExperimentTimeline
+from vmr_handler.host.serve.experiment.experiment import Experiment
 
 log = logging.getLogger("vmr_host.console")
 _T = TypeVar("_T")

@@ -52,8 +52,8 @@ from vmr_handler.core.payloads import (
     parse_payload,
 )
 from vmr_handler.host.console.views import STATES
-from vmr_handler.host.experiment import Experiment
-from vmr_handler.host.session import VmSession
+from vmr_handler.host.serve.experiment.experiment import Experiment
+from vmr_handler.host.serve.session.session import VmSession
 
 #: Upper bounds (s) of the ``vmr_entry_lateness_seconds`` buckets: 1 ms to 60 s (the agent's
 #: target is p99 < 10 ms; a minute late is a VM that was stopped or starved).
@@ -104,7 +104,7 @@ HELP: Dict[str, str] = {
     "vmr_vm_network_receive_packets_per_second": "Packets received per second" + _NET,
     "vmr_vm_network_transmit_packets_per_second": "Packets sent per second" + _NET,
 }
-#: Scalar members of a VM's latest KPI sample (:func:`vmr_handler.host.vmstate.kpi_record`):
+#: Scalar members of a VM's latest KPI sample (:func:`vmr_handler.host.model.vmstate.kpi_record`):
 #: (member, metric, factor to the metric's unit: percent to ratio).
 KPI_GAUGES: Tuple[Tuple[str, str, float], ...] = (
     ("cpu_percent", "vmr_vm_cpu_usage_ratio", 0.01),
@@ -221,7 +221,7 @@ def new_families() -> Families:
 class VmFacts(NamedTuple):
     """What the metrics show of one VM, read on the event loop (:func:`vm_facts`).
 
-    ``kpi`` is the VM's latest KPI sample itself (:func:`~vmr_handler.host.vmstate.kpi_record`:
+    ``kpi`` is the VM's latest KPI sample itself (:func:`~vmr_handler.host.model.vmstate.kpi_record`:
     replaced at each sample, never changed in place, so it may be read in another thread).
     """
 
@@ -456,7 +456,7 @@ def vm_samples(made: Families, f: VmFacts) -> None:
 
 
 def kpi_samples(made: Families, vm: str, kpi: Mapping[str, Any]) -> None:
-    """Add the gauges of ``vm``'s latest KPI sample (:func:`~vmr_handler.host.vmstate.kpi_record`
+    """Add the gauges of ``vm``'s latest KPI sample (:func:`~vmr_handler.host.model.vmstate.kpi_record`
     form); a member that is not a number is left out."""
     one = [vm]
     for member, name, factor in KPI_GAUGES:

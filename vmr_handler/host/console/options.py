@@ -1,5 +1,5 @@
 """The ``--console*`` and ``--name`` flags of ``vmr-host serve`` (issue 14): argparse group and
-their checking into :class:`~vmr_handler.host.config.ConsoleOptions`."""
+their checking into :class:`~vmr_handler.host.serve.config.ConsoleOptions`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 from typing import Optional
 
 from vmr_handler.core.errors import UsageError
-from vmr_handler.host.config import ConsoleOptions
+from vmr_handler.host.serve.config import ConsoleOptions
 
 #: Where ``--console`` binds when only a port is given (guests must never reach the console).
 LOOPBACK = "127.0.0.1"

@@ -1,5 +1,5 @@
 """What the console's REST API answers (issue 14), built from the live experiment: pure
-functions of the :class:`~vmr_handler.host.experiment.Experiment`, its sessions and the live
+functions of the :class:`~vmr_handler.host.serve.experiment.experiment.Experiment`, its sessions and the live
 report timeline, returning JSON-safe dicts (times are UTC epoch seconds, durations seconds).
 
 A VM's *row* is the short form the VM table and the event stream carry; its *detail* adds the
@@ -13,9 +13,9 @@ from collections import Counter
 from typing import Any, Dict, Iterable, List, Optional, Tuple, cast
 
 from vmr_handler.core.events import json_safe
-from vmr_handler.host.experiment import Experiment
 from vmr_handler.host.report.fold import VmTimeline
-from vmr_handler.host.session import VmSession
+from vmr_handler.host.serve.experiment.experiment import Experiment
+from vmr_handler.host.serve.session.session import VmSession
 
 #: State words that are problems by themselves (a VM with failed entries is one too).
 PROBLEM_STATES = frozenset({"failed", "schedule_rejected", "seen"})

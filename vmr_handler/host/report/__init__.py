@@ -41,6 +41,8 @@ is replaced by the receive time (a guest can only misplace its own marks, by at 
 much); at most :data:`MAX_ITEMS` spans and markers of each kind are kept per VM (the rest
 are counted). All times are UTC epoch seconds unless said otherwise; "experiment time" is
 seconds after the experiment start time (negative before it).
+
+May import: ``host.logs``, ``core``.
 """
 
 from __future__ import annotations

@@ -12,15 +12,15 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from vmr_handler.core.errors import NoLogs
 from vmr_handler.core.fsutil import atomic_write
-from vmr_handler.host.jsonlread import ReadStats, records_from
+from vmr_handler.host.logs.jsonlread import ReadStats, records_from
+from vmr_handler.host.logs.store import EXPERIMENT_FILE, JSONL_SUFFIX, ExperimentStore
 from vmr_handler.host.report.fold import ExperimentTimeline
 from vmr_handler.host.report.render import render_html
-from vmr_handler.host.store import EXPERIMENT_FILE, JSONL_SUFFIX, ExperimentStore
 
 
 def read_jsonl(path: str, notes: List[str]) -> Iterator[Dict[str, Any]]:
     """The records of one ``<vm>.jsonl``, streamed line by line (read-only: unlike
-    :meth:`vmr_handler.host.store.VmLog.open`, which also cuts a partial line and opens the
+    :meth:`vmr_handler.host.logs.store.VmLog.open`, which also cuts a partial line and opens the
     files for appending). An unreadable line is skipped and a cut last line (the host is
     writing it, or died writing it) ignored; both are noted in ``notes``."""
     name = os.path.basename(path)

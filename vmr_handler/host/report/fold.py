@@ -66,7 +66,7 @@ CATEGORIES = (
 #: The categories that are problems: their lanes come first.
 PROBLEMS = CATEGORIES[:4]
 #: The ``answers`` of a ``result`` that accepts or rejects the VM's schedule start so
-#: (``host/delivery.py``: the schedule event's id).
+#: (``host/serve/session/_delivery.py``: the schedule event's id).
 SCHEDULE_ANSWER = "schedule-"
 
 _P = TypeVar("_P", bound=Payload)

@@ -14,7 +14,7 @@ import math
 import re
 from typing import Any, Mapping, Optional
 
-from vmr_handler.host.logtext import printable
+from vmr_handler.host.logs.text import printable
 
 #: Longest label or tooltip field taken from a guest, characters.
 MAX_LABEL = 80

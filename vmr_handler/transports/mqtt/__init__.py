@@ -14,7 +14,7 @@ topic                     written by     what
 ``vmr/E/_hosts/H/start``  host ``H``     retained ``start_time`` frame for all of ``H``'s VMs
                                          (read by every VM of ``E``): a late or rebooted VM
                                          learns the experiment start at once (if of its
-                                         host's run, ``vmr_handler.core.runs``; issue 16)
+                                         host's run, ``vmr_handler.core.wire.runs``; issue 16)
 ``vmr/E/_hosts/...``      hosts          the rest: host-to-host coordination (never VMs)
 ========================  =============  ======================================================
 
@@ -36,4 +36,6 @@ The package imports nothing itself: import from its modules (``topics`` is cheap
     bridge.py   PahoBridge: a paho-mqtt client driven by the asyncio loop (both sides)
     guest.py    the agent's MqttChannel and MqttOpener
     host.py     the host's per-VM channel, fed by its one bridge (VmTopicsChannel)
+
+May import: ``transports.base``, ``core``; nothing of ``agent`` or ``host``.
 """

@@ -22,7 +22,7 @@ class MqttChannel(ByteChannel):
     """The agent's channel over MQTT: writes go to ``up``; ``down``, ``start`` and every host's
     start topic (``vmr/E/_hosts/+/start``, one retained message per host for all its VMs) are
     read. A host's start is only applied when it is of the run of the host that serves this
-    VM (:class:`vmr_handler.core.runs.StartGate`: several hosts may share the broker).
+    VM (:class:`vmr_handler.core.wire.runs.StartGate`: several hosts may share the broker).
 
     The first message from a host's start topic on a connection (a host leaves one there
     from its first connect on, a start or an empty frame) shows that the broker lets this VM

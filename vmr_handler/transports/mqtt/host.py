@@ -1,6 +1,6 @@
 """vmr-host's side of the MQTT transport: :class:`VmTopicsChannel`, one VM's byte channel.
 
-vmr-host has one broker connection for every VM (:mod:`vmr_handler.host.mqtt`): it reads
+vmr-host has one broker connection for every VM (:mod:`vmr_handler.host.serve.channels.mqtt`): it reads
 ``vmr/E/+/up`` and hands each message to the channel of the VM it came from
 (:meth:`VmTopicsChannel.deliver`); a channel's writes go to that VM's ``down`` topic. So the
 host's session layer sees each VM over a :class:`~vmr_handler.transports.base.ByteChannel`,

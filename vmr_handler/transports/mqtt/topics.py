@@ -66,7 +66,7 @@ def host_start_topic(experiment: str, host: str) -> str:
 def host_starts(experiment: str) -> str:
     """``vmr/<experiment>/_hosts/+/start``: the filter of every host's start topic (an agent
     does not know which host serves it; it takes only its host's run's start,
-    :class:`vmr_handler.core.runs.StartGate`)."""
+    :class:`vmr_handler.core.wire.runs.StartGate`)."""
     return host_start_topic(experiment, EVERY_VM)
 
 

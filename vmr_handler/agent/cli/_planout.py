@@ -1,0 +1,297 @@
+"""``vmr-handler plan SCHEDULE --json`` at parse speed (issue 15).
+
+The JSON is the one ``json.dumps(plan_json(build_plan(...), command_lines(...)))`` gives
+(:func:`vmr_handler.agent.cli.commandline.plan_json`), byte for byte, made without an object per entry:
+the schedule is validated into columns (:func:`~vmr_handler.core.schedule.loader.load_schedule_columns`),
+planned as columns (:func:`~vmr_handler.core.timeline.plan_columns`), and the text is joined
+from one column of strings per field. The plain form of the command is parsed here by hand
+(:func:`parse_plan_json`): no argparse, no logging, nothing else imported (the ``status``/
+``resume`` lean path does the same, :mod:`vmr_handler.agent.cli.control_client`); any other form
+goes to the argparse front end, which ends in :func:`print_plan_json` too.
+tests/test_plan_fast.py compares this output with the object path on varied schedules.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from bisect import bisect_left
+from itertools import repeat
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence
+
+if TYPE_CHECKING:
+    from vmr_handler.core.schedule.model import ScheduleEntry
+    from vmr_handler.core.schedule.validate import ScheduleColumns
+    from vmr_handler.core.timeline import PlanColumns
+
+
+class PlanRequest(NamedTuple):
+    """``plan SCHEDULE --json``: the schedule file, the ``--resume`` times (experiment seconds,
+    in the order given; ``-inf``: before the start), the launch dir of the command lines and the
+    extra pickle class names admitted (``--allow-class``)."""
+
+    schedule: str
+    resumes: List[float]
+    launch_dir: str
+    allow_classes: List[str]
+
+
+#: Options taking a value, as ``--name VALUE`` or ``--name=VALUE``.
+_VALUE_OPTIONS = ("--resume", "--launch-dir", "--allow-class")
+
+
+def parse_plan_json(argv: Sequence[str], launch_dir: str) -> Optional[PlanRequest]:
+    """``argv`` (without the program name) as a :class:`PlanRequest` when it is exactly
+    ``plan SCHEDULE --json`` with any number of ``--resume SECONDS``, ``--launch-dir DIR`` and
+    ``--allow-class NAME`` (also ``--name=VALUE``), in any order; ``launch_dir``: the default.
+    Else None: the argparse front end takes it (help, errors, abbreviations, ``-v``), with the
+    same meaning: a value starting with ``-`` is taken only where argparse takes it (a negative
+    number, and ``-inf`` after ``--resume``)."""
+    if not argv or argv[0] != "plan" or "--json" not in argv:
+        return None
+    schedule: Optional[str] = None
+    values: Dict[str, List[str]] = {name: [] for name in _VALUE_OPTIONS}
+    words = list(argv[1:])
+    while words:
+        word = words.pop(0)
+        name, eq, value = word.partition("=")
+        if word == "--json":
+            continue
+        if name in values and not eq:
+            if not words or (words[0].startswith("-") and not _negative(words[0], name)):
+                return None
+            value = words.pop(0)
+        elif name not in values:
+            if word.startswith("-") or schedule is not None:
+                return None
+            schedule = word
+            continue
+        values[name].append(value)
+    resumes: List[float] = []
+    for text in values["--resume"]:
+        try:
+            resumes.append(float(text))  # accepts inf / -inf, as cli._seconds
+        except ValueError:
+            return None
+    if schedule is None or any(r != r for r in resumes):  # not a number, NaN: argparse says why
+        return None
+    launch = values["--launch-dir"][-1] if values["--launch-dir"] else launch_dir
+    return PlanRequest(schedule, resumes, launch, values["--allow-class"])
+
+
+def _negative(word: str, option: str) -> bool:
+    """True when argparse takes ``word`` as the value of ``option``: a negative number (its
+    ``^-\\d+$|^-\\d*\\.\\d+$``), or ``-inf`` after ``--resume`` (cli._join_negative_infinity)."""
+    whole, dot, fraction = word[1:].partition(".")
+    if (whole.isdecimal() and not dot) or ((not whole or whole.isdecimal()) and fraction.isdecimal()):
+        return True
+    return option == "--resume" and word.lower() in ("-inf", "-infinity")
+
+
+def print_plan_json(request: PlanRequest) -> int:
+    """Print the ``plan --json`` object of ``request`` on stdout (one line). Returns 0.
+
+    Raises:
+        ScheduleError: the schedule cannot be read or is not valid (as ``load_schedule``).
+    """
+    write = sys.stdout.write
+    for part in plan_json_parts(request):
+        write(part)  # piece by piece: the whole text at once costs page faults (_CHUNK)
+    write("\n")
+    return 0
+
+
+def plan_json_output(request: PlanRequest) -> str:
+    """The ``plan --json`` text of ``request``: ``json.dumps(plan_json(plan, commands))`` of the
+    schedule's plan (stored RESUME entries count as RESUMEs before the start, before the
+    ``--resume`` ones) and the command line of every entry that runs one.
+
+    Raises:
+        ScheduleError: the schedule cannot be read or is not valid (as ``load_schedule``).
+    """
+    return "".join(plan_json_parts(request))
+
+
+def plan_json_parts(request: PlanRequest) -> Iterator[str]:
+    """:func:`plan_json_output` in pieces (:func:`plan_parts`).
+
+    Raises:
+        ScheduleError: the schedule cannot be read or is not valid (as ``load_schedule``).
+    """
+    from vmr_handler.core.schedule.loader import load_schedule_columns
+    from vmr_handler.core.timeline import plan_columns
+
+    schedule = load_schedule_columns(request.schedule, request.allow_classes)
+    stored = [-float("inf") for e in schedule.others.values() if e.data and e.is_resume]  # kind RESUME
+    plan = plan_columns(schedule.starts, schedule.others, schedule.hosts, [*stored, *request.resumes])
+    return plan_parts(schedule, plan, request.launch_dir)
+
+
+#: One entry of the text: the keys, each followed by its field (None here).
+_ROW = (
+    '}, {"index": ',
+    None,
+    ', "start_time": ',
+    None,
+    ', "kind": ',
+    None,
+    ', "fire_at": ',
+    None,
+    ', "command": ',
+    None,
+)
+
+
+def plan_text(schedule: ScheduleColumns, plan: PlanColumns, launch_dir: str) -> str:
+    """The ``plan --json`` text of ``plan`` (of ``schedule``), with the command line of every
+    entry that runs one (working dirs under ``launch_dir``): :func:`plan_parts` joined."""
+    return "".join(plan_parts(schedule, plan, launch_dir))
+
+
+#: Entries per piece of the text. The strings of one piece (~120 KB) fit in the memory the
+#: allocators keep for reuse; made all at once, the strings of 100 000 entries and their text
+#: (~40 MB) cost ~30 ms of page faults, more than making them (issue 15). Divides 1000.
+_CHUNK = 500
+
+
+def plan_parts(schedule: ScheduleColumns, plan: PlanColumns, launch_dir: str) -> Iterator[str]:
+    """The pieces of :func:`plan_text`, in order, :data:`_CHUNK` entries a piece: one column of
+    strings per field, the keys between them; no dict, no encoder call and no Python call per
+    entry."""
+    import json
+
+    from vmr_handler.agent.cli.control_client import number_text
+
+    n = len(plan.starts)
+    resumes = json.dumps([{"at": number_text(r.at), "ended_break": r.ended_break} for r in plan.resumes])
+    if not n:
+        yield f'{{"entries": [], "resumes": {resumes}}}'
+        return
+    starts, kinds, commands = plan.starts, _kind_texts(plan), _command_texts(schedule, launch_dir)
+    fire = ["null"] * n
+    list(map(fire.__setitem__, plan.fired, number_texts(plan.fire_at)))
+    yield '{"entries": [{"index": '
+    for first in range(0, n, _CHUNK):
+        end = min(n, first + _CHUNK)
+        parts: List[Any] = list(_ROW) * (end - first)  # entry first + i: parts[10 i : 10 i + 10]
+        parts[1::10] = _index_texts(first, end)
+        parts[3::10] = number_texts(starts[first:end])
+        parts[5::10] = kinds[first:end]
+        parts[7::10] = fire[first:end]
+        parts[9::10] = commands(first, end)
+        yield "".join(parts[1:] if first == 0 else parts)
+    yield f'}}], "resumes": {resumes}}}'
+
+
+#: ``000`` to ``999``.
+_ENDS = [f"{i:03d}" for i in range(1000)]
+
+
+def _index_texts(first: int, end: int) -> List[str]:
+    """``str(i)`` for ``i`` in ``range(first, end)`` (not across a multiple of 1000): from
+    1000 on, the thousands joined to three-digit ends (a concatenation costs less than an
+    int's ``str``)."""
+    if first < 1000:
+        return list(map(str, range(first, end)))
+    return list(map(str(first // 1000).__add__, _ENDS[first % 1000 : first % 1000 + end - first]))
+
+
+def _kind_texts(plan: PlanColumns) -> List[str]:
+    """``"<kind>", "stage": <stage or null>`` of every entry."""
+    texts = ['"positive", "stage": null'] * len(plan.starts)
+    stage = {t: f'"negative", "stage": {k}' for k, t in enumerate(plan.stages)}
+    starts = plan.starts
+    for index in plan.negative:
+        texts[index] = stage[starts[index]]
+    for index, kind in plan.kinds.items():
+        texts[index] = f'"{kind._value_}", "stage": null'
+    return texts
+
+
+def _plain_texts(schedule: ScheduleColumns) -> bool:
+    """True when no executable or arguments hold a character JSON escapes (``"``, ``\\``, a
+    control or non-ASCII character): the JSON of their line is then the line in quotes."""
+    texts = "".join(filter(None, schedule.executables)) + "".join(schedule.arguments)
+    return texts.isascii() and texts.isprintable() and '"' not in texts and "\\" not in texts
+
+
+def _command_texts(schedule: ScheduleColumns, launch_dir: str) -> Callable[[int, int], List[str]]:
+    """``texts(first, end)``: the JSON of the command lines of the entries ``first`` to
+    ``end - 1`` (``null``: it runs none), as
+    :func:`~vmr_handler.core.schedule.commands.command_lines` gives them: the executable as
+    written and the arguments, or the dropped file's path where the executable names a file the
+    entry drops (working dirs computed only for those entries). When nothing in them is
+    escaped by JSON, a line's JSON is the line in quotes."""
+    from json.encoder import encode_basestring_ascii as quoted
+
+    exes, args, plain = schedule.executables, schedule.arguments, _plain_texts(schedule)
+    dropped = _dropped_lines(schedule, _dropping(schedule), launch_dir)
+    order = sorted(dropped)
+
+    def texts(first: int, end: int) -> List[str]:
+        pairs = zip(exes[first:end], args[first:end])
+        if plain:
+            lines = [(f'"{exe} {arg}"' if arg else f'"{exe}"') if exe else "null" for exe, arg in pairs]
+        else:
+            lines = ["null" if not exe else quoted(f"{exe} {arg}" if arg else exe) for exe, arg in pairs]
+        for index in order[bisect_left(order, first) : bisect_left(order, end)]:
+            lines[index - first] = dropped[index]
+        return lines
+
+    return texts
+
+
+def _dropping(schedule: ScheduleColumns) -> List[int]:
+    """The entries that run a program and drop a file (its exec path may be that file's)."""
+    return [i for i, e in schedule.others.items() if e.executable and _drops(e)]
+
+
+def _dropped_lines(schedule: ScheduleColumns, dropping: List[int], launch_dir: str) -> Dict[int, str]:
+    """The JSON of the command lines of the entries ``dropping`` (they drop a file)."""
+    if not dropping:
+        return {}
+    from json.encoder import encode_basestring_ascii as quoted
+
+    from vmr_handler.core.schedule.commands import command_line, working_dirs_of
+
+    dirs = working_dirs_of(schedule.starts, schedule.executables, dropping, launch_dir)
+    return {i: quoted(command_line(schedule.others[i], dirs[i])) for i in dropping}
+
+
+def _drops(entry: ScheduleEntry) -> bool:
+    """True when ``entry`` drops a file (its exec path may then be that file's)."""
+    from vmr_handler.core.schedule.model import ContentDrop, FileDrop
+
+    return any(isinstance(item, (ContentDrop, FileDrop)) for item in entry.data)
+
+
+#: Integers a float holds exactly: an integral float inside is written as an integer.
+_EXACT = float(2**53)
+
+
+def number_texts(values: Sequence[float]) -> List[str]:
+    """``json.dumps(number_text(v))`` of every number in ``values`` (floats; ints too):
+    integral ones inside +-2**53 as integers, other finite ones as ``repr``, infinities as
+    ``"inf"``/``"-inf"``. The repr of an integral float there ends in ``.0`` and no other does,
+    so one C loop does nearly all; 0 (also ``-0.0``), infinities, NaN and the numbers beyond
+    take the slow path."""
+    texts = list(map(str.removesuffix, map(repr, values), repeat(".0")))
+    if values:
+        try:
+            total = sum(values)  # NaN or inf when any is
+        except OverflowError:
+            total = math.nan
+        if total - total == 0.0 and min(values) > -_EXACT and max(values) < _EXACT and 0 not in values:
+            return texts
+    for index in [i for i, v in enumerate(values) if not -_EXACT < v < _EXACT or v == 0]:
+        texts[index] = _number_json(values[index])
+    return texts
+
+
+def _number_json(value: Any) -> str:
+    """``json.dumps(number_text(value))``, one value."""
+    import json
+
+    from vmr_handler.agent.cli.control_client import number_text
+
+    return json.dumps(number_text(value))

@@ -1,0 +1,551 @@
+"""``vmr-handler`` command line: argparse front end only, no logic of its own.
+
+Commands: ``run --local``, ``plan``, ``check``, ``status``, ``resume``, ``--version``.
+The plain forms of ``status`` and ``resume`` take the lean path
+(:mod:`vmr_handler.agent.cli.control_client`, issue 15): argparse and logging are imported only
+by the other commands, so this module imports nothing heavy at the top.
+Exit codes: 0 success; 1 the VM failed (run) or the agent could not be reached
+(status/resume); 2 bad usage or a schedule that cannot be used.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
+
+from vmr_handler import __version__
+from vmr_handler.agent.cli.control_client import DEFAULT_STATE_DIR, ControlCommand, number_text, run_control
+from vmr_handler.core.errors import ControlError, JournalError, ScheduleError, UsageError, VmrError
+
+if TYPE_CHECKING:  # imported where used: `--version`, `status` and `resume` start quickly
+    import argparse
+
+    from vmr_handler.core.schedule import Schedule
+    from vmr_handler.core.timeline import Plan
+
+EXIT_USAGE = 2
+DEFAULT_LAUNCH_DIR = "/var/launch"
+DEFAULT_CONFIG = "/etc/vmr-handler/config.yaml"
+#: Per-VM settings passed by QEMU ``-fw_cfg name=opt/org.vmr/config,file=...`` (docs/mqtt.md).
+DEFAULT_FW_CFG = "/sys/firmware/qemu_fw_cfg/by_name/opt/org.vmr/config/raw"
+
+
+def _seconds(text: str) -> float:
+    import argparse
+
+    value = float(text)  # accepts inf / -inf
+    if value != value:  # NaN
+        raise argparse.ArgumentTypeError("NaN is not a time")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The ``vmr-handler`` argument parser: global flags, then one sub-parser per command."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="vmr-handler",
+        description="Plays this VM's part of an experiment: stages, start barrier, timed entries, "
+        "pause/break/RESUME.",
+    )
+    parser.add_argument("--version", action="version", version=f"vmr-handler {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in _SUBCOMMAND_PARSERS:
+        add(sub)
+    from vmr_handler.core.completion import add_completion_parser
+
+    add_completion_parser(sub, "vmr-handler")
+    return parser
+
+
+def _add_allow_class(p: argparse.ArgumentParser) -> None:
+    """``--allow-class`` (repeatable), shared by the commands that load a schedule."""
+    p.add_argument(
+        "--allow-class",
+        action="append",
+        default=[],
+        metavar="MODULE.NAME",
+        help="also admit this schedule-entry class name in pickles (repeatable)",
+    )
+
+
+def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``run``: connection flags, the MQTT group, then local-run flags (this order is the help's)."""
+    run = sub.add_parser("run", help="play a schedule on this machine")
+    _add_run_connection_options(run)
+    _add_mqtt_options(run.add_argument_group("MQTT transport (docs/mqtt.md)"))
+    _add_run_local_options(run)
+    _add_allow_class(run)
+
+
+def _add_run_connection_options(run: argparse.ArgumentParser) -> None:
+    """``run``: what to play and how the host is reached and trusted."""
+    run.add_argument(
+        "--local",
+        metavar="SCHEDULE",
+        help="run SCHEDULE with no host (pickle, YAML or JSON); without it the agent talks to vmr-host",
+    )
+    run.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"config file (YAML mapping; every key is also a flag; default {DEFAULT_CONFIG} if present)",
+    )
+    run.add_argument(
+        "--port",
+        metavar="PATH",
+        help="channel to the host: a character device (default /dev/virtio-ports/org.vmr.handler.0) "
+        "or unix:PATH for a unix socket",
+    )
+    run.add_argument("--vm-name", metavar="NAME", help="this VM's name in logs (default: hostname)")
+    run.add_argument(
+        "--public-key",
+        metavar="PEM|FILE",
+        help="the host's Ed25519 public key: apply only signed schedules, start times and RESUMEs",
+    )
+    run.add_argument(
+        "--http-ca-file",
+        metavar="FILE",
+        help="CA certificate of vmr-host's HTTPS resource server (default: the broker's CA, else system)",
+    )
+
+
+def _add_mqtt_options(mq: argparse._ArgumentGroup) -> None:
+    """``run``: the MQTT transport group (docs/mqtt.md)."""
+    mq.add_argument(
+        "--transport",
+        choices=["virtio-serial", "mqtt"],
+        help="how the host is reached (default virtio-serial, i.e. --port)",
+    )
+    mq.add_argument("--broker", metavar="URL", help="mqtt://HOST:PORT or mqtts://HOST:PORT")
+    mq.add_argument("--experiment", metavar="NAME", help="experiment name (topic vmr/NAME/VM/...)")
+    mq.add_argument("--username", metavar="NAME", help="broker username (default: the VM name)")
+    mq.add_argument("--password-file", metavar="FILE", help="file holding the broker password")
+    mq.add_argument("--ca-file", metavar="FILE", help="CA certificate of the broker (mqtts)")
+    mq.add_argument("--cert-file", metavar="FILE", help="client certificate (when the broker wants one)")
+    mq.add_argument("--key-file", metavar="FILE", help="client key")
+    mq.add_argument(
+        "--fw-cfg",
+        metavar="FILE",
+        help=f"per-VM settings blob from QEMU fw_cfg (default {DEFAULT_FW_CFG} if present; '' = none)",
+    )
+
+
+def _add_run_local_options(run: argparse.ArgumentParser) -> None:
+    """``run``: timing, directories, reporting and reboot flags."""
+    import argparse
+
+    run.add_argument("--debug-clock-skew", type=float, help=argparse.SUPPRESS)
+    run.add_argument(
+        "--start-buffer",
+        type=_seconds,
+        metavar="SECONDS",
+        help="experiment start = configured + SECONDS (default 60)",
+    )
+    run.add_argument("--launch-dir", help=f"working dirs root (default {DEFAULT_LAUNCH_DIR})")
+    run.add_argument("--state-dir", help=f"journal, outbox + control socket (default {DEFAULT_STATE_DIR})")
+    run.add_argument(
+        "--resources",
+        metavar="DIR",
+        help="VM-resource files for `filename` drops (default: the schedule's dir)",
+    )
+    run.add_argument("--report", metavar="FILE", help="append every event as a JSON line to FILE")
+    run.add_argument(
+        "--reboot-command",
+        metavar="CMD",
+        default=None,
+        help="shell command run on a reboot request (default: systemctl reboot || reboot)",
+    )
+    run.add_argument("--quiet", action="store_true", help="no readable log on stderr")
+    run.add_argument(
+        "--kpi-interval",
+        type=_seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="--local: report this VM's CPU, memory, disk and network every SECONDS (default 0 = off; "
+        "under vmr-host, the host sets it)",
+    )
+
+
+def _add_plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``plan SCHEDULE [--resume SECONDS]... [--json] [--launch-dir DIR]``."""
+    plan = sub.add_parser("plan", help="print when every entry fires (pure timeline, nothing runs)")
+    plan.add_argument("schedule")
+    plan.add_argument(
+        "--resume",
+        type=_seconds,
+        action="append",
+        default=[],
+        metavar="SECONDS",
+        help="a RESUME at this experiment time (repeatable; -inf = before the start)",
+    )
+    plan.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    plan.add_argument(
+        "--launch-dir",
+        default=DEFAULT_LAUNCH_DIR,
+        metavar="DIR",
+        help=f"root of the working dirs shown in command lines (default {DEFAULT_LAUNCH_DIR})",
+    )
+    _add_allow_class(plan)
+
+
+def _add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``check SCHEDULE [--strict]``."""
+    check = sub.add_parser(
+        "check",
+        help="validate a schedule (exit 2 with the errors); warn about programs not found here "
+        "and shell syntax errors in command lines",
+    )
+    check.add_argument("schedule")
+    check.add_argument("--strict", action="store_true", help="warnings are errors (exit 2)")
+    _add_allow_class(check)
+
+
+def _add_control_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``status`` and ``resume``: requests to the running agent's control socket."""
+    for name, text in (
+        ("status", "show where the running agent is"),
+        ("resume", "send RESUME to the running agent"),
+    ):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
+        p.add_argument("--json", action="store_true", help="print the raw JSON reply")
+        if name == "status":
+            p.add_argument("--wait", action="store_true",
+                           help="ask until the schedule is complete (exit 0) or failed (exit 1)")  # fmt: skip
+
+
+#: One function per sub-command (or pair), in the order the help lists them.
+_SUBCOMMAND_PARSERS = (
+    _add_run_parser,
+    _add_plan_parser,
+    _add_check_parser,
+    _add_control_parsers,
+)
+
+
+# ---------------------------------------------------------------------------- plan
+_num = number_text
+
+
+def plan_json(plan: Plan, commands: Optional[Dict[int, str]] = None) -> Dict[str, Any]:
+    """The ``plan --json`` object (issue 3 section 3); ``command``: the exact command line of
+    each entry that runs one (issue 10), else null."""
+    commands = commands or {}
+    return {
+        "entries": [
+            {
+                "index": p.index,
+                "start_time": _num(p.start_time),
+                "kind": p.kind.value,
+                "stage": p.stage,
+                "fire_at": _num(p.fire_at),
+                "command": commands.get(p.index),
+            }
+            for p in plan.entries
+        ],
+        "resumes": [{"at": _num(r.at), "ended_break": r.ended_break} for r in plan.resumes],
+    }
+
+
+def _fmt(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def plan_table(schedule: Schedule, plan: Plan, commands: Optional[Dict[int, str]] = None) -> str:
+    """A readable table of the plan, in firing order (negative stages first); ``commands``:
+    the exact command line of each entry that runs one."""
+    commands = commands or {}
+
+    def order(p: Any) -> Any:
+        if p.stage is not None:
+            return (0, p.stage, p.index)
+        if p.fire_at is None:
+            return (2, 0.0, p.index)
+        return (1, p.fire_at, p.index)
+
+    rows = [("index", "start_time", "kind", "stage", "fire_at", "what")]
+    for p in sorted(plan.entries, key=order):
+        entry = schedule.entries[p.index]
+        if entry.pause:
+            what = "break" if p.kind.value == "break" else f"pause {_num(entry.pause_duration)} s"
+        elif entry.is_resume:
+            what = "RESUME (stored by firewheel vm resume): applied when the agent loads the schedule"
+        else:
+            what = commands.get(p.index) or "(data only)"
+        fire = _fmt(_num(p.fire_at))
+        if p.fire_at is None and p.kind.value in ("positive", "pause", "break", "host") and p.start_time >= 0:
+            fire = "held (break)"
+        rows.append((str(p.index), _fmt(_num(p.start_time)), p.kind.value, _fmt(p.stage), fire, what))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5] for r in rows]
+    if plan.initial_delay:
+        lines.append(f"-inf pauses delay stage 0 and every positive entry by {_num(plan.initial_delay)} s")
+    for r in plan.resumes:
+        lines.append(
+            f"RESUME at {_num(r.at)}: "
+            + (f"ends break {r.ended_break}" if r.ended_break is not None else "ignored (no active break)")
+        )
+    if plan.blocked_by is not None:
+        lines.append(f"break {plan.blocked_by} holds everything after it until a RESUME")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- commands
+def _load(path: str, allow: Sequence[str]) -> Schedule:
+    from vmr_handler.core.schedule import load_schedule
+
+    return load_schedule(path, allow)
+
+
+def _commands(schedule: Schedule, launch_dir: str) -> Dict[int, str]:
+    """The exact command line of every entry that runs one (working dirs under ``launch_dir``)."""
+    from vmr_handler.core.schedule.commands import command_lines
+
+    return command_lines(schedule.entries, launch_dir)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """``plan``: stored RESUME entries count as RESUMEs before the start (the agent applies them
+    when it loads the schedule), before the ``--resume`` ones. ``--json``: :mod:`.planout`."""
+    if args.json:
+        from vmr_handler.agent.cli._planout import PlanRequest, print_plan_json
+
+        return print_plan_json(PlanRequest(args.schedule, args.resume, args.launch_dir, args.allow_class))
+    schedule = _load(args.schedule, args.allow_class)
+    from vmr_handler.core.timeline import build_plan
+
+    stored = [-float("inf") for e in schedule.entries if e.data and e.is_resume]  # kind RESUME
+    plan = build_plan(schedule.entries, [*stored, *args.resume])
+    print(plan_table(schedule, plan, _commands(schedule, args.launch_dir)))
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """``check``: validation errors exit 2; warnings (extra pickle attributes, programs not found
+    on this machine, shell syntax errors) exit 0, or 2 with ``--strict``."""
+    schedule = _load(args.schedule, args.allow_class)
+    from vmr_handler.core.schedule.lint import lint_schedule
+
+    warnings = [*schedule.warnings, *lint_schedule(schedule)]
+    label = "error" if args.strict else "warning"
+    for warning in warnings:
+        print(f"{label}: {warning}", file=sys.stderr)
+    summary = (
+        f"{schedule.source_format}, {len(schedule.entries)} entries, {len(schedule.stage_times())} stages"
+    )
+    if args.strict and warnings:
+        print(f"{args.schedule}: {len(warnings)} problem(s) with --strict ({summary})", file=sys.stderr)
+        return 2
+    more = f", {len(warnings)} warning(s)" if warnings else ""
+    print(f"{args.schedule}: OK ({summary}{more})")
+    return 0
+
+
+#: Keys of the config file (each is also a ``run`` flag: ``state_dir`` is ``--state-dir``).
+CONFIG_KEYS = {
+    "port": str, "state_dir": str, "launch_dir": str, "reboot_command": str, "vm_name": str,
+    "allow_class": list, "start_buffer": (int, float), "heartbeat": (int, float),
+    "peer_timeout": (int, float), "transport": str, "broker": str, "experiment": str,
+    "username": str, "password": str, "password_file": str, "ca_file": str, "ca_pem": str,
+    "cert_file": str, "key_file": str, "cert_pem": str, "key_pem": str, "keepalive": int,
+    "public_key": str,
+    "signature_max_age": (int, float), "http_ca_file": str,
+    "report_hold_events": int, "report_hold_bytes": int,
+}  # fmt: skip
+
+
+def load_config(path: Optional[str], default: str = DEFAULT_CONFIG) -> Dict[str, Any]:
+    """Read the agent's config file or fw_cfg blob (a YAML mapping of :data:`CONFIG_KEYS`).
+
+    ``path`` None reads ``default`` when it exists; ``""`` reads nothing.
+
+    Raises:
+        VmrError: unreadable file, not a mapping, unknown key or wrong type (named).
+    """
+    import yaml
+
+    if path is None:
+        if not os.path.exists(default):
+            return {}
+        path = default
+    if not path:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = yaml.safe_load(fh) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise VmrError(f"cannot read config {path}: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise VmrError(f"config {path}: must be a mapping of keys {sorted(CONFIG_KEYS)}")
+    for key, value in doc.items():
+        if key not in CONFIG_KEYS:
+            raise VmrError(f"config {path}: unknown key {key!r}; known: {sorted(CONFIG_KEYS)}")
+        if not isinstance(value, CONFIG_KEYS[key]) or isinstance(value, bool):  # type: ignore[arg-type]
+            raise VmrError(f"config {path}: key {key!r} has the wrong type ({type(value).__name__})")
+    return doc
+
+
+def _setting(args: argparse.Namespace, config: Dict[str, Any], key: str, default: Any) -> Any:
+    value = getattr(args, key, None)
+    if value is not None and value != []:
+        return value
+    return config.get(key, default)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from vmr_handler.agent.engine.engine import DEFAULT_REBOOT_COMMAND, EngineConfig
+
+    # identity and credentials, first found wins: command line, fw_cfg blob, config file, hostname
+    settings = load_config(args.config)
+    if args.local is None:
+        settings.update(load_config(args.fw_cfg, DEFAULT_FW_CFG))
+    state_dir = _setting(args, settings, "state_dir", DEFAULT_STATE_DIR)
+    launch_dir = _setting(args, settings, "launch_dir", DEFAULT_LAUNCH_DIR)
+    allow = _setting(args, settings, "allow_class", [])
+    if args.local is None:
+        from vmr_handler.agent.connected.agent import AgentConfig, channel_opener, run_connected
+        from vmr_handler.agent.connected.link import machine_boot_id
+        from vmr_handler.transports.virtio_serial import DEFAULT_PORT
+
+        agent_config = AgentConfig(
+            port=_setting(args, settings, "port", DEFAULT_PORT),
+            state_dir=state_dir,
+            launch_dir=launch_dir,
+            reboot_command=_setting(args, settings, "reboot_command", None),
+            allow_classes=list(allow),
+            clock_skew=args.debug_clock_skew or 0.0,
+            quiet=args.quiet,
+        )
+        name = _setting(args, settings, "vm_name", None)
+        if name:
+            agent_config.vm_name = name
+        agent_config.public_key = _setting(args, settings, "public_key", None)
+        agent_config.http_ca_file = _setting(args, settings, "http_ca_file", None)
+        if "signature_max_age" in settings:
+            agent_config.signature_max_age = float(settings["signature_max_age"])
+        if _setting(args, settings, "transport", "virtio-serial") == "mqtt":
+            agent_config.mqtt = _mqtt_options(args, settings, agent_config.vm_name)
+        for key in ("heartbeat", "peer_timeout"):
+            if key in settings:
+                setattr(agent_config, key, float(settings[key]))
+        for key in ("report_hold_events", "report_hold_bytes"):  # a full state dir (docs/agent.md)
+            if key in settings:
+                if settings[key] < 1:
+                    raise VmrError(f"config: {key} must be at least 1, not {settings[key]}")
+                setattr(agent_config, key, int(settings[key]))
+        import asyncio
+
+        boot_id = machine_boot_id()
+        return asyncio.run(run_connected(agent_config, channel_opener(agent_config, boot_id), boot_id))
+    schedule = _load(args.local, allow)
+    config = EngineConfig(
+        launch_dir=launch_dir,
+        state_dir=state_dir,
+        resources_dir=args.resources or os.path.dirname(os.path.abspath(args.local)),
+        start_buffer=float(_setting(args, settings, "start_buffer", 60.0)),
+        reboot_command=_setting(args, settings, "reboot_command", None) or DEFAULT_REBOOT_COMMAND,
+    )
+    import asyncio
+
+    from vmr_handler.agent.cli._localrun import run_local
+
+    return asyncio.run(run_local(schedule, config, args.report, args.quiet, args.kpi_interval))
+
+
+def _mqtt_options(args: argparse.Namespace, settings: Dict[str, Any], vm_name: str) -> Any:
+    """MQTT options from flags over settings; the username defaults to the VM name.
+
+    Raises:
+        VmrError (MqttError): options the MQTT transport cannot use (named).
+    """
+    from vmr_handler.transports.mqtt.options import OPTION_KEYS, options_from
+
+    merged = {k: settings[k] for k in OPTION_KEYS if k in settings}
+    for key in OPTION_KEYS:
+        value = getattr(args, key, None)
+        if value:
+            merged[key] = value
+            if key == "password_file":
+                merged.pop("password", None)
+    merged.setdefault("username", vm_name)
+    return options_from(merged, "agent settings (flags, fw_cfg, config file)")
+
+
+def _completion_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``completion SHELL``: the shell completion script (:mod:`vmr_handler.core.completion`)."""
+    from vmr_handler.core.completion import completion_script
+
+    print(completion_script(parser, args.shell))
+    return 0
+
+
+def cmd_control(args: argparse.Namespace) -> int:
+    """``status``/``resume`` in a form only argparse takes (``-v``, an abbreviated option)."""
+    return run_control(ControlCommand(args.command, args.state_dir, args.json, getattr(args, "wait", False)))
+
+
+def _join_negative_infinity(argv: Sequence[str]) -> List[str]:
+    """``--resume -inf`` -> ``--resume=-inf`` (argparse would take ``-inf`` for an option)."""
+    out = list(argv)
+    i = 0
+    while i < len(out) - 1:
+        if out[i] in ("--resume", "--start-buffer") and out[i + 1].lower() in ("-inf", "-infinity"):
+            out[i : i + 2] = [f"{out[i]}={out[i + 1]}"]
+        i += 1
+    return out
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of the ``vmr-handler`` console script. Returns the exit code."""
+    words = sys.argv[1:] if argv is None else argv
+    from vmr_handler.agent.cli.control_client import parse_control
+
+    control = parse_control(words)
+    if control is not None:
+        return run_control(control)
+    if words[:1] == ["plan"]:
+        from vmr_handler.agent.cli._planout import parse_plan_json, print_plan_json
+
+        request = parse_plan_json(words, DEFAULT_LAUNCH_DIR)
+        if request is not None:  # the plain `plan --json`: no argparse, no logging (issue 15)
+            return _outcome(functools.partial(print_plan_json, request))
+    import logging
+
+    parser = _parser()
+    args = parser.parse_args(_join_negative_infinity(words))
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    commands: Dict[str, Callable[[argparse.Namespace], int]] = {
+        "run": cmd_run,
+        "plan": cmd_plan,
+        "check": cmd_check,
+        "status": cmd_control,
+        "resume": cmd_control,
+        "completion": functools.partial(_completion_command, parser),
+    }
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    return _outcome(functools.partial(commands[args.command], args))
+
+
+def _outcome(command: Callable[[], int]) -> int:
+    """The exit code of ``command``; its errors printed on stderr (exit 2: the schedule or the
+    usage; 1: the agent, the journal, anything else vmr-handler raises)."""
+    try:
+        return command()
+    except (ScheduleError, UsageError) as exc:
+        print(f"vmr-handler: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ControlError as exc:
+        print(f"vmr-handler: error: {exc}", file=sys.stderr)
+        return 1
+    except (JournalError, VmrError) as exc:
+        print(f"vmr-handler: error: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 0

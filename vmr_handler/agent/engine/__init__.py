@@ -1,0 +1,19 @@
+"""The engine and its parts: plays a schedule's plan on a clock (SPEC sections 4-5).
+
+General layout::
+
+    engine       Engine and open_engine: the parts put together
+    config       EngineConfig: how and where the engine works
+    status       its first events and its status
+    ports        what it needs from the machine, as protocols (its seams)
+    entries      EntryLauncher: prepare, start together, follow to the end
+    placement    when an entry's data lands
+    stages       negative time: one stage at a time, and reboots; _stageplay: stages in order
+    holds        the -inf pauses and breaks; arming: positive time, timers on the clock
+    appends      batches appended to the running schedule
+    hostcalls    on_host entries, the agent's part
+    _resumes     a RESUME applied to the journal; _reminders: what it waits for, now and then
+
+May import: ``agent.state``, ``agent.machine``, ``transports``, ``core`` (one known exception:
+``appends`` takes ``Resources`` from ``agent.connected.resources``).
+"""

@@ -1,0 +1,126 @@
+"""The negative stages in order: the schedule's own, then those appended to it (SPEC section 4,
+issue 12). Each stage is run by :class:`~vmr_handler.agent.engine.stages.StageRunner`; this module
+decides which runs when and journals it done.
+
+A batch appended while the schedule's stages run makes stages of its own that run once the
+current stage ended, before the next of the schedule's; appended after the stages are over,
+they run in a task of their own while positive time goes on (:meth:`StagePlay.kick`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Dict, List, Optional
+
+from vmr_handler.agent.engine.appends import pending_stages
+from vmr_handler.agent.engine.stages import StageRunner
+from vmr_handler.agent.state.journal import Journal
+from vmr_handler.core.schedule.model import EntryKind, Schedule, ScheduleEntry
+
+
+@dataclass
+class StagePlay:
+    """Which stage runs when, for the engine.
+
+    Args:
+        runner: runs one stage (``ok``, ``reboot`` or ``failed``).
+        journal: the stages done, the appended stages.
+        schedule: the schedule now (appended entries included; read at each stage).
+        wait_room: waits while reports are held (no new stage starts meanwhile).
+        check_stop: raises when the engine is stopping.
+        persist: saves the journal durably.
+        phase: ``(get, set)`` of the engine's phase.
+        stop: ``stop(reason)``: stops the engine (a reboot asked for by an appended stage).
+        wake: wakes the engine's main loop.
+
+    Attributes:
+        current: the number of the stage running now, or None.
+        over: True once the schedule's own stages are over (appended ones then run in a task).
+        task: the task running appended stages, or None.
+    """
+
+    runner: StageRunner
+    journal: Journal
+    schedule: Callable[[], Schedule]
+    wait_room: Callable[[], Awaitable[None]]
+    check_stop: Callable[[], None]
+    persist: Callable[[], Awaitable[None]]
+    phase: Any
+    stop: Callable[[str], None]
+    wake: Callable[[], None]
+    current: Optional[int] = field(default=None, init=False)
+    over: bool = field(default=False, init=False)
+    task: Optional[asyncio.Task[str]] = field(default=None, init=False)
+
+    @property
+    def busy(self) -> bool:
+        """An appended stage runs or waits to run."""
+        return self.task is not None or bool(pending_stages(self.journal))
+
+    async def run_all(self, stages: List[float]) -> str:
+        """Run every unfinished stage of the schedule (``stages``: their start times, ascending)
+        and every appended one. Returns ``ok``, ``reboot`` or ``failed``."""
+        by_stage: Dict[float, List[ScheduleEntry]] = {}
+        for entry in self.schedule().entries:
+            kind = entry.kind
+            if kind is EntryKind.NEGATIVE or (kind is EntryKind.HOST and entry.start_time < 0):
+                by_stage.setdefault(entry.start_time, []).append(entry)
+        for number, start_time in enumerate(stages):
+            outcome = await self.appended()  # appended meanwhile: once the last stage ended
+            if outcome == "ok" and number not in self.journal.stages_done:
+                outcome = await self.stage(number, start_time, by_stage[start_time])
+            if outcome != "ok":
+                return outcome
+        outcome = await self.appended()
+        self.over = True
+        return outcome
+
+    async def stage(self, number: int, start_time: float, entries: List[ScheduleEntry]) -> str:
+        """Run one stage (``ok``, ``reboot`` or ``failed``), journaled done when ``ok``."""
+        await self.wait_room()
+        self.check_stop()
+        get_phase, set_phase = self.phase
+        before = get_phase()
+        set_phase("stages")
+        self.current = number
+        outcome = await self.runner.run(number, start_time, entries, self.check_stop)
+        self.current = None
+        if outcome == "ok":
+            self.journal.mark_stage_done(number)
+            await self.persist()
+        if self.over and get_phase() == "stages":  # an appended stage while positive time goes on
+            set_phase("positive" if before == "complete" else before)  # (a completed VM runs again)
+        return outcome
+
+    async def appended(self) -> str:
+        """Run the appended stages not done yet, in order (``ok``, ``reboot`` or ``failed``)."""
+        entries = self.schedule().entries
+        for number, start_time, indices in pending_stages(self.journal):
+            outcome = await self.stage(number, start_time, [entries[i] for i in indices])
+            if outcome != "ok":
+                return outcome
+        return "ok"
+
+    def kick(self) -> None:
+        """Once the schedule's own stages are over, run appended stages in a task of their own."""
+        if self.task is not None or not self.over or not pending_stages(self.journal):
+            return
+        self.task = task = asyncio.ensure_future(self.appended())
+
+        def done(t: asyncio.Task[str]) -> None:
+            self.task = None
+            if not t.cancelled() and t.exception() is None:
+                if t.result() == "reboot":
+                    self.stop("reboot requested by an appended stage")
+                else:
+                    self.kick()  # appended again while it ran
+            self.wake()
+
+        task.add_done_callback(done)
+
+    async def cancel(self) -> None:
+        """Stop the task running appended stages (engine shutdown)."""
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)

@@ -1,0 +1,500 @@
+"""The engine: plays a schedule's plan on a clock (SPEC sections 4-5, issue 3 section 4).
+
+Phases, in order, each resumable from the journal:
+
+1. ``-inf`` pauses/breaks (before anything starts).
+2. Negative stages in ascending order: prepare every entry of the stage (data drops), start
+   them all together, wait until all have ended; reboot requests are honoured after the
+   stage (exit code 10 or a ``reboot`` file).
+3. *Configured* (time 0). In local mode the experiment start time is configured + start
+   buffer, an absolute UTC instant journaled once and never changed.
+4. Positive time: every positive entry fires from a timer at ``start + fire_at`` on the
+   engine's clock (``Clock.call_at``: ``loop.call_at`` on the monotonic clock for the
+   system clock; no polling); entries with the same instant fire in one callback. A RESUME
+   recomputes the plan (pure :func:`~vmr_handler.core.timeline.build_plan`) and re-arms the
+   timers.
+
+Inputs: RESUME (:meth:`Engine.resume`), stop (:meth:`Engine.stop`). Outputs: events to a
+sink callable. The engine never knows which transport carries them.
+
+Parts are passed in (:mod:`vmr_handler.agent.engine.ports`): the clock (a
+:class:`~vmr_handler.core.clock.FakeClock` in tests), the process port, the journal and the
+sink. Running entries is :mod:`vmr_handler.agent.engine.entries`, the stages and reboots
+:mod:`vmr_handler.agent.engine.stages`, the ``-inf`` holds :mod:`vmr_handler.agent.engine.holds`, and the
+positive-time timers :mod:`vmr_handler.agent.engine.arming`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any, Callable, Dict, List, Optional, Set
+
+from vmr_handler.agent.engine._reminders import remind
+from vmr_handler.agent.engine._resumes import record_resume
+from vmr_handler.agent.engine._stageplay import StagePlay
+from vmr_handler.agent.engine.appends import append_batch, restore
+from vmr_handler.agent.engine.arming import PositiveTimers
+from vmr_handler.agent.engine.config import DEFAULT_REBOOT_COMMAND, EngineConfig
+from vmr_handler.agent.engine.entries import EntryLauncher, LaunchContext, Prepared
+from vmr_handler.agent.engine.holds import InitialHolds
+from vmr_handler.agent.engine.placement import DataPlacement
+from vmr_handler.agent.engine.ports import Processes
+from vmr_handler.agent.engine.stages import StageRunner
+from vmr_handler.agent.engine.status import (
+    announce,
+    completion,
+    engine_status,
+    entry_counts,
+    waiting_status,
+)
+from vmr_handler.agent.machine.bundle import child_environment
+from vmr_handler.agent.machine.executor import SystemProcesses
+from vmr_handler.agent.state.journal import Journal, SyncSoon
+from vmr_handler.agent.state.reporthold import ReportHold, hold_of
+from vmr_handler.core.clock import Clock, SystemClock
+from vmr_handler.core.errors import JournalError
+from vmr_handler.core.events import Event, EventFactory, EventType
+from vmr_handler.core.schedule.commands import find_shell, working_dirs
+from vmr_handler.core.schedule.model import EntryKind, Schedule, ScheduleEntry
+from vmr_handler.core.timeline import Plan, build_plan
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DEFAULT_REBOOT_COMMAND", "EXIT_FAILED", "EXIT_OK", "Engine", "EngineConfig", "open_engine"]
+
+#: Exit codes of ``Engine.run`` (and of ``vmr-handler run``).
+EXIT_OK = 0
+EXIT_FAILED = 1
+
+#: Seconds a stopping engine still waits for held reports to be written (issue 16, item 5).
+STOP_GRACE = 5.0
+
+
+def open_engine(
+    schedule: Schedule,
+    config: EngineConfig,
+    sink: Callable[[Event], None] | ReportHold,
+    clock: Optional[SystemClock] = None,
+    allowed_classes: Optional[List[str]] = None,
+) -> Engine:
+    """An :class:`Engine` on this machine's parts: the system clock (or ``clock``, which the
+    connected agent corrects to the host's), real processes, the journal in ``config.state_dir``,
+    the schedule with the batches appended to it before a restart (``allowed_classes``: what
+    the restricted unpickler admits when it loads them again).
+
+    Raises:
+        JournalError: the state directory cannot be used, or an appended batch is lost.
+    """
+    journal = Journal(config.state_dir, schedule.digest)
+    schedule = restore(schedule, journal, config.state_dir, allowed_classes)
+    return Engine(schedule, config, sink, clock or SystemClock(), SystemProcesses(), journal)
+
+
+class _Stopped(Exception):
+    """Raised inside the engine when a stop was requested."""
+
+
+class Engine:
+    """Drives one schedule on this machine.
+
+    Args:
+        schedule: the validated schedule.
+        config: :class:`EngineConfig`.
+        sink: receives every :class:`~vmr_handler.core.events.Event`; one that fails (OSError,
+            JournalError) is held and retried (a :class:`~vmr_handler.agent.state.reporthold.ReportHold`).
+        clock: the reference clock (:class:`~vmr_handler.core.clock.SystemClock`, or a
+            :class:`~vmr_handler.core.clock.FakeClock` in tests).
+        processes: the process port (:class:`~vmr_handler.agent.machine.executor.SystemProcesses`).
+        journal: this schedule's journal (:func:`open_engine` opens it in ``config.state_dir``).
+
+    Construct it inside the running event loop. In local mode the experiment start time is
+    ``configured_at + config.start_buffer``.
+
+    Raises (from :meth:`run`):
+        JournalError: the state directory cannot be written.
+    """
+
+    def __init__(
+        self,
+        schedule: Schedule,
+        config: EngineConfig,
+        sink: Callable[[Event], None] | ReportHold,
+        clock: Clock,
+        processes: Processes,
+        journal: Journal,
+    ) -> None:
+        self.schedule = schedule
+        self.config = config
+        self.clock = clock
+        self.reports = hold_of(sink, clock, config.report_hold)
+        self.events = EventFactory(self.clock.time)
+        self.journal = journal
+        self.processes = processes
+        self.workdirs = working_dirs(list(schedule.entries), config.launch_dir)
+        self.shell = config.shell or find_shell()
+        self._env = child_environment(config.env)
+        self.data = DataPlacement(self.workdirs, config.resources_dir, self.emit, journal, clock.time)
+        self.stages = schedule.stage_times()
+        self.phase = "starting"
+        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()  # set on RESUME / entry end / failure
+        self._stop_reason = ""
+        self._syncer = SyncSoon(self.journal)
+        #: Set once the reference clock can be trusted (at once in local mode; after the first
+        #: clock sync with the host otherwise): positive time waits for it.
+        self.clock_ready = asyncio.Event()
+        if config.local_start:
+            self.clock_ready.set()
+        self.entries = EntryLauncher(
+            LaunchContext(
+                journal, clock, processes, self.emit, self._syncer.changed, self._wake.set, self.workdirs,
+                self.data, self.shell, self._env, config.local_start, self.reports.room,
+                self.reports.reported,
+            )
+        )  # fmt: skip
+        self.stage_runner = StageRunner(
+            self.entries, journal, clock, processes, self.emit, self.workdirs, config.reboot_command,
+            self._persist, config.host_ask,
+        )  # fmt: skip
+        self.holds = InitialHolds(
+            schedule, journal, clock, self.emit, self._set_phase, self._wait_woken, self._sleep_until_utc,
+            self._persist,
+        )  # fmt: skip
+        self.timers = PositiveTimers(
+            schedule, journal, clock, self.emit, self._fire_group, self._wake.set, config.host_ask is not None
+        )
+        self._tasks: Set[asyncio.Task[Any]] = set()
+        self.stageplay = StagePlay(
+            self.stage_runner, journal, lambda: self.schedule, self.reports.wait_room, self._check_stop,
+            self._persist, (lambda: self.phase, self._set_phase), self.stop, self._wake.set,
+        )  # fmt: skip
+        self._started_reported = False
+        self._completed = False
+
+    @property
+    def current_stage(self) -> Optional[int]:
+        """The number of the stage running now, or None."""
+        return self.stageplay.current
+
+    @property
+    def _failure(self) -> Optional[str]:
+        return self.entries.failure
+
+    # ------------------------------------------------------------------ reporting
+    def emit(self, type_: EventType, **data: Any) -> Event:
+        """Make an event and hand it to the sink (held and retried when it fails; never raises)."""
+        event = self.events.make(type_, **data)
+        self.reports(event)
+        return event
+
+    async def _persist(self) -> None:
+        """Snapshot the journal, waiting out a full disk (raises _Stopped on a stop; issue 16)."""
+        await self._syncer.save_durably(lambda s: self._sleep_until_utc(self.clock.time() + s))
+
+    # ------------------------------------------------------------------ inputs
+    def resume(
+        self, at: Optional[float] = None, resume_id: Optional[str] = None, entry: Optional[int] = None
+    ) -> Dict[str, Any]:
+        """Handle a RESUME (SPEC section 4). Returns ``{"at", "ended_break", "ignored"}``.
+
+        Args:
+            at: experiment seconds the RESUME is stamped with (the host's experiment time);
+                default now on the engine's clock, or ``-inf`` before the start time is known.
+            resume_id: the host's id of this RESUME: one already applied is not applied again
+                (its first outcome is returned, with ``"repeated": True``).
+            entry: index of the stored RESUME entry this RESUME comes from, if any.
+        """
+        outcome, plan = record_resume(
+            self.journal, self.clock, self.schedule, self.emit, self._syncer.save_soon, at, resume_id, entry
+        )
+        if plan is not None:
+            if self.timers.plan is not None:
+                self.timers.arm(plan)
+            self._wake.set()
+        return outcome
+
+    def plan(self) -> Plan:
+        """The plan of the schedule (appended entries included) with the RESUMEs received."""
+        return build_plan(self.schedule.entries, self.journal.resumes, self.journal.resume_visibility)
+
+    def append(self, batch_id: str, batch: Schedule, raw: bytes) -> Dict[str, Any]:
+        """Append a batch of entries to the running schedule, once per ``batch_id`` (issue 12):
+        :func:`vmr_handler.agent.engine.appends.append_batch` documents it.
+
+        Raises:
+            AppendRefused: the VM failed or the agent is stopping.
+            JournalError: the batch cannot be kept (nothing was appended).
+        """
+        return append_batch(self, batch_id, batch, raw)
+
+    @property
+    def stopping(self) -> bool:
+        """True once :meth:`stop` was called."""
+        return self._stop.is_set()
+
+    def appended(self) -> None:
+        """Entries were appended (:func:`~vmr_handler.agent.engine.appends.append_batch`): re-arm
+        positive time from the new plan, run appended stages, look again."""
+        if self.timers.plan is not None:
+            self.timers.arm(self.plan())
+        self.stageplay.kick()
+        self._wake.set()
+
+    def stop(self, reason: str = "stop requested") -> None:
+        """Ask the engine to stop: timers cancelled, process trees terminated, journal flushed."""
+        if not self._stop.is_set():
+            log.info("stopping: %s", reason)
+            self._stop_reason = reason
+            self._stop.set()
+            self._wake.set()
+            self.reports.stop_waiting(STOP_GRACE)
+            task = asyncio.ensure_future(self.entries.kill_running())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------------ status
+    def status(self) -> Dict[str, Any]:
+        """Where the engine is, as a JSON-safe dict (``vmr-handler status``; :func:`engine_status`)."""
+        return engine_status(self)
+
+    # ------------------------------------------------------------------ main
+    async def run(self) -> int:
+        """Play the schedule. Returns :data:`EXIT_OK` or :data:`EXIT_FAILED` (reports all written).
+
+        Returns EXIT_OK also after a reboot request was carried out and after a stop.
+        """
+        done = asyncio.Event()
+        reminders = asyncio.ensure_future(remind(lambda: waiting_status(self), self.clock, done))
+        try:
+            rc = await self._play()
+        finally:
+            done.set()
+            await reminders
+        await self.reports.written()  # held reports too (at a stop: STOP_GRACE at most)
+        return rc
+
+    async def _play(self) -> int:
+        announce(self.emit, self.schedule, self.journal, self.config.host_ask is None)
+        self._recover()
+        try:
+            await self._persist()
+            await self._preload()
+            self._stored_resumes()
+            await self.holds.run()
+            outcome = await self.stageplay.run_all(list(self.stages))
+            if outcome != "ok":
+                return EXIT_OK if outcome == "reboot" else self._fail_exit()
+            await self._configured()
+            await self._positive_phase()
+            await self._persist()  # complete only once the journal says so (a full disk waits)
+            while self.config.stay and self._failure is None and not self._stop.is_set():
+                self._complete()  # then wait for appended entries (or a RESUME re-arming some)
+                await self._more_work()
+                await self._positive_phase()
+                await self._persist()
+        except _Stopped:
+            pass
+        finally:
+            await self._shutdown()
+        if self._failure is not None:
+            return self._fail_exit()
+        if self._stop.is_set():
+            if not self._completed:
+                self.emit(EventType.AGENT_STOPPED, reason=self._stop_reason)
+            return EXIT_OK
+        self._complete()
+        return EXIT_OK
+
+    def _complete(self) -> None:
+        self.phase = "complete"
+        self._completed = True
+        counts = entry_counts(self.journal, self.schedule.entries)
+        self.emit(EventType.SCHEDULE_COMPLETE, **completion(counts))
+
+    def _busy(self) -> bool:
+        """Something of the schedule is armed, running or still to run."""
+        return bool(
+            self.timers.pending or self.entries.busy or self._tasks or self.stageplay.busy
+        )  # fmt: skip
+
+    async def _more_work(self) -> None:
+        """Wait (after the schedule completed) until entries are appended or re-armed."""
+        while not self._busy():
+            await self._wait_woken()
+        self._completed = False
+        self.phase = "positive"
+
+    def _fail_exit(self) -> int:
+        self.phase = "failed"
+        return EXIT_FAILED
+
+    def _recover(self) -> None:
+        """Deal with what a crash or reboot left: interrupted entries, reboot requesters."""
+        self.entries.recover(list(self.schedule.entries))
+        self.stage_runner.recover()
+
+    def _set_phase(self, phase: str) -> None:
+        self.phase = phase
+
+    def _check_stop(self) -> None:
+        if self._stop.is_set():
+            raise _Stopped()
+
+    async def _sleep_until_utc(self, utc: float) -> None:
+        """Sleep until reference UTC ``utc`` unless stopped (then raise _Stopped)."""
+        while True:
+            self._check_stop()
+            if self.clock.time() >= utc:
+                return
+            self._wake.clear()
+            await self.clock.wait(self._wake, utc)
+
+    async def _wait_woken(self) -> None:
+        self._wake.clear()
+        await self._wake.wait()
+        self._check_stop()
+
+    # ------------------------------------------------------------------ phase 0: data, stored RESUMEs
+    async def _preload(self) -> None:
+        """Place every entry's data before anything runs (:mod:`vmr_handler.agent.engine.placement`)."""
+        self.phase = "placing data"
+        if await self.data.preload(
+            list(self.schedule.entries), lambda i: self.journal.entry_state(i) is not None
+        ):
+            await self._persist()
+
+    def _stored_resumes(self) -> None:
+        """Apply the schedule's stored RESUME entries (``firewheel vm resume``; SPEC section 3), once."""
+        for entry in self.schedule.entries:
+            if entry.kind is EntryKind.RESUME:
+                self.resume(resume_id=f"schedule-entry-{entry.index}", entry=entry.index)
+
+    # ------------------------------------------------------------------ phase 3: barrier
+    async def _configured(self) -> None:
+        if self.journal.configured_at is None:
+            self.journal.configured_at = self.clock.time()
+            await self._persist()
+        self.phase = "configured"
+        configured_at = self.journal.configured_at
+        assert configured_at is not None
+        self.emit(EventType.CONFIGURED, at=configured_at, stages=len(self.stages))
+        if self.journal.start_time is not None and self.journal.resumed:
+            self.emit(
+                EventType.START_TIME_SET,
+                start_time=self.journal.start_time,
+                source="journal",
+                details="experiment start time kept from before the restart",
+            )
+        elif self.journal.start_time is None and self.config.local_start:
+            self.journal.start_time = configured_at + self.config.start_buffer
+            await self._persist()
+            self.emit(
+                EventType.START_TIME_SET,
+                start_time=self.journal.start_time,
+                source="local",
+                buffer=self.config.start_buffer,
+                details="experiment start = configured + start buffer",
+            )
+        self.phase = "configured, waiting at the barrier"
+        while self.journal.start_time is None or not self.clock_ready.is_set():
+            await self._wait_woken()  # set_start_time() / set_clock_ready() wake us
+
+    def set_clock_ready(self) -> None:
+        """The reference clock is synchronised: positive time may be timed on it."""
+        self.clock_ready.set()
+        self._wake.set()
+
+    def set_start_time(self, start: float) -> bool:
+        """The host's experiment start time (reference UTC seconds) arrived.
+
+        Returns False (and reports nothing new) when it was already set to the same value;
+        a different value is refused (the start time never changes) with an error logged.
+        """
+        current = self.journal.start_time
+        if current is not None:
+            if current != start:
+                log.error("refused a different experiment start time %.6f (already %.6f)", start, current)
+            return False
+        self.journal.start_time = start
+        self._syncer.save_soon()  # a full disk: kept in memory, retried (the host sends it again)
+        self.emit(
+            EventType.START_TIME_SET,
+            start_time=start,
+            source="host",
+            details="experiment start time from the host barrier",
+        )
+        self._wake.set()
+        return True
+
+    def clock_changed(self) -> None:
+        """The reference-clock offset changed: re-arm positive-time timers on the new clock."""
+        self.events.clock_changed()
+        if self.timers.plan is not None:
+            self.timers.arm(self.timers.plan)
+
+    # ------------------------------------------------------------------ phase 4: positive time
+    async def _positive_phase(self) -> None:
+        start = self.journal.start_time
+        assert start is not None
+        self.phase = "waiting for start" if not self._started_reported else "positive"
+        self.timers.arm(self.plan())
+        while True:
+            self._check_stop()
+            if self._failure is not None:
+                return
+            if not self._started_reported and self.clock.time() >= start:
+                self._started_reported = True
+                self.phase = "positive"
+                self.emit(EventType.EXPERIMENT_STARTED, start_time=start, late=self.clock.time() - start)
+            plan = self.timers.plan
+            assert plan is not None
+            if self._started_reported and not self._busy() and plan.blocked_by is None:
+                return
+            self._wake.clear()
+            await self.clock.wait(self._wake, None if self._started_reported else start)
+
+    def _fire_group(self, fire_at: float, entries: List[ScheduleEntry]) -> None:
+        """Timer callback: fire every entry scheduled at experiment time ``fire_at``."""
+        if self._stop.is_set() or self._failure is not None:
+            return
+        start = self.journal.start_time
+        assert start is not None
+        host = [e for e in entries if e.on_host and self.journal.entry_state(e.index) is None]
+        prepared = self.entries.prepare_due([e for e in entries if not e.on_host])
+        if not prepared and not host:
+            self._wake.set()
+            return
+        launch = self._launch(prepared, host, start + fire_at)
+        task = asyncio.ensure_future(self.reports.when_room(self._stop, launch))
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self._tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("firing entries at %s failed: %r", fire_at, t.exception())
+                self.entries.failure = f"internal error firing entries at {fire_at}: {t.exception()!r}"
+            self._wake.set()
+
+        task.add_done_callback(done)
+
+    async def _launch(self, prepared: List[Prepared], host: List[ScheduleEntry], scheduled: float) -> None:
+        """Start ``prepared`` and have the host run ``host`` (on_host entries), all due at ``scheduled``."""
+        on_host = self.stage_runner.on_host(host, scheduled)
+        await asyncio.gather(self.entries.launch_all(prepared, scheduled), on_host)
+
+    # ------------------------------------------------------------------ shutdown
+    async def _shutdown(self) -> None:
+        self.data.stop()
+        self.timers.cancel()
+        await self.stageplay.cancel()
+        await self.entries.kill_running()
+        await self.entries.journaled()  # entry_failed marks (at a stop: STOP_GRACE at most)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._syncer.cancel()
+        with contextlib.suppress(JournalError):
+            self.journal.save()
+        with contextlib.suppress(JournalError, OSError):
+            self.journal.close()

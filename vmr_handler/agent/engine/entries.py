@@ -1,0 +1,443 @@
+"""Running entries: prepare, start together, follow to the end (SPEC section 5).
+
+:class:`EntryLauncher` is the part of the engine that touches processes: it places an entry's
+data if the preload did not, builds the command line the reference would run, starts every
+entry of a group together (one journal append each before the spawn), reports output and
+exits, and explains the shell's 126/127. A failure to place data fails the VM unless
+``ignore_failure``; a failure to start is the entry's own (the schedule goes on).
+
+Done means reported: an entry is journaled done (or failed) only once every report it made is
+written (the outbox, the report file). While reports are held on a full disk it stays
+``running`` in the journal, so an agent killed meanwhile runs it again after a restart
+(:meth:`EntryLauncher.recover`) instead of losing its output; a stage, a reboot request and
+``schedule_complete`` wait for those marks like for the entries' ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Set
+
+from vmr_handler.agent.engine.placement import DataPlacement
+from vmr_handler.agent.engine.ports import OutputCallback, Process, Processes
+from vmr_handler.agent.machine.executor import (
+    NOT_EXECUTABLE_EXIT_CODE,
+    NOT_FOUND_EXIT_CODE,
+    REBOOT_EXIT_CODE,
+    REBOOT_FILE,
+    ProcessResult,
+    shell_command,
+)
+from vmr_handler.agent.state.journal import DONE, FAILED, RUNNING, Journal
+from vmr_handler.core.clock import Clock
+from vmr_handler.core.errors import EntryError
+from vmr_handler.core.events import Event, EventType, encode_output
+from vmr_handler.core.schedule.commands import command_line, first_word, program_missing, target_path
+from vmr_handler.core.schedule.model import ScheduleEntry, TransferOut
+
+log = logging.getLogger(__name__)
+
+#: What a shell's exit codes 126/127 mean (POSIX).
+_SHELL_CODES = {NOT_EXECUTABLE_EXIT_CODE: "not executable", NOT_FOUND_EXIT_CODE: "command not found"}
+
+Emit = Callable[..., Event]
+
+
+@dataclass
+class Running:
+    """An entry whose process runs: since ``started_mono`` (monotonic seconds)."""
+
+    entry: ScheduleEntry
+    process: Process
+    started_mono: float
+    killed: bool = False  # terminated by the agent's own stop/failure
+    stderr_tail: Dict[str, bytes] = field(default_factory=dict)  # {"last": last stderr line}
+
+
+@dataclass
+class Prepared:
+    """An entry ready to start: its working dir and argv (None: data-only, nothing to run)."""
+
+    entry: ScheduleEntry
+    workdir: str
+    argv: Optional[List[str]]
+    line: str = ""  # the command line, as the reference writes it
+
+
+@dataclass
+class LaunchContext:
+    """What the launcher shares with the engine.
+
+    Attributes:
+        journal: the engine's journal (entry states).
+        clock: the reference clock (spawn instants, durations).
+        processes: the process port.
+        emit: ``emit(EventType, **data) -> Event``.
+        journal_changed: called after entry states were appended (the engine fsyncs soon).
+        wake: called when the engine's main loop should look again (an entry ended, a failure).
+        workdirs: working dir per entry index.
+        data: the data placement (preloaded drops; ``ensure`` before a start).
+        shell: the shell that runs command lines.
+        env: the entries' environment (None: the agent's own).
+        local: local mode (no host: transfers are recorded only).
+        room: None while reports can be written, else a future done when they can again
+            (:meth:`~vmr_handler.agent.state.reporthold.ReportHold.room`): an entry's output waits
+            for it (back-pressure, issue 16).
+        reported: None when every report made so far is written, else an awaitable that is
+            True once it is, False when the agent stopped first
+            (:meth:`~vmr_handler.agent.state.reporthold.ReportHold.reported`): an entry is journaled
+            done only then.
+    """
+
+    journal: Journal
+    clock: Clock
+    processes: Processes
+    emit: Emit
+    journal_changed: Callable[[], None]
+    wake: Callable[[], None]
+    workdirs: Dict[int, str]
+    data: DataPlacement
+    shell: str
+    env: Optional[Dict[str, str]]
+    local: bool
+    room: Callable[[], Optional[Awaitable[None]]] = lambda: None
+    reported: Callable[[], Optional[Awaitable[bool]]] = lambda: None
+
+
+class EntryLauncher:
+    """Prepares, starts and follows entries; holds the running ones and the VM's failure.
+
+    Args:
+        ctx: the :class:`LaunchContext` shared with the engine.
+
+    Attributes:
+        running: entry index -> :class:`Running`, while its process runs.
+        failure: why the VM failed (a placement error without ``ignore_failure``), or None.
+    """
+
+    def __init__(self, ctx: LaunchContext) -> None:
+        self.ctx = ctx
+        self.running: Dict[int, Running] = {}
+        self.failure: Optional[str] = None
+        self._marking: Set[asyncio.Future[None]] = set()  # entry_failed marks waiting for reports
+
+    @property
+    def busy(self) -> bool:
+        """An entry runs, or an entry's end waits for its reports to be written."""
+        return bool(self.running or self._marking)
+
+    # ------------------------------------------------------------------ failures
+    def entry_failed(self, entry: ScheduleEntry, exc: Exception, can_fail_vm: bool = True) -> None:
+        """Report a placement/start failure; a placement failure fails the VM unless ignore_failure
+        (SPEC section 5: only data that cannot be placed fails the VM)."""
+        fatal = can_fail_vm and not entry.ignore_failure
+        self.ctx.emit(
+            EventType.ENTRY_FAILED,
+            index=entry.index,
+            executable=entry.executable,
+            status="error",
+            details=str(exc),
+            ignore_failure=entry.ignore_failure,
+        )
+        if fatal:
+            self.failure = f"{entry.label}: {exc}"
+            # the event names the entry in its own fields: the cause is said once (issue 13)
+            self.ctx.emit(
+                EventType.VM_FAILED,
+                index=entry.index,
+                executable=entry.executable,
+                status="error",
+                details=str(exc),
+            )
+            self.ctx.wake()
+        else:
+            later = self._journal_done(entry.index, FAILED)
+            if later is not None:
+                task = asyncio.ensure_future(later)
+                self._marking.add(task)
+                task.add_done_callback(self._marked)
+
+    def _marked(self, task: asyncio.Future[None]) -> None:
+        self._marking.discard(task)
+        self.ctx.wake()
+
+    async def journaled(self) -> None:
+        """Wait until the entry_failed marks waiting for their reports are journaled (or were
+        given up: the agent stopped)."""
+        if self._marking:
+            await asyncio.gather(*self._marking, return_exceptions=True)
+
+    # ------------------------------------------------------------------ done means reported
+    def _journal_done(
+        self, index: int, state: str, exit_code: Optional[int] = None
+    ) -> Optional[Awaitable[None]]:
+        """Journal ``index`` ended (``state``, ``exit_code``) once every report made so far is
+        written: at once when it is (None is returned: the sink works), else an awaitable that
+        does it then. Meanwhile the journal says ``running`` with ``reports_held``: a crash
+        runs the entry again. When the agent stops first it stays so (logged)."""
+        wait = self.ctx.reported()
+        if wait is None:
+            self._mark_done(index, state, exit_code)
+            return None
+        self.ctx.journal.mark_reports_held(index, exit_code)
+        self.ctx.journal_changed()
+        return self._journal_done_later(wait, index, state, exit_code)
+
+    async def _journal_done_later(
+        self, wait: Awaitable[bool], index: int, state: str, exit_code: Optional[int]
+    ) -> None:
+        if await wait:
+            self._mark_done(index, state, exit_code)
+        else:
+            log.warning(
+                "entry %d: its reports were not written before the agent stopped: it runs again "
+                "when the agent restarts",
+                index,
+            )
+
+    def _mark_done(self, index: int, state: str, exit_code: Optional[int]) -> None:
+        self.ctx.journal.mark_done(index, state, exit_code)
+        self.ctx.journal_changed()
+
+    # ------------------------------------------------------------------ prepare
+    def prepare(self, entry: ScheduleEntry) -> Optional[Prepared]:
+        """Place the entry's data unless already in place, and build its command; None if the
+        data could not be placed (already reported)."""
+        workdir = self.ctx.workdirs[entry.index]
+        try:
+            self.ctx.data.ensure(entry)
+            line = command_line(entry, workdir) if entry.executable else ""
+        except EntryError as exc:
+            self.entry_failed(entry, exc)
+            return None
+        argv = shell_command(self.ctx.shell, workdir, line) if entry.executable else None
+        for item in entry.data:
+            if isinstance(item, TransferOut):
+                self.ctx.emit(
+                    EventType.TRANSFER_REGISTERED,
+                    index=entry.index,
+                    location=item.location,
+                    path=target_path(item.location, workdir),
+                    interval=item.interval,
+                    destination=item.destination,
+                    details="local mode: recorded only, no host to transfer to"
+                    if self.ctx.local
+                    else "sent to the host once, or every interval seconds when it changed",
+                )
+        return Prepared(entry, workdir, argv, line)
+
+    def prepare_due(self, entries: List[ScheduleEntry]) -> List[Prepared]:
+        """:meth:`prepare` each of ``entries`` that has not run (the journal has no state for it)."""
+        prepared = []
+        for entry in entries:
+            if self.ctx.journal.entry_state(entry.index) is None:
+                item = self.prepare(entry)
+                if item is not None:
+                    prepared.append(item)
+        return prepared
+
+    # ------------------------------------------------------------------ launch
+    async def launch_all(
+        self, prepared: List[Prepared], scheduled: Optional[float]
+    ) -> Dict[int, Optional[ProcessResult]]:
+        """Start every prepared entry together and wait for all; results by index.
+
+        Args:
+            prepared: the entries to start.
+            scheduled: reference UTC they were due at (positive time; lateness is reported),
+                or None in a negative stage.
+        """
+        for item in prepared:
+            self.ctx.journal.mark_running(item.entry.index)  # one append each, before the spawn
+        self.ctx.journal_changed()
+        started = await asyncio.gather(*(self._start(item, scheduled) for item in prepared))
+        results: Dict[int, Optional[ProcessResult]] = {}
+        waits = [self._finish(item, run) for item, run in zip(prepared, started)]
+        for item, result in zip(prepared, await asyncio.gather(*waits)):
+            results[item.entry.index] = result
+        await self.journaled()  # entries that could not be placed or started: journaled too
+        return results
+
+    def _output_reporter(self, entry: ScheduleEntry, tail: Dict[str, bytes]) -> OutputCallback:
+        seq = {"stdout": 0, "stderr": 0}
+
+        def on_output(stream: str, piece: bytes, continued: bool, eol: bool) -> Optional[Awaitable[None]]:
+            seq[stream] += 1
+            if stream == "stderr" and piece.strip():
+                tail["last"] = piece[-400:]
+            self.ctx.emit(
+                EventType.OUTPUT,
+                index=entry.index,
+                stream=stream,
+                seq=seq[stream],
+                continued=continued,
+                eol=eol,
+                **encode_output(piece),
+            )
+            return self.ctx.room()  # the pump waits on it before reading more
+
+        return on_output
+
+    async def _start(self, item: Prepared, scheduled: Optional[float]) -> Optional[Running]:
+        entry = item.entry
+        if item.argv is None:
+            return None
+        tail: Dict[str, bytes] = {}
+        process = self.ctx.processes.process(self._output_reporter(entry, tail))
+        # the fork happens synchronously inside start() before its first suspension, so this
+        # is when this entry's process starts (gather() runs every start up to there first)
+        spawned_at = self.ctx.clock.time()
+        try:
+            pid = await process.start(item.argv, item.workdir, self.ctx.env)
+        except EntryError as exc:
+            self.entry_failed(entry, exc, can_fail_vm=False)
+            return None
+        running = Running(entry, process, self.ctx.clock.monotonic(), stderr_tail=tail)
+        self.running[entry.index] = running
+        self.ctx.journal.mark_running(entry.index, pid, process.create_time)  # pid: cleanup after a crash
+        self.ctx.journal_changed()
+        extra: Dict[str, Any] = {}
+        if scheduled is not None:
+            extra = {"scheduled": scheduled, "spawned_at": spawned_at, "lateness": spawned_at - scheduled}
+        self.ctx.emit(
+            EventType.ENTRY_STARTED,
+            index=entry.index,
+            executable=entry.executable,
+            pid=pid,
+            start_time=entry.start_time,
+            working_dir=item.workdir,
+            command=item.line,
+            shell=self.ctx.shell,
+            **extra,
+        )
+        return running
+
+    async def _data_only_done(self, item: Prepared) -> None:
+        entry = item.entry
+        # (launch_all journaled it running before the start: a data-only entry ends here)
+        if item.argv is None and self.ctx.journal.entry_state(entry.index) in (None, RUNNING):
+            self.ctx.emit(
+                EventType.ENTRY_EXITED,
+                index=entry.index,
+                executable=None,
+                exit_code=None,
+                duration=0.0,
+                status="success",
+                details="data-only entry: data placed",
+            )
+            later = self._journal_done(entry.index, DONE)
+            if later is not None:
+                await later
+
+    async def _finish(self, item: Prepared, running: Optional[Running]) -> Optional[ProcessResult]:
+        entry = item.entry
+        if running is None:
+            await self._data_only_done(item)
+            return None
+        result = await running.process.wait()
+        self.running.pop(entry.index, None)
+        ended = {  # which entry, and how its process ended: the same in either report
+            "index": entry.index,
+            "executable": entry.executable,
+            "exit_code": result.exit_code,
+            "signal": result.signal,
+        }
+        if running.killed:
+            # terminated by our own stop: left "running" in the journal so a restart runs it again
+            self.ctx.emit(
+                EventType.ENTRY_INTERRUPTED,
+                **ended,
+                details="terminated because the agent stopped; runs again when the agent restarts",
+            )
+            return result
+        reboot = result.exit_code == REBOOT_EXIT_CODE or os.path.exists(
+            os.path.join(item.workdir, REBOOT_FILE)
+        )
+        ok = result.exit_code == 0 or (reboot and entry.start_time < 0)
+        details = (
+            f"exit code {result.exit_code}"
+            if result.exit_code is not None
+            else f"killed by signal {result.signal}"
+        )
+        if result.exit_code in (NOT_FOUND_EXIT_CODE, NOT_EXECUTABLE_EXIT_CODE):
+            details += self._not_run(item, running, result.exit_code)
+        if reboot:
+            details += "; reboot requested" + (
+                " (reported only in positive time)" if entry.start_time > 0 else ""
+            )
+        self.ctx.emit(
+            EventType.ENTRY_EXITED,
+            **ended,
+            duration=result.duration,
+            status="success" if ok else "error",
+            details=details,
+            reboot_requested=reboot,
+        )
+        later = self._journal_done(entry.index, DONE, result.exit_code)  # done once reported
+        if later is not None:
+            await later
+        self.ctx.wake()
+        return result
+
+    def _not_run(self, item: Prepared, running: Running, code: int) -> str:
+        """Why an entry exited 127 ("command not found") or 126 ("not executable"), naming the program."""
+        word = first_word(item.line)
+        if code == NOT_EXECUTABLE_EXIT_CODE:
+            path = os.path.join(item.workdir, word)
+            if os.path.isfile(path) and not os.access(path, os.X_OK):
+                mode = oct(os.stat(path).st_mode & 0o777)
+                return (
+                    f": {word!r} is not executable (mode {mode}); a drop keeps its executable flag here, "
+                    "where FIREWHEEL makes every dropped file executable (docs/firewheel.md)"
+                )
+        elif program_missing(word, item.workdir, (self.ctx.env or os.environ).get("PATH")):
+            return f": {word!r} was not found (no such file, not on the PATH); the schedule goes on"
+        last = running.stderr_tail.get("last", b"").decode("utf-8", "replace").strip()
+        return f" (the shell's code for {_SHELL_CODES[code]!r})" + (f": {last}" if last else "")
+
+    # ------------------------------------------------------------------ stop, status
+    async def kill_running(self) -> None:
+        """Terminate every running entry's process tree (in worker threads)."""
+        running = list(self.running.values())
+        for r in running:
+            r.killed = True
+        if running:
+            loop = asyncio.get_running_loop()
+            await asyncio.gather(*(loop.run_in_executor(None, r.process.kill_tree) for r in running))
+
+    def recover(self, schedule_entries: List[ScheduleEntry]) -> None:
+        """Entries the journal says were running when the agent stopped: terminate what is left
+        of their process trees, report them interrupted, and let them run again."""
+        for index, rec in self.ctx.journal.running_entries().items():
+            if schedule_entries[index].on_host:  # the host ran it: asked again, it answers once
+                self.ctx.journal.forget(index)
+                continue
+            pid = rec.get("pid")
+            killed = self.ctx.processes.kill_leftover(int(pid), rec.get("create_time"), 3.0) if pid else []
+            self.ctx.emit(
+                EventType.ENTRY_INTERRUPTED,
+                index=index,
+                executable=schedule_entries[index].executable,
+                killed_pids=killed,
+                details="it had ended, but its reports were not on disk yet when the agent stopped "
+                "(a full state dir); runs again"
+                if rec.get("reports_held")
+                else "was running when the agent stopped; runs again",
+            )
+            self.ctx.journal.forget(index)
+
+    def status(self) -> List[Dict[str, Any]]:
+        """The running entries for ``vmr-handler status``: index, executable, pid, seconds running."""
+        mono = self.ctx.clock.monotonic()
+        return [
+            {
+                "index": r.entry.index,
+                "executable": r.entry.executable,
+                "pid": r.process.pid,
+                "running_for": mono - r.started_mono,
+            }
+            for r in self.running.values()
+        ]

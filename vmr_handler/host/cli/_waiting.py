@@ -1,0 +1,136 @@
+"""``vmr-host wait`` and ``vmr-host status --watch``: follow the running host's status (issue 13).
+
+Both ask the running ``vmr-host serve`` for its ``status`` over the control socket, again and
+again (every ``interval`` seconds), like ``kubectl wait --for`` and ``kubectl get -w``.
+
+``wait --for PHASE [VM...] [--timeout S]`` exits 0 when every VM named (default: every
+expected VM the barrier has not excluded) reached the phase, 1 as soon as one of them failed
+(it never will), 2 on the timeout (and for bad usage), saying who it still waits for.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from vmr_handler.host.cli.control_client import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, control_socket_path
+
+#: The phases ``wait --for`` knows, and whether one VM's status dict has reached it (the
+#: experiment's start time is passed too: ``started`` is the experiment's start on the host's clock).
+PHASES: Dict[str, Callable[[Dict[str, Any], Optional[float], float], bool]] = {
+    "configured": lambda vm, start, now: vm.get("configured_at") is not None,
+    "started": lambda vm, start, now: (
+        start is not None and now >= start and vm.get("configured_at") is not None
+    ),
+    "complete": lambda vm, start, now: bool(vm.get("complete")),
+    "at-break": lambda vm, start, now: (
+        bool((vm.get("phase") or {}).get("at_break")) and vm["state"] == "at_break"
+    ),
+}
+#: Seconds between two status requests.
+INTERVAL = 0.5
+
+
+def _status(logs: str) -> Dict[str, Any]:
+    """The running host's ``status`` result.
+
+    Raises:
+        ControlError: no host answers on the socket, or it refused the request.
+    """
+    from vmr_handler.core.control import request_at
+    from vmr_handler.core.errors import ControlError
+
+    reply = request_at(control_socket_path(logs), {"cmd": "status"})
+    if reply.get("status") != "success":
+        raise ControlError(f"the host refused the status request: {reply.get('details')}")
+    result: Dict[str, Any] = reply["result"]
+    return result
+
+
+def progress(
+    result: Dict[str, Any], phase: str, vms: Sequence[str]
+) -> Tuple[List[str], List[str], List[str]]:
+    """``(reached, waiting, failed)`` VM names for ``phase`` in a status ``result``.
+
+    ``vms`` empty means every expected VM not excluded. A VM the host does not know is
+    waiting (it may not have connected yet)."""
+    exp = result["experiment"]
+    now = float(result.get("now") or time.time())
+    start = exp.get("start_time")
+    by_name = {vm["vm"]: vm for vm in result["vms"]}
+    names = list(vms) or [v for v in exp["expected"] if v not in set(exp.get("excluded") or [])]
+    reached, waiting, failed = [], [], []
+    for name in names:
+        vm = by_name.get(name)
+        if vm is None:
+            waiting.append(name)
+        elif vm["state"] in ("failed", "schedule_rejected"):
+            failed.append(name)
+        elif PHASES[phase](vm, start, now):
+            reached.append(name)
+        else:
+            waiting.append(name)
+    return reached, waiting, failed
+
+
+def wait_for(logs: str, phase: str, vms: Sequence[str], timeout: Optional[float],
+             interval: float = INTERVAL, json_out: bool = False) -> int:  # fmt: skip
+    """Poll until ``vms`` reach ``phase``; the exit code (0 reached, 1 a VM failed, 2 timeout).
+
+    ``timeout`` in seconds (None: no limit). Prints one line when done (JSON with ``json_out``).
+
+    Raises:
+        ControlError: no host answers (the CLI turns it into exit 1).
+    """
+    if phase not in PHASES:
+        print(f"vmr-host: error: --for must be one of {', '.join(PHASES)}, not {phase!r}", file=sys.stderr)
+        return EXIT_USAGE
+    t0 = time.monotonic()
+    while True:
+        result = _status(logs)
+        reached, waiting, failed = progress(result, phase, vms)
+        elapsed = time.monotonic() - t0
+        done = {"phase": phase, "reached": reached, "waiting": waiting, "failed": failed, "waited": elapsed}
+        if failed:
+            causes = {vm["vm"]: vm.get("failed") for vm in result["vms"] if vm["vm"] in failed}
+            why = [f"{n} failed: {causes.get(n) or 'schedule rejected'}" for n in failed]
+            _say(json_out, done, "; ".join(why))
+            return EXIT_RUNTIME
+        if not waiting:
+            _say(json_out, done, f"{len(reached)} VM(s) {phase} after {elapsed:.1f} s")
+            return EXIT_OK
+        if timeout is not None and elapsed >= timeout:
+            _say(json_out, done, f"timed out after {timeout:g} s: {len(waiting)} VM(s) not {phase}: "
+                 + ", ".join(waiting))  # fmt: skip
+            return EXIT_USAGE
+        time.sleep(interval if timeout is None else max(0.0, min(interval, timeout - elapsed)))
+
+
+def _say(json_out: bool, done: Dict[str, Any], text: str) -> None:
+    if json_out:
+        print(json.dumps(done))
+    else:
+        print(text)
+
+
+def watch(render: Callable[[Dict[str, Any]], str], logs: str, interval: float,
+          rounds: Optional[int] = None) -> int:  # fmt: skip
+    """Redraw ``render(status)`` in place every ``interval`` seconds until Ctrl-C (or
+    ``rounds`` redraws); a terminal gets the screen cleared, a pipe one block per round."""
+    tty = sys.stdout.isatty()
+    n = 0
+    try:
+        while rounds is None or n < rounds:
+            text = render(_status(logs))
+            if tty:
+                sys.stdout.write("\x1b[H\x1b[2J")
+            sys.stdout.write(f"{text}\n" if tty else f"{text}\n\n")
+            sys.stdout.flush()
+            n += 1
+            if rounds is None or n < rounds:
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK

@@ -1,0 +1,220 @@
+"""``vmr-host status|resume|release``: the lean path of the control commands (issue 15).
+
+A RESUME is on the critical path of an experiment: from the operator's command to the next
+entry's fork it should take < 100 ms. This module is all those three commands import: the
+standard library's ``json``/``os``/``sys`` and :mod:`vmr_handler.core.control` (no argparse,
+no logging, no host configuration); the argument forms are parsed by hand by
+:func:`parse_client`, and anything else (``--help``, a global flag, an unknown option, a
+mistake) goes to the full ``argparse`` front end (:mod:`vmr_handler.host.cli.commandline`), which
+prints the usual help or error. ``python -X importtime -c "import vmr_handler.host.cli.vmr_host"``
+shows what the path costs.
+
+Exit codes as the rest of ``vmr-host``: 0 success, 1 runtime error (no running host), 2 bad
+usage or a request the host refused.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence
+
+EXIT_OK = 0
+EXIT_RUNTIME = 1
+EXIT_USAGE = 2
+#: ``--logs`` when none is given.
+DEFAULT_LOGS = "vmr-logs"
+#: Name of the host control socket inside the logs directory.
+CONTROL_SOCKET = "vmr-host.sock"
+#: The commands this module serves.
+CLIENT_COMMANDS = ("status", "resume", "release")
+
+
+def control_socket_path(logs: str) -> str:
+    """Path of the host control socket for logs directory ``logs``.
+
+    Raises:
+        ControlError: the path is too long for a unix socket.
+    """
+    from vmr_handler.core.control import checked_socket_path
+
+    return checked_socket_path(os.path.join(logs, CONTROL_SOCKET), "--logs")
+
+
+class ClientCommand(NamedTuple):
+    """One control command: ``command`` (``status``, ``resume``, ``release``), the logs dir,
+    ``--json``, the VMs named (``resume``), ``--all`` (``resume``) and ``--exclude`` (``release``)."""
+
+    command: str
+    logs: str = DEFAULT_LOGS
+    json: bool = False
+    vms: Sequence[str] = ()
+    all: bool = False
+    exclude: Sequence[str] = ()
+    states: Sequence[str] = ()
+    force: bool = False
+    dry_run: bool = False
+
+
+def parse_client(argv: Sequence[str]) -> Optional[ClientCommand]:
+    """``argv`` (without the program name) as a :class:`ClientCommand`, or None when it is not
+    exactly one of the plain forms below (the full parser then handles it)::
+
+        status [--logs DIR] [--json]
+        resume [VM ...] [--all] [--force|--yes] [--dry-run] [--logs DIR] [--json]
+        release [--exclude VM ...] [--logs DIR] [--json]
+
+    ``--logs=DIR`` is accepted too; the VM names of ``resume`` are one run of words, as
+    argparse takes them. Whether ``resume`` has exactly one of VMs/``--all`` is checked by
+    :func:`run_client`, as the full front end does.
+    """
+    if not argv or argv[0] not in CLIENT_COMMANDS:
+        return None
+    command, words = argv[0], list(argv[1:])
+    flags = {"--json": False, "--all": False, "--force": False, "--yes": False, "--dry-run": False}
+    logs = DEFAULT_LOGS
+    vms: List[str] = []
+    exclude: List[str] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        i += 1
+        run = _names(words, i)  # the words up to the next option
+        if word in flags and (word == "--json" or command == "resume"):
+            flags[word] = True
+        elif word.startswith("--logs="):
+            logs = word[len("--logs=") :]
+        elif word == "--logs" and run:
+            logs, i = run[0], i + 1
+        elif word == "--exclude" and command == "release" and run and not exclude:
+            exclude, i = run, i + len(run)
+        elif word.startswith("-") or command != "resume" or vms:
+            return None  # help, an unknown option or a misplaced word: the full parser says what
+        else:
+            vms, i = [word, *run], i + len(run)
+    force = flags["--force"] or flags["--yes"]
+    dry = flags["--dry-run"]
+    json_out, everyone = flags["--json"], flags["--all"]
+    return ClientCommand(command, logs, json_out, tuple(vms), everyone, tuple(exclude), (), force, dry)
+
+
+def _names(words: List[str], start: int) -> List[str]:
+    """``words[start:]`` up to the first option (a word starting with ``-``)."""
+    end = start
+    while end < len(words) and not words[end].startswith("-"):
+        end += 1
+    return words[start:end]
+
+
+def _payload(cmd: ClientCommand) -> Dict[str, Any]:
+    """The control request of ``cmd`` (``docs/host.md``).
+
+    Raises:
+        ValueError: ``resume`` without VMs and without ``--all``, or with both.
+    """
+    if cmd.command == "status":
+        return {"cmd": "status"}
+    if cmd.command == "resume":
+        if bool(cmd.vms) == bool(cmd.all):
+            raise ValueError("resume needs VM names or --all (not both)")
+        whom: Dict[str, Any] = {"all": True} if cmd.all else {"vms": list(cmd.vms)}
+        return {"cmd": "resume", **whom, "force": cmd.force, "dry_run": cmd.dry_run}
+    return {"cmd": "release", "exclude": list(cmd.exclude)}
+
+
+def run_client(cmd: ClientCommand) -> int:
+    """Send ``cmd`` to the running ``vmr-host serve`` (``<logs>/vmr-host.sock``) and print the
+    answer (JSON with ``--json``). Returns the exit code; errors are printed on stderr."""
+    from vmr_handler.core.errors import ControlError
+
+    try:
+        payload = _payload(cmd)
+    except ValueError as exc:
+        print(f"vmr-host: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        from vmr_handler.core.control import request_at
+
+        reply = request_at(control_socket_path(cmd.logs), payload)
+        if reply.get("status") != "success":
+            print(f"vmr-host: error: {reply.get('details')}", file=sys.stderr)
+            return EXIT_USAGE
+        print(_text(cmd, reply["result"]))
+        if cmd.command == "status":
+            from vmr_handler.host.cli.statustext import any_failed
+
+            return EXIT_RUNTIME if any_failed(reply["result"]) else EXIT_OK
+    except (ControlError, OSError) as exc:
+        if cmd.command == "status" and not isinstance(exc, BrokenPipeError):
+            return _offline(cmd, exc)
+        return runtime_error(exc)
+    return EXIT_OK
+
+
+def _offline(cmd: ClientCommand, why: BaseException) -> int:
+    """``status`` with no host answering: the same result rebuilt from the logs (read-only)."""
+    from vmr_handler.core.errors import UsageError
+    from vmr_handler.host.cli._offline import offline_status
+    from vmr_handler.host.cli.statustext import any_failed
+
+    try:
+        result = offline_status(cmd.logs)
+    except UsageError as exc:
+        print(f"vmr-host: error: {why}; {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
+    print(f"vmr-host: no vmr-host answers ({why}): status read from the logs in {cmd.logs} (read-only)",
+          file=sys.stderr)  # fmt: skip
+    print(_text(cmd, result))
+    return EXIT_RUNTIME if any_failed(result) else EXIT_OK
+
+
+def runtime_error(exc: BaseException) -> int:
+    """Exit code for a runtime error of a ``vmr-host`` command, said once on stderr: a closed
+    output pipe (``| head``) is a quiet success, anything else exit 1 with its text."""
+    if isinstance(exc, BrokenPipeError):
+        return EXIT_OK
+    print(f"vmr-host: error: {exc}", file=sys.stderr)
+    return EXIT_RUNTIME
+
+
+def _held(result: Dict[str, Any], vms: Sequence[str]) -> str:
+    breaks = result.get("at_break") or {}
+    return ", ".join(f"{vm} (break #{breaks[vm]})" if vm in breaks else vm for vm in vms) or "none"
+
+
+def _resume_text(result: Dict[str, Any]) -> str:
+    """What ``resume`` prints: whom the RESUME reached (and which break it ends), or would."""
+    if result.get("dry_run"):
+        lines = [f"would RESUME: {_held(result, result['targets'])}"]
+        if result["not_at_break"]:
+            from vmr_handler.core.readable import few_names  # only here: the lean path stays lean
+
+            others = few_names(result["not_at_break"])
+            lines.append(f"not at a break: {others} (it would end their next break early; use --force)")
+        return "\n".join([*lines, "nothing sent (--dry-run)"])
+    at = result["at"]
+    when = at if isinstance(at, str) else f"t={at:+.3f}s"
+    pending = result["pending"]
+    return (
+        f"RESUME {result['id']} at host experiment time {when}: sent to {_held(result, result['sent_now'])}"
+        + (f"; pending (sent at their next handshake): {', '.join(pending)}" if pending else "")
+    )
+
+
+def _text(cmd: ClientCommand, result: Dict[str, Any]) -> str:
+    """What ``cmd`` prints for the host's ``result``."""
+    if cmd.json:
+        import json
+
+        return json.dumps(result, indent=1)
+    if cmd.command == "status":
+        from vmr_handler.host.cli.statustext import format_status
+
+        return format_status(result, cmd.states, cmd.vms)
+    if cmd.command == "resume":
+        return _resume_text(result)
+    if result["start_time"] is not None:
+        from vmr_handler.core.fsutil import utc_text
+
+        return f"experiment start time set: {utc_text(result['start_time'])}"
+    return f"excluded {', '.join(result['excluded'])}; still waiting for {', '.join(result['waiting_for'])}"

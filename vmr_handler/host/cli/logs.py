@@ -1,0 +1,129 @@
+"""``vmr-host logs VM [-f] [--entry N] [--stream stdout|stderr] [--json]`` (issue 13).
+
+A VM's events and its entries' output from ``<logs>/<vm>.jsonl``, like ``kubectl logs``:
+each line in ISO UTC with its experiment time (``t=+12.3s``, from ``experiment.json``),
+output lines whole and with bytes that are not UTF-8 escaped (``\\xe9``), never hidden;
+``-f`` follows what the running host appends. Reads the files only: it works with or
+without a running ``vmr-host``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+import time
+from typing import Any, Dict, Iterator, List, Optional
+
+from vmr_handler.core.errors import UsageError
+from vmr_handler.core.events import Event, describe
+from vmr_handler.core.fsutil import utc_text
+from vmr_handler.core.readable import escaped
+from vmr_handler.host.logs.jsonlread import event_of, records_from
+from vmr_handler.host.logs.text import printable
+
+#: Seconds between two looks at the file with ``-f``.
+FOLLOW_INTERVAL = 0.2
+
+
+def start_time(logs: str) -> Optional[float]:
+    """The experiment start time (UTC epoch seconds) in ``<logs>/experiment.json``, if set."""
+    try:
+        with open(os.path.join(logs, "experiment.json"), encoding="utf-8") as f:
+            value = json.load(f).get("barrier", {}).get("start_time")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def log_path(logs: str, vm: str) -> str:
+    """``<logs>/<vm>.jsonl``.
+
+    Raises:
+        UsageError: there is no such log (the message lists the VMs that have one).
+    """
+    path = os.path.join(logs, f"{vm}.jsonl")
+    if os.sep in vm or not os.path.isfile(path):
+        try:
+            known = sorted(n[: -len(".jsonl")] for n in os.listdir(logs) if n.endswith(".jsonl"))
+        except OSError as exc:
+            raise UsageError(f"cannot read the logs directory {logs}: {exc.strerror}") from exc
+        raise UsageError(f"no log for VM {vm!r} in {logs} (VMs with logs: {', '.join(known) or 'none'})")
+    return path
+
+
+def records(
+    path: str, follow: bool = False, interval: float = FOLLOW_INTERVAL, start: int = 0
+) -> Iterator[Dict[str, Any]]:
+    """The records of a ``.jsonl`` log from byte ``start`` (a line start); with ``follow``,
+    then every record appended, forever (:func:`~vmr_handler.host.logs.jsonlread.records_from`
+    again from where it stopped, every ``interval`` seconds).
+
+    A last line still being written is read once it is whole; a line that is not a record
+    (not JSON, no ``event`` object) is skipped (the host never writes one; a torn line is cut
+    back by the host)."""
+    at = start
+    while True:
+        for _offset, end, rec in records_from(path, at):
+            at = end
+            if isinstance(rec.get("event"), dict):
+                yield rec
+        if not follow:
+            return
+        time.sleep(interval)
+
+
+def keep(ev: Event, entry: Optional[int], stream: Optional[str]) -> bool:
+    """``--entry`` and ``--stream`` (``--stream`` keeps output lines only)."""
+    if entry is not None and ev.data.get("index") != entry:
+        return False
+    return stream is None or (ev.type == "output" and ev.data.get("stream") == stream)
+
+
+def line_text(ev: Event, start: Optional[float]) -> str:
+    """One readable line: UTC, experiment time, then the event (an output line whole)."""
+    t = f" t={ev.timestamp - start:+.1f}s" if start is not None else ""
+    if ev.type == "output":
+        d = ev.data
+        if "line_b64" in d:
+            try:
+                text = escaped(base64.b64decode(d["line_b64"]))
+            except ValueError:
+                text = "<undecodable line_b64>"
+        else:
+            text = str(d.get("line", ""))
+        tail = "" if d.get("eol", True) else " [no newline]"
+        where = f"entry {d.get('index')} {d.get('stream')}"
+        return f"{utc_text(ev.timestamp)}{t} {where}: {printable(text)}{tail}"
+    stamp, rest = describe(ev).split(" ", 1)
+    return f"{stamp}{t} {printable(rest)}"
+
+
+def show_logs(logs: str, vm: str, follow: bool = False, entry: Optional[int] = None,
+              stream: Optional[str] = None, as_json: bool = False) -> int:  # fmt: skip
+    """Print VM ``vm``'s log (see the module docstring); returns the exit code (0).
+
+    Raises:
+        UsageError: no log for ``vm``.
+    """
+    path = log_path(logs, vm)
+    start = start_time(logs)
+    out: List[str] = []
+    try:
+        for rec in records(path, follow):
+            ev = event_of(rec)
+            if ev is None or not keep(ev, entry, stream):
+                continue
+            out.append(json.dumps(rec) if as_json else line_text(ev, start))
+            if follow or len(out) >= 256:
+                sys.stdout.write("\n".join(out) + "\n")
+                sys.stdout.flush()
+                out.clear()
+                if follow and start is None:
+                    start = start_time(logs)
+    except KeyboardInterrupt:
+        pass
+    if out:
+        sys.stdout.write("\n".join(out) + "\n")
+    return 0

@@ -1,0 +1,10 @@
+"""``vmr-host mqtt-config``: a mosquitto configuration for one experiment (``docs/mqtt.md``).
+
+General layout::
+
+    command  the command: the files written, owners and modes
+    layout   what it generates: paths, names, its arguments
+    _files   the broker's files as text; _tls: the certificates of ``--tls``
+
+May import: ``host.serve`` (specs), ``transports`` (mqtt topics), ``core``.
+"""

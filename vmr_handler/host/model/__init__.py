@@ -1,0 +1,10 @@
+"""What the host knows of the experiment, apart from its connections (room for the one
+model of the experiment's state that the report and the console will share).
+
+General layout::
+
+    vmstate  what the host knows of one VM: its reports folded by a type table
+
+May import: ``host.logs``, ``core`` (one known exception: ``vmstate`` takes the ``ReportHost``
+protocol from ``host.serve.session.api``).
+"""

@@ -1,0 +1,180 @@
+"""The requests ``vmr-host status|resume|release`` send to the control socket
+``<logs>/vmr-host.sock`` (:class:`~vmr_handler.core.control.ControlServer`): one handler per
+command (:meth:`ControlApi.handlers`), each taking the request dict and returning the answer
+dict; a ``ValueError`` becomes the error answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+from vmr_handler import __version__
+from vmr_handler.core.control import Handler
+from vmr_handler.core.readable import few_names
+from vmr_handler.core.schedule.appended import read_batch
+from vmr_handler.core.schedule.model import entry_drops
+from vmr_handler.host.serve.experiment.appendbook import issue_batch
+from vmr_handler.host.serve.experiment.experiment import Experiment
+
+#: Per target VM, the ``{filename: {"size", "sha256"}}`` of the files a batch drops, from the
+#: target VMs and the batch's drops (file name -> entry indices); raises ``ResourcesMissing``.
+ResourceInfo = Callable[[List[str], Mapping[str, Sequence[int]]], Dict[str, Dict[str, Dict[str, Any]]]]
+
+
+class ControlApi:
+    """Answers control requests about ``experiment`` and its VMs.
+
+    Args:
+        experiment: the experiment (its config, barrier, RESUMEs and the VMs' sessions).
+        mode: ``listen``, ``connect`` or ``mqtt`` (shown by ``status``).
+        resource_info: checks and describes the files a batch drops (the server's); None: a
+            batch is sent without them.
+    """
+
+    def __init__(
+        self,
+        experiment: Experiment,
+        mode: str,
+        resource_info: Optional[ResourceInfo] = None,
+    ) -> None:
+        self.experiment = experiment
+        self.mode = mode
+        self.resource_info = resource_info
+
+    def handlers(self) -> Dict[str, Handler]:
+        """Command name -> its handler."""
+        return {
+            "status": self.status,
+            "resume": self.resume,
+            "release": self.release,
+            "schedule_add": self.schedule_add,
+        }
+
+    def schedule_add(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        """``schedule_add`` ``{"vms": [...] | "all": true, "path", "sha256"}``: append the entries
+        of the schedule file at ``path`` (on this host; its sha256 as the CLI read it) to the
+        VMs' running schedules (issue 12, :mod:`vmr_handler.host.serve.experiment.appendbook`).
+
+        Raises:
+            ValueError: bad targets; the file cannot be read, changed since the CLI read it, is
+                too big, or is not a valid schedule (the loader's message, naming the entry and
+                field); ``ResourcesMissing``: a ``filename`` drop the host does not have (every
+                such file, with the VMs and entries that need it). Nothing is appended.
+        """
+        targets = self._targets(request, "schedule add")
+        path = str(request.get("path"))
+        raw, batch = read_batch(path, self.experiment.config.allow_classes)
+        if hashlib.sha256(raw).hexdigest() != request.get("sha256"):
+            raise ValueError(f"{path} changed since it was read; run the command again")
+        drops = entry_drops(batch.entries)
+        resources = self.resource_info(targets, drops) if self.resource_info else {vm: {} for vm in targets}
+        x = self.experiment
+        try:
+            record, sent = issue_batch(
+                x.appends, x.sessions, raw, batch.source_format, len(batch.entries), targets, resources,
+                time.time(),
+            )  # fmt: skip
+        except OSError as exc:
+            raise ValueError(f"cannot keep the batch in {x.config.logs}: {exc}") from exc
+        pending = [vm for vm in targets if vm not in sent]
+        return {"id": record.id, "entries": len(batch.entries), "targets": targets, "sent_now": sent,
+                "pending": pending}  # fmt: skip
+
+    def _targets(self, request: Dict[str, Any], what: str) -> List[str]:
+        """The VMs of ``{"vms": [...]}`` or ``{"all": true}``.
+
+        Raises:
+            ValueError: neither or both, or an unknown VM.
+        """
+        everyone = request.get("all") is True
+        if everyone == ("vms" in request and request["vms"] not in (None, [])):
+            raise ValueError(f"{what} needs VM names or all (not both)")
+        return sorted(self.experiment.sessions) if everyone else self._names(request.get("vms"), "vms")
+
+    def status(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        """``status``: the experiment and every VM."""
+        now = time.time()
+        x = self.experiment
+        cfg = x.config
+        return {
+            "now": now,
+            "host_version": __version__,
+            "mode": self.mode,
+            "role": cfg.role,
+            "host_id": cfg.host_id,
+            "peers": {p: x.peer_vms.get(p) for p in sorted(cfg.peers)},
+            "logs": os.path.abspath(cfg.logs),
+            "channels": None if self.mode == "mqtt" else os.path.abspath(cfg.channels),
+            "broker": cfg.mqtt.broker if cfg.mqtt is not None else None,
+            "experiment": x.barrier_status(now),
+            "resumes": [r.to_dict() for r in x.resumes],
+            "vms": [s.status(x.barrier.start_time, now) for _n, s in sorted(x.sessions.items())],
+        }
+
+    def _names(self, value: Any, what: str) -> List[str]:
+        sessions = self.experiment.sessions
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"'{what}' must be a list of VM names")
+        unknown = sorted(set(value) - set(sessions))
+        if unknown:
+            raise ValueError(f"unknown VM(s): {', '.join(unknown)} (served: {', '.join(sorted(sessions))})")
+        return list(dict.fromkeys(value))
+
+    def resume(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        """``resume`` ``{"vms": [...]}`` or ``{"all": true}``: issue a RESUME stamped with host
+        experiment time ``at = now - start`` (``-inf`` before the start is set).
+
+        ``"dry_run": true`` only says whom it would reach and which break each is held at
+        (``at_break``); ``"force": false`` (what ``vmr-host resume`` sends without ``--force``)
+        refuses when a VM is not at a break, since a RESUME then ends its *next* break early
+        (SPEC §6, FIREWHEEL's early RESUME): a second ``resume --all`` is no longer silently a
+        real RESUME (issue 13). A request without ``force`` is sent as before.
+
+        Raises:
+            ValueError: neither or both of ``vms``/``all``, an unknown VM, or (``force`` false)
+                a VM not at a break.
+        """
+        targets = self._targets(request, "resume")
+        sessions = self.experiment.sessions
+        breaks = {vm: sessions[vm].state.at_break for vm in targets}
+        at_break = {vm: b["index"] for vm, b in breaks.items() if b is not None}
+        not_at_break = [vm for vm in targets if vm not in at_break]
+        if request.get("dry_run") is True:
+            return {"dry_run": True, "targets": targets, "at_break": at_break, "not_at_break": not_at_break}
+        if not_at_break and request.get("force", True) is False:
+            raise ValueError(
+                f"not at a break: {few_names(not_at_break)}; a RESUME now would end their next break as soon "
+                "as it comes. Send it anyway with --force (or --yes); see whom it reaches with --dry-run"
+            )
+        record, sent = self.experiment.resume(targets)
+        return {
+            "id": record.id,
+            "at": record.at,
+            "targets": targets,
+            "sent_now": sent,
+            "pending": [vm for vm in targets if vm not in sent],
+            "at_break": at_break,
+        }
+
+    def release(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        """``release`` ``{"exclude": [...]}``: start without the named VMs (or without every
+        VM still missing when the list is empty).
+
+        Raises:
+            ValueError: this host is a member, the start is already set, or a name is not an
+                expected VM.
+        """
+        exclude = request.get("exclude") or []
+        if not isinstance(exclude, list) or not all(isinstance(v, str) for v in exclude):
+            raise ValueError("'exclude' must be a list of VM names")
+        self.experiment.release(exclude)
+        b = self.experiment.barrier
+        return {
+            "start_time": b.start_time,
+            "waiting_for": b.waiting_for(),
+            "excluded": sorted(b.excluded),
+            "released": sorted(b.released),
+        }

@@ -1,0 +1,12 @@
+"""The experiment a ``vmr-host serve`` runs, over all its VMs.
+
+General layout::
+
+    experiment   Experiment: start time, RESUMEs, peer hosts, signing, watchers
+    barrier      the start barrier (pure: plain numbers, no I/O)
+    appendbook   batches of entries the operator appended to running VMs
+    hostentries  on_host entries, run on the host when a VM's agent asks
+
+May import: ``host.serve.session``, ``host.serve.files``, ``host.serve.config``,
+``host.logs``, ``core``.
+"""

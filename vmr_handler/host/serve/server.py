@@ -1,0 +1,398 @@
+"""``vmr-host serve``: one asyncio event loop serving every VM's channel (no thread per VM).
+
+Three wirings of the channels (``docs/host.md``; :mod:`vmr_handler.host.serve.channels.factory`):
+
+* **listen** (default): vmr-host listens on ``<channels>/<vm>.sock`` for each VM and QEMU
+  connects as a client (``-chardev socket,id=c0,path=<channels>/<vm>.sock,reconnect=1``).
+  One connection per VM socket at a time: a second concurrent one is closed and counted.
+* **connect** (``--connect``): QEMU is the server (``server=on,wait=off``); vmr-host
+  connects to ``<channels>/<vm>.sock`` and reconnects with exponential backoff
+  (``tenacity``) whenever the socket is absent or the connection drops.
+* **mqtt** (``--transport mqtt``): every VM over one broker connection
+  (:mod:`vmr_handler.host.serve.channels.mqtt`, ``docs/mqtt.md``); no channel sockets.
+
+The server owns the VMs' :class:`~vmr_handler.host.serve.session.session.VmSession`\\ s, their logs and the
+:class:`~vmr_handler.host.serve.experiment.experiment.Experiment` (the barrier, the RESUMEs issued, and their
+persistence in ``<logs>/experiment.json``); the channels hand each VM's bytes to its session.
+The control socket ``<logs>/vmr-host.sock`` (mode 0600) answers ``status``, ``resume`` and
+``release`` (:mod:`vmr_handler.host.serve.control_api`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set
+
+from vmr_handler import __version__
+from vmr_handler.core.control import ControlServer
+from vmr_handler.core.errors import ControlError, HostSetupError, ResourceRefused, ResourcesMissing
+from vmr_handler.host.cli.control_client import control_socket_path
+from vmr_handler.host.cli.schedule.show import write_index
+from vmr_handler.host.logs.appendfiles import AppendFiles
+from vmr_handler.host.logs.store import VmLog
+from vmr_handler.host.serve._fdlimit import ensure_fd_limit, fd_needs, readable_pool
+from vmr_handler.host.serve.channels.factory import Channels, channel_mode
+from vmr_handler.host.serve.config import HostConfig, VmSpec
+from vmr_handler.host.serve.control_api import ControlApi
+from vmr_handler.host.serve.experiment.barrier import waiting_text
+from vmr_handler.host.serve.experiment.experiment import Experiment
+from vmr_handler.host.serve.experiment.hostentries import HostEntryRunner, schedule_lookup
+from vmr_handler.host.serve.files.resources import (
+    PUSHED_DIR,
+    ResourceStore,
+    batch_needs,
+    find_missing,
+    missing_text,
+    missing_warning,
+    schedule_needs,
+)
+from vmr_handler.host.serve.files.transfers import TransferStore
+from vmr_handler.host.serve.http.common import NoteFn
+from vmr_handler.host.serve.http.server import ResourceHttp
+from vmr_handler.host.serve.session.api import HostEvents
+from vmr_handler.host.serve.session.session import VmSession, restore_session, save_checkpoint
+
+log = logging.getLogger("vmr_handler.host")
+
+LOCK_FILE = "vmr-host.lock"
+
+
+class HostServer:
+    """Serves every VM of ``config`` on one event loop.
+
+    Call :meth:`open` (synchronous set-up: directories, state, logs replay), then
+    ``await`` :meth:`run` until the ``stop`` event is set.
+
+    Args:
+        config: what ``vmr-host serve`` was told.
+        channels: makes the guests' channels for the experiment (the CLI hands in
+            :func:`vmr_handler.host.serve.channels.factory.open_channels`: unix sockets or the broker, by
+            ``config``); the server never looks at the transport itself.
+    """
+
+    def __init__(self, config: HostConfig, channels: Callable[[HostConfig, Experiment], Channels]) -> None:
+        self.config = config
+        self.limits = config.limits
+        self.events = HostEvents()
+        self.sessions: Dict[str, VmSession] = {}
+        self.experiment = Experiment(config, self.sessions)
+        self.channels = channels(config, self.experiment)
+        # --resources, and the files vmr-host push staged (issue 12)
+        self.resources = ResourceStore(config.resources, os.path.join(config.logs, PUSHED_DIR))
+        self._unserved: Set[str] = set()  # resources said to be missing (warned about once)
+        lookup = schedule_lookup(config.vms, config.allow_classes, self.experiment.appends)
+        self.host_entries = HostEntryRunner(
+            config.host_entries, config.logs, self.sessions, lookup, self.resources, self.events
+        )  # on_host entries (issue 12), reached by the sessions through the experiment
+        self.experiment.host_entries = self.host_entries
+        self.readable = AppendFiles()  # every VM's readable .log, a bounded number open at once
+        self.http: Optional[ResourceHttp] = None  # with --http
+        self._opened = False
+        self._tasks: List[asyncio.Task[None]] = []
+        self._control: Optional[ControlServer] = None
+        self.console: Any = None  # the Console with --console (host.console.app, imported then)
+        self._lock_fd: Optional[int] = None
+
+    @property
+    def mode(self) -> str:
+        """``listen``, ``connect`` or ``mqtt``."""
+        return channel_mode(self.config)
+
+    @property
+    def fatal(self) -> Optional[str]:
+        """Why serving stopped by itself (e.g. the broker refused this host), else None."""
+        return self.channels.fatal
+
+    # ------------------------------------------------------------------ set-up
+    def check_paths(self) -> None:
+        """Every unix socket path fits (< 108 bytes).
+
+        Raises:
+            HostSetupError: (exit 2) naming the first path that is too long.
+        """
+        try:
+            control_socket_path(self.config.logs)
+        except ControlError as exc:
+            raise HostSetupError(str(exc), 2) from exc
+        self.channels.check()
+
+    def check_resources(self) -> None:
+        """Every ``filename`` drop of the schedules is a file the host can serve (SPEC section 8);
+        with ``--allow-missing-resources`` one warning per file that is not.
+
+        Raises:
+            HostSetupError: (exit 2) some are not, without ``--allow-missing-resources``: every
+                such file once, with the VMs and entries that need it, and what to do.
+        """
+        missing = find_missing(self.resources, schedule_needs(self.config.vms))
+        if missing and not self.config.allow_missing_resources:
+            raise HostSetupError(missing_text(missing, self.resources, "the schedules", "serve"), 2)
+        for m in missing:
+            log.warning("%s", missing_warning(m, self.resources))
+            self._unserved.add(m.name)
+
+    def open(self) -> None:
+        """Create directories, restore ``experiment.json``, replay every VM's ``.jsonl``.
+
+        Raises:
+            HostSetupError: the schedules name VM resources the host does not have (exit 2,
+                before anything is made; :meth:`check_resources`), a path is too long (exit 2),
+                or the state cannot be read, the directories cannot be made or the open-files
+                limit cannot be raised to what the VMs need (exit 1; :mod:`vmr_handler.host.serve._fdlimit`).
+        """
+        self.check_resources()
+        self.check_paths()
+        cfg = self.config
+        http_per_vm = self.limits.resource_streams if cfg.http is not None else 0
+        needs = fd_needs(len(cfg.vms), self.mode, http_per_vm)
+        soft, _hard = ensure_fd_limit(needs)  # before any log is opened
+        self.readable.limit = readable_pool(soft, needs, len(cfg.vms))
+        try:
+            os.makedirs(cfg.logs, mode=0o750, exist_ok=True)
+            self._lock_logs()
+            write_index(cfg.logs, cfg.vms)  # for `vmr-host schedule show`
+            self.channels.prepare()
+            self.experiment.load()
+        except OSError as exc:
+            raise HostSetupError(f"cannot prepare {cfg.logs}: {exc}") from exc
+        except ValueError as exc:
+            raise HostSetupError(f"cannot restore the experiment state: {exc}") from exc
+        if cfg.http is not None:  # tokens now: the schedule events carry them
+            streams = self.limits.resource_streams
+            self.http = ResourceHttp(cfg.http, cfg.vms, self.resources, cfg.logs, streams)
+        resource_info = self._resource_info()
+        self.experiment.loading = True
+        try:
+            for name, spec in sorted(cfg.vms.items()):
+                self._open_session(name, spec, resource_info.get(name, {}))
+        finally:
+            self.experiment.loading = False
+        if self.http is not None:  # uploads over HTTP(S) go to the same stores as transfer_chunk
+            self.http.transfers = {name: s.transfers for name, s in self.sessions.items()}
+        self.host_entries.open()  # on_host entries that ran when vmr-host died: interrupted
+        self.experiment.replayed()
+        self._opened = True
+
+    def _open_session(self, name: str, spec: VmSpec, resource_info: Mapping[str, Mapping[str, Any]]) -> None:
+        """Make ``name``'s session, open its transfer store and replay its log into it.
+
+        Raises:
+            HostSetupError: its logs cannot be opened.
+        """
+        limits = self.limits
+        vmlog = VmLog(
+            self.config.logs, name, limits.log_quota, limits.seen_limits(), limits.checkpoint_every,
+            readable_files=self.readable,
+        )  # fmt: skip
+        transfers = TransferStore(
+            self.config.logs, name, self.limits.transfer_file, self.limits.transfer_total
+        )
+        session = VmSession(
+            spec,
+            name in self.config.expected,
+            self.limits,
+            vmlog,
+            transfers,
+            self.resources,
+            self.experiment,
+            self.events,
+            resource_info,
+            self.http.schedule_data(name) if self.http is not None else None,
+        )
+        self.sessions[name] = session
+        try:
+            transfers.open()
+            restore = functools.partial(restore_session, name, session.state, session.counters, session.told)
+            vmlog.open(replay=session.apply, restore=restore)
+        except OSError as exc:
+            raise HostSetupError(f"cannot open the logs of {name}: {exc}") from exc
+        if vmlog.due():  # a long replay: not again at the next start
+            save_checkpoint(session)
+
+    def _lock_logs(self) -> None:
+        """Hold ``<logs>/vmr-host.lock`` for the life of the process (one host per logs dir).
+
+        Raises:
+            HostSetupError: another vmr-host holds it (exit 1).
+        """
+        import fcntl
+
+        path = os.path.join(self.config.logs, LOCK_FILE)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            logs = os.path.abspath(self.config.logs)
+            raise HostSetupError(
+                f"another vmr-host is running with --logs {logs} ({path} is locked)"
+            ) from exc
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def _resource_info(self) -> Dict[str, Dict[str, Dict[str, Any]]]:
+        """Per VM: ``{filename: {"size", "sha256"[, "url"]}}`` of the resources its schedule names
+        (``url`` with ``--http``: the agent fetches them over HTTP(S) instead of the channel).
+        A file that cannot be served is left out (the agent is refused it), warned about once."""
+        out: Dict[str, Dict[str, Dict[str, Any]]] = {}
+        for name, spec in self.config.vms.items():
+            info: Dict[str, Dict[str, Any]] = {}
+            for filename in sorted(spec.filenames - self._unserved):
+                try:
+                    info[filename] = self._one_resource(name, filename)
+                except ResourceRefused as exc:  # unreadable since check_resources
+                    self._unserved.add(filename)
+                    log.warning("%s (the VMs that need it are refused it)", exc)
+            out[name] = info
+        return out
+
+    def _one_resource(self, vm: str, filename: str) -> Dict[str, Any]:
+        """``{"size", "sha256"[, "url"]}`` of one resource for ``vm``.
+
+        Raises:
+            ResourceRefused: not a file inside ``--resources`` (or no ``--resources``).
+        """
+        r = self.resources.info(filename)
+        info: Dict[str, Any] = {"size": r.size, "sha256": r.sha256}
+        if self.http is not None:
+            info["url"] = self.http.url(vm, filename)
+        return info
+
+    def _append_resources(
+        self, targets: List[str], drops: Mapping[str, Sequence[int]]
+    ) -> Dict[str, Dict[str, Dict[str, Any]]]:
+        """Per target VM, the ``{filename: {"size", "sha256"}}`` of the resources a batch appended
+        to it drops (``drops``: file name -> the batch's entries that drop it), fetched over the
+        channel (``resource_request``).
+
+        Raises:
+            ResourcesMissing: some are neither files inside ``--resources`` nor staged pushes
+                (the same check and listing as :meth:`check_resources`; nothing is appended).
+        """
+        missing = find_missing(self.resources, batch_needs(drops, targets))
+        if missing:
+            raise ResourcesMissing(missing_text(missing, self.resources, "the batch", "batch"))
+        try:
+            infos = {name: self.resources.info(name) for name in sorted(drops)}
+        except ResourceRefused as exc:  # unreadable, or a staged push changed, since the check
+            raise ResourcesMissing(f"{exc}; nothing appended") from exc
+        sizes = {name: {"size": r.size, "sha256": r.sha256} for name, r in infos.items()}
+        return {vm: {name: dict(v) for name, v in sizes.items()} for vm in targets}
+
+    # ------------------------------------------------------------------ serving
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until ``stop`` is set, then close everything cleanly.
+
+        Raises:
+            HostSetupError: a socket cannot be bound (in use by another process: exit 1; a
+                non-socket file in the way: exit 2).
+        """
+        if not self._opened:
+            self.open()
+        try:
+            api = ControlApi(self.experiment, self.mode, self._append_resources)
+            self._control = ControlServer(
+                self.config.logs, api.handlers(), path=control_socket_path(self.config.logs)
+            )
+            await self._control.start()
+        except ControlError as exc:
+            raise HostSetupError(str(exc).replace("vmr-handler", "vmr-host")) from exc
+        except OSError as exc:
+            raise HostSetupError(f"cannot bind the control socket: {exc}") from exc
+        try:
+            if self.http is not None:
+                self.http.start(self._http_notes(asyncio.get_running_loop()))
+            await self.channels.start(stop)
+            if self.config.console is not None:  # after the channels: its first fold must not delay the VMs
+                await self._start_console(api)
+            self._tasks.append(asyncio.ensure_future(self._ticker()))
+            log.info(
+                "vmr-host %s serving %d VM(s) (%s mode, %s); barrier waits for %s",
+                __version__,
+                len(self.sessions),
+                self.mode,
+                self.channels.describe(),
+                waiting_text(self.experiment.barrier),
+            )
+            await stop.wait()
+        finally:
+            await self._shutdown()
+
+    async def _start_console(self, api: ControlApi) -> None:
+        """``--console``: the operators' web page, REST API and metrics (issue 14).
+
+        Raises:
+            HostSetupError: its address cannot be bound, its certificate or token not loaded.
+        """
+        from vmr_handler.host.console.app import Console
+        from vmr_handler.host.console.live import LiveExperiment
+
+        assert self.config.console is not None
+        live = LiveExperiment(self.experiment, self.mode)
+        self.console = Console(self.config.console, self.config.logs, live, api)
+        await self.console.start()
+
+    def _http_notes(self, loop: asyncio.AbstractEventLoop) -> NoteFn:
+        """The thread-safe ``note`` of the HTTP resource server: on the loop, a download or a
+        refusal goes to the VM's counters and (``text`` not None) its readable log."""
+
+        def apply(vm: str, text: Optional[str], outcome: str) -> None:
+            s = self.sessions.get(vm)
+            if s is None:
+                return
+            if outcome == "served":
+                s.counters.resources_served += 1
+            elif outcome == "refused":
+                s.counters.resources_refused += 1
+            elif outcome == "upload_refused":  # a transfer out refused over HTTP(S)
+                s.counters.transfer_refused += 1
+            if text is not None:
+                s.log.note(text, time.time())
+                if outcome not in ("refused", "upload_refused"):  # logged, rate-limited, by the HTTP server
+                    log.info("%s: %s", vm, text)
+
+        def note(vm: str, text: Optional[str], outcome: str) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the host is gone
+                loop.call_soon_threadsafe(apply, vm, text, outcome)
+
+        return note
+
+    async def _ticker(self) -> None:
+        period = min(1.0, self.limits.heartbeat / 2, self.limits.silent_after / 2)
+        while True:
+            await asyncio.sleep(period)
+            now = time.time()
+            for s in self.sessions.values():
+                try:
+                    s.tick(now)
+                except Exception:  # never let one VM stop the heartbeats of all
+                    log.exception("%s: tick failed", s.name)
+
+    async def _shutdown(self) -> None:
+        await self.host_entries.close()  # their trees killed while the VMs' logs and links are open
+        if self.console is not None:
+            await self.console.close()
+        if self.http is not None:
+            await asyncio.to_thread(self.http.stop)
+        for s in self.sessions.values():
+            if s.link is not None:
+                s.link.close()
+        for task in self._tasks:
+            task.cancel()
+        await self.channels.close()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._control is not None:
+            await self._control.close()
+        self.experiment.save()
+        for s in self.sessions.values():
+            if s.log.due(stopping=True):
+                save_checkpoint(s)
+            s.log.close()
+        self.readable.close_all()
