@@ -1,4 +1,4 @@
-"""Shell completion scripts for ``vmr-handler`` and ``vmr-host`` (issue 13), generated from
+"""Shell completion scripts for ``vmr-handler`` and ``vmr-host``, generated from
 their argparse parsers by shtab (so they never drift from the real options).
 
 Install for bash: ``vmr-host completion bash > /etc/bash_completion.d/vmr-host`` (and the same

@@ -215,5 +215,5 @@ class NoLogs(VmrError):
 
 
 class AppendRefused(VmrError):
-    """A batch of entries cannot be appended to this VM's running schedule (issue 12): the VM
+    """A batch of entries cannot be appended to this VM's running schedule: the VM
     failed, the agent is stopping, or the batch is not a valid schedule."""

@@ -140,7 +140,7 @@ def walk_files(top: str) -> Iterator[Tuple[str, List[str]]]:
     gives them (top-down, depth-first, in listing order; a symlink to a directory is neither
     a file nor walked into), but without recursion: a tree of any depth is walked, where
     Python 3.11's ``os.walk`` raises ``RecursionError`` at about 1,000 levels (a hostile guest
-    can make such a tree, issue 16). Directories that cannot be listed are skipped.
+    can make such a tree). Directories that cannot be listed are skipped.
     """
     stack = [top]
     while stack:

@@ -1,4 +1,4 @@
-"""Pause Python's cyclic garbage collector around bulk work on a big schedule (issue 15).
+"""Pause Python's cyclic garbage collector around bulk work on a big schedule.
 
 Loading a schedule or planning it makes one or more small container objects per entry
 (100 000 entries: ~500 000 objects). Each allocation burst triggers collection passes that

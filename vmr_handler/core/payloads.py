@@ -3,7 +3,7 @@
 An :class:`~vmr_handler.core.events.Event`'s ``data`` comes from a guest, which may be hostile:
 any field may be missing, of the wrong type, NaN/inf or huge. Each class below holds the part of
 one event type's ``data`` that a consumer reads (the host's ``VmState`` and session, the
-report's fold), and its ``parse(data)`` applies the rules the consumers used to apply by hand:
+report's fold), and its ``parse(data)`` applies the rules every consumer needs:
 
 * a number is an int or a float, not a bool, and finite: NaN, inf or a non-number is None
   (the field is ignored, the event is not);
@@ -401,7 +401,7 @@ KPI_NUMBERS = (
 
 @dataclass(frozen=True)
 class Kpi(Payload):
-    """``kpi`` (issue 14 section 1): one sample of the VM's key performance indicators.
+    """``kpi``: one sample of the VM's key performance indicators.
 
     Every number is finite or None: ``cpu_percent`` (of all cores, 0-100), ``load_1``,
     ``load_5``, ``load_15`` (the members of ``load``), ``mem_*`` and ``disk_used``/``disk_total``
@@ -485,7 +485,7 @@ class Hello(Payload):
         journal_digest: ``journal.digest`` (a string or None).
         journal_configured_at: ``journal.configured_at`` (finite or None).
         expects_signed: ``signed`` is true: the agent has a host public key and takes only
-            signed control messages (issue 16; an older agent sends no ``signed``).
+            signed control messages (an older agent sends no ``signed``).
     """
 
     TYPE = HELLO
@@ -548,7 +548,7 @@ class ClockReq(Payload):
 
 @dataclass(frozen=True)
 class HostEntryRequest(Payload):
-    """``host_entry`` (issue 12): the on_host entry ``index`` to run (an integer or None) and
+    """``host_entry``: the on_host entry ``index`` to run (an integer or None) and
     ``scheduled``, the host UTC it was due (finite or None: in a negative stage)."""
 
     TYPE = HOST_ENTRY

@@ -2,7 +2,7 @@
 its whole process tree killed (psutil).
 
 Shared by the agent's entries (:mod:`vmr_handler.agent.machine.executor`) and the host's on_host
-entries (:mod:`vmr_handler.host.serve.experiment.hostentries`, issue 12), so neither imports the other.
+entries (:mod:`vmr_handler.host.serve.experiment.hostentries`), so neither imports the other.
 
 * :class:`ProcessRunner` -- start a command in its own session, stream stdout/stderr line by
   line while it runs (:data:`OutputCallback`), report exit code or signal and duration;
@@ -30,7 +30,7 @@ OutputCallback = Callable[[str, bytes, bool, bool], Optional[Awaitable[None]]]
 """``(stream, piece, continued, eol)``: ``continued`` = the line goes on in the next piece;
 ``eol`` = the piece ended with a newline (False for a last line without one). It may return
 an awaitable: the pipe is not read again before it is done (back-pressure while reports
-cannot be written, issue 16)."""
+cannot be written)."""
 
 
 async def _pump(reader: Optional[asyncio.StreamReader], stream: str, on_output: OutputCallback) -> None:

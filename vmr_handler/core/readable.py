@@ -1,4 +1,4 @@
-"""Numbers and bytes as people read them (issue 13: "readable everywhere").
+"""Numbers and bytes as people read them, in every output.
 
 The readable logs (the agent's stderr, the host's ``<vm>.log``), ``vmr-host status`` and the
 error texts print times as ISO UTC, durations with a unit and sensible precision, other
@@ -117,7 +117,7 @@ def kpi_brief(data: Mapping[str, Any]) -> str:
 
 
 def kpi_text(data: Mapping[str, Any]) -> str:
-    """The readable line of a ``kpi`` event's data (issue 14): CPU, load, memory, disk and its
+    """The readable line of a ``kpi`` event's data: CPU, load, memory, disk and its
     I/O rates, the network rates of the first :data:`KPI_INTERFACES_SHOWN` interfaces, what
     could not be read, how long the sample took. Any value may be missing or odd (a guest's):
     such parts are left out."""

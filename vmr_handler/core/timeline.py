@@ -102,12 +102,12 @@ def build_plan(
             received before the experiment start. Processed in ascending order.
         visible: per RESUME (same order as ``resumes``), how many entries the schedule had
             when it arrived: it can end only a break whose index is below that, so a break
-            appended later (``vmr-host schedule add``, issue 12) is never ended by a RESUME
+            appended later (``vmr-host schedule add``) is never ended by a RESUME
             that came before it. None: every RESUME sees every entry.
 
     Returns:
         The :class:`Plan`. Pure: the same inputs always give the same plan.
-        100 000 entries take about 120 ms (issue 15: ``plan`` at parse speed): each entry's
+        100 000 entries take about 120 ms (``plan`` at parse speed): each entry's
         kind is computed once, plain entries skip the per-entry method calls, and the cyclic
         garbage collector is paused (:func:`~vmr_handler.core.gcpause.paused_gc`).
     """
@@ -123,7 +123,7 @@ def _build_plan(
         e.kind if e.data or e.pause or e.on_host else _NEGATIVE if e.start_time < 0 else _POSITIVE
         for e in entries
     ]
-    # a stage: every negative entry at one time, the host's (on_host) included (issue 12)
+    # a stage: every negative entry at one time, the host's (on_host) included
     staged = (e.start_time for e, k in zip(entries, kinds) if k is _NEGATIVE or _host_stage(e, k))
     stages = tuple(sorted(set(staged)))
     # (time, position given), ascending: the order in which RESUMEs can end breaks
@@ -285,7 +285,7 @@ def _outcomes(
 @dataclass(frozen=True)
 class PlanColumns:
     """The plan of a schedule given as columns (:func:`plan_columns`): :func:`build_plan`'s plan
-    without an object per entry (issue 15: ``plan --json`` of 100 000 entries at parse speed).
+    without an object per entry (``plan --json`` of 100 000 entries at parse speed).
 
     Attributes:
         starts: every entry's ``start_time`` (seconds), in index order (the column given).
@@ -344,7 +344,7 @@ def plan_columns(
     them), found without sorting the entries: the pauses and breaks are walked in order, and
     every other timed entry at ``t`` takes the offset left by the pauses before ``t`` (found by
     bisection) or is held when ``t`` is after a break no RESUME ended. 100 000 entries: a few
-    passes over the columns (issue 15).
+    passes over the columns.
 
     Returns:
         The :class:`PlanColumns`. Pure.

@@ -39,7 +39,7 @@ class LocalReporter:
 
         Raises:
             OSError: the report file cannot be written (a full disk); nothing of the line is
-                left in it, so the engine's retry writes it whole (issue 16).
+                left in it, so the engine's retry writes it whole.
         """
         if self._fd is not None:
             line = json.dumps(event.to_dict(), ensure_ascii=False, allow_nan=False) + "\n"

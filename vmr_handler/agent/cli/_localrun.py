@@ -1,4 +1,4 @@
-"""Local mode: ``vmr-handler run --local SCHEDULE`` plays a schedule with no host (issue 1).
+"""Local mode: ``vmr-handler run --local SCHEDULE`` plays a schedule with no host.
 
 :func:`run_local` wires the :class:`~vmr_handler.agent.engine.engine.Engine` to a
 :class:`~vmr_handler.transports.local.LocalReporter` (the ``--report`` file and the readable

@@ -1,4 +1,4 @@
-"""``vmr-handler plan SCHEDULE --json`` at parse speed (issue 15).
+"""``vmr-handler plan SCHEDULE --json`` at parse speed.
 
 The JSON is the one ``json.dumps(plan_json(build_plan(...), command_lines(...)))`` gives
 (:func:`vmr_handler.agent.cli.commandline.plan_json`), byte for byte, made without an object per entry:
@@ -150,7 +150,7 @@ def plan_text(schedule: ScheduleColumns, plan: PlanColumns, launch_dir: str) -> 
 
 #: Entries per piece of the text. The strings of one piece (~120 KB) fit in the memory the
 #: allocators keep for reuse; made all at once, the strings of 100 000 entries and their text
-#: (~40 MB) cost ~30 ms of page faults, more than making them (issue 15). Divides 1000.
+#: (~40 MB) cost ~30 ms of page faults, more than making them. Divides 1000.
 _CHUNK = 500
 
 

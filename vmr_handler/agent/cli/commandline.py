@@ -2,7 +2,7 @@
 
 Commands: ``run --local``, ``plan``, ``check``, ``status``, ``resume``, ``--version``.
 The plain forms of ``status`` and ``resume`` take the lean path
-(:mod:`vmr_handler.agent.cli.control_client`, issue 15): argparse and logging are imported only
+(:mod:`vmr_handler.agent.cli.control_client`): argparse and logging are imported only
 by the other commands, so this module imports nothing heavy at the top.
 Exit codes: 0 success; 1 the VM failed (run) or the agent could not be reached
 (status/resume); 2 bad usage or a schedule that cannot be used.
@@ -231,8 +231,8 @@ _num = number_text
 
 
 def plan_json(plan: Plan, commands: Optional[Dict[int, str]] = None) -> Dict[str, Any]:
-    """The ``plan --json`` object (issue 3 section 3); ``command``: the exact command line of
-    each entry that runs one (issue 10), else null."""
+    """The ``plan --json`` object; ``command``: the exact command line of
+    each entry that runs one, else null."""
     commands = commands or {}
     return {
         "entries": [
@@ -510,7 +510,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         from vmr_handler.agent.cli._planout import parse_plan_json, print_plan_json
 
         request = parse_plan_json(words, DEFAULT_LAUNCH_DIR)
-        if request is not None:  # the plain `plan --json`: no argparse, no logging (issue 15)
+        if request is not None:  # the plain `plan --json`: no argparse, no logging
             return _outcome(functools.partial(print_plan_json, request))
     import logging
 

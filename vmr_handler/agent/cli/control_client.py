@@ -1,4 +1,4 @@
-"""``vmr-handler status|resume``: the lean path of the control commands (issue 15).
+"""``vmr-handler status|resume``: the lean path of the control commands.
 
 What these two commands import: the standard library's ``json``/``sys`` and
 :mod:`vmr_handler.core.control` (no argparse, no logging, nothing of the engine). The plain
@@ -116,7 +116,7 @@ def resume_text(result: Dict[str, Any]) -> str:
 
 def status_text(result: Dict[str, Any]) -> str:
     """The human form of the agent's ``status`` answer: times in ISO UTC with the experiment
-    time, durations with units (issue 13)."""
+    time, durations with units."""
     from vmr_handler.core.fsutil import utc_text
     from vmr_handler.core.readable import duration
 

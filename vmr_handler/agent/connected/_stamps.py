@@ -1,4 +1,4 @@
-"""Every event leaves the agent on the host's clock (issue 15).
+"""Every event leaves the agent on the host's clock.
 
 Until the agent's first clock sync with the host, its reference clock is the guest's own; an
 event stamped then would reach the host's logs seconds off when the guest clock is wrong.
@@ -21,13 +21,13 @@ from vmr_handler.core.events import Event, EventFactory
 
 log = logging.getLogger(__name__)
 
-#: Seconds after the welcome that reports and answers wait for the first clock sync (issue 15);
+#: Seconds after the welcome that reports and answers wait for the first clock sync;
 #: a host that never answers a clock request gets them after this, on the guest's own clock.
 PRESYNC_HOLD = 30.0
 
 
 class PresyncStamps:
-    """Events stamped before the first clock sync, and their correction (issue 15).
+    """Events stamped before the first clock sync, and their correction.
 
     Until the first sync the reference clock is the guest's own (the clock's ``offset`` is what
     it was then: 0 in a fresh agent). Nothing stamped then leaves the agent as it is: reports

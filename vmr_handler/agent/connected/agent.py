@@ -1,4 +1,4 @@
-"""Connected mode: the agent running under ``vmr-host`` over a byte channel (issue 4, docs/protocol.md).
+"""Connected mode: the agent running under ``vmr-host`` over a byte channel (docs/protocol.md).
 
 :class:`ConnectedAgent` wires the parts to the :class:`~vmr_handler.agent.engine.engine.Engine`: the
 :class:`~vmr_handler.agent.connected.link.HostLink` (the conversation with the host), the
@@ -68,7 +68,7 @@ class AgentConfig:
             over HTTPS); None: the broker's CA (``mqtt.ca_file``/``ca_pem``), else the system CAs.
         report_hold_events, report_hold_bytes: reports (and their JSON bytes) kept in memory
             while the outbox cannot be written (a full state dir) before entries wait
-            (:class:`~vmr_handler.agent.state.reporthold.HoldLimits`; issue 16).
+            (:class:`~vmr_handler.agent.state.reporthold.HoldLimits`).
     """
 
     port: str = DEFAULT_PORT
@@ -121,7 +121,7 @@ class ConnectedAgent:
         self.jobs = HttpJobs(self._stopped, config.state_dir, config.http_ca_file, config.mqtt)
         self.resources = Resources(config.state_dir, self.link, self._report, self.jobs)
         self.transfers = Transfers(config.state_dir, self.outbox, self.link, self._report, self.jobs)
-        #: the VM's KPIs, every ``kpi_interval`` s the host's welcome says (issue 14; off until then)
+        #: the VM's KPIs, every ``kpi_interval`` s the host's welcome says (off until then)
         self.kpi = KpiSampler(self._report, self.clock, 0.0, path=config.state_dir, skip=self._held)
         self.link.on_welcome = self._on_welcome
         #: control event type from the host -> its handler (:meth:`_on_control`)
@@ -170,7 +170,7 @@ class ConnectedAgent:
         )
 
     def _take_append(self, event: Event) -> Optional[Dict[str, Any]]:
-        """A batch appended to the schedule (issue 12): answered once it is journaled."""
+        """A batch appended to the schedule: answered once it is journaled."""
         if self._engine is None:
             self._early_appends.append(event)  # answered once the engine runs
         else:
@@ -379,8 +379,8 @@ class ConnectedAgent:
             local_start=False,
         )
         config.report_hold = self.reports.limits
-        config.stay = True  # batches may be appended after the schedule completes (issue 12)
-        config.host_ask = LinkAsker(self.link)  # the host runs the on_host entries (issue 12)
+        config.stay = True  # batches may be appended after the schedule completes
+        config.host_ask = LinkAsker(self.link)  # the host runs the on_host entries
         self._engine = engine = open_engine(
             schedule, config, self.reports, self.clock, list(self.config.allow_classes or ())
         )

@@ -1,4 +1,4 @@
-"""The agent's side of the channel to ``vmr-host`` (issue 4, docs/protocol.md).
+"""The agent's side of the channel to ``vmr-host`` (docs/protocol.md).
 
 :class:`HostLink` keeps one conversation with the host alive across channel drops, host
 restarts and agent restarts: handshake on every (re)connection, NTP-style clock sync,
@@ -90,7 +90,7 @@ class HostLink:
         self.outbox = outbox
         self.clock = clock
         self._on_event = on_event
-        #: events stamped before the first clock sync: corrected when they are sent (issue 15)
+        #: events stamped before the first clock sync: corrected when they are sent
         self.stamps = PresyncStamps(clock)
         self.events: EventFactory = NotedEvents(clock.time, self.stamps)
         self.boot_id = boot_id
@@ -122,7 +122,7 @@ class HostLink:
             P.RESOURCE_CHUNK: self._on_answer,
             P.RESULT: self._on_answer,
             P.SCHEDULE: self._on_control_event,
-            P.START_TIME: self.runs.guard(self._on_control_event),  # only the host's run's (issue 16)
+            P.START_TIME: self.runs.guard(self._on_control_event),  # only the host's run's
             P.RESUME: self._on_control_event,
             P.SCHEDULE_APPEND: self._on_control_event,
             P.HEARTBEAT: self._on_heartbeat,

@@ -166,8 +166,8 @@ class Transfers:
 
     async def _queue(self, event: Event) -> None:
         """Append ``event`` to the outbox; on a full disk hold it (one chunk, in this task) and
-        retry with backoff (tenacity) until it is written, so a transfer is never cut short
-        (issue 16). Said once when it starts waiting and once when it goes on.
+        retry with backoff (tenacity) until it is written, so a transfer is never cut short.
+        Said once when it starts waiting and once when it goes on.
 
         Raises:
             JournalError: the agent stops while the disk is still full (the transfer is sent

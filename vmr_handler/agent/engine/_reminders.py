@@ -1,4 +1,4 @@
-"""The agent says, now and then, what it waits for (issue 13).
+"""The agent says, now and then, what it waits for.
 
 A guest agent waiting at the experiment barrier or held at a break looked dead: nothing was
 printed between ``configured`` and the start (60 s by default) nor during a break. Now it

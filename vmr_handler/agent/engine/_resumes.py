@@ -1,4 +1,4 @@
-"""A RESUME applied to the journal (SPEC section 4): split from :mod:`vmr_handler.agent.engine.engine`,
+"""A RESUME applied to the journal (SPEC section 4), for :mod:`vmr_handler.agent.engine.engine`,
 which re-arms positive time from the plan this returns."""
 
 from __future__ import annotations

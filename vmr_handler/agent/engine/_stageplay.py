@@ -1,5 +1,5 @@
-"""The negative stages in order: the schedule's own, then those appended to it (SPEC section 4,
-issue 12). Each stage is run by :class:`~vmr_handler.agent.engine.stages.StageRunner`; this module
+"""The negative stages in order: the schedule's own, then those appended to it (SPEC section
+4). Each stage is run by :class:`~vmr_handler.agent.engine.stages.StageRunner`; this module
 decides which runs when and journals it done.
 
 A batch appended while the schedule's stages run makes stages of its own that run once the

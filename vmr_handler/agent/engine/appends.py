@@ -1,4 +1,4 @@
-"""Batches of entries appended to the running schedule (``vmr-host schedule add``, issue 12).
+"""Batches of entries appended to the running schedule (``vmr-host schedule add``).
 
 The host sends a batch (a schedule file of its own) in a signed ``schedule_append`` event whose
 id names the batch. The agent keeps the batch's bytes in ``<state>/appends/`` and a record of it

@@ -36,7 +36,7 @@ class PositiveTimers:
         emit: ``emit(EventType, **data)``: pause/break events.
         fire: called at each group's instant.
         wake: called when the engine's main loop should look again.
-        run_host: arm on_host entries too (a host runs them: the connected agent, issue 12).
+        run_host: arm on_host entries too (a host runs them: the connected agent).
 
     Attributes:
         plan: the plan armed last (None before positive time).

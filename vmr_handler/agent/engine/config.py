@@ -1,5 +1,5 @@
-"""How and where the engine works (:class:`EngineConfig`), split from
-:mod:`vmr_handler.agent.engine.engine`."""
+"""How and where the engine works (:class:`EngineConfig`), given to
+:class:`vmr_handler.agent.engine.engine.Engine`."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class EngineConfig:
         shell: the shell that runs command lines (None = bash when the machine has it, else
             ``/bin/sh``; SPEC section 5).
         report_hold: how many reports a failing sink may leave held in memory before entries
-            wait (:class:`~vmr_handler.agent.state.reporthold.HoldLimits`; issue 16).
+            wait (:class:`~vmr_handler.agent.state.reporthold.HoldLimits`).
     """
 
     launch_dir: str = "/var/launch"
@@ -41,7 +41,7 @@ class EngineConfig:
     local_start: bool = True
     report_hold: HoldLimits = field(default_factory=HoldLimits)
     #: True (the connected agent): the engine stays after its schedule completes, for batches
-    #: appended later (:meth:`Engine.append`, issue 12), until it is stopped.
+    #: appended later (:meth:`Engine.append`), until it is stopped.
     stay: bool = False
     #: ``ask(index, scheduled)``: has the host run an on_host entry (the connected agent's
     #: :class:`~vmr_handler.agent.engine.hostcalls.LinkAsker`); None: on_host entries are reported

@@ -1,4 +1,4 @@
-"""The engine: plays a schedule's plan on a clock (SPEC sections 4-5, issue 3 section 4).
+"""The engine: plays a schedule's plan on a clock (SPEC sections 4-5).
 
 Phases, in order, each resumable from the journal:
 
@@ -68,7 +68,7 @@ __all__ = ["DEFAULT_REBOOT_COMMAND", "EXIT_FAILED", "EXIT_OK", "Engine", "Engine
 EXIT_OK = 0
 EXIT_FAILED = 1
 
-#: Seconds a stopping engine still waits for held reports to be written (issue 16, item 5).
+#: Seconds a stopping engine still waits for held reports to be written.
 STOP_GRACE = 5.0
 
 
@@ -190,7 +190,7 @@ class Engine:
         return event
 
     async def _persist(self) -> None:
-        """Snapshot the journal, waiting out a full disk (raises _Stopped on a stop; issue 16)."""
+        """Snapshot the journal, waiting out a full disk (raises _Stopped on a stop)."""
         await self._syncer.save_durably(lambda s: self._sleep_until_utc(self.clock.time() + s))
 
     # ------------------------------------------------------------------ inputs
@@ -220,7 +220,7 @@ class Engine:
         return build_plan(self.schedule.entries, self.journal.resumes, self.journal.resume_visibility)
 
     def append(self, batch_id: str, batch: Schedule, raw: bytes) -> Dict[str, Any]:
-        """Append a batch of entries to the running schedule, once per ``batch_id`` (issue 12):
+        """Append a batch of entries to the running schedule, once per ``batch_id``:
         :func:`vmr_handler.agent.engine.appends.append_batch` documents it.
 
         Raises:

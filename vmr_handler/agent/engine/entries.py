@@ -85,7 +85,7 @@ class LaunchContext:
         local: local mode (no host: transfers are recorded only).
         room: None while reports can be written, else a future done when they can again
             (:meth:`~vmr_handler.agent.state.reporthold.ReportHold.room`): an entry's output waits
-            for it (back-pressure, issue 16).
+            for it (back-pressure).
         reported: None when every report made so far is written, else an awaitable that is
             True once it is, False when the agent stopped first
             (:meth:`~vmr_handler.agent.state.reporthold.ReportHold.reported`): an entry is journaled
@@ -144,7 +144,7 @@ class EntryLauncher:
         )
         if fatal:
             self.failure = f"{entry.label}: {exc}"
-            # the event names the entry in its own fields: the cause is said once (issue 13)
+            # the event names the entry in its own fields: the cause is said once
             self.ctx.emit(
                 EventType.VM_FAILED,
                 index=entry.index,

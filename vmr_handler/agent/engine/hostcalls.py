@@ -1,4 +1,4 @@
-"""on_host entries, the agent's part (issue 12; reference ``run_vm_resource_host``).
+"""on_host entries, the agent's part (reference ``run_vm_resource_host``).
 
 The host runs them (``vmr-host serve --host-entries``, :mod:`vmr_handler.host.serve.experiment.hostentries`),
 from its own copy of the schedule; the agent only says *when*: a negative one inside its stage

@@ -126,13 +126,13 @@ def waiting_status(engine: Any) -> Dict[str, Any]:
 
 def engine_status(engine: Any) -> Dict[str, Any]:
     """What :meth:`Engine.status` shows: phase, stages, start time, holds, what runs next and
-    now, a failure, reports held because they cannot be written (issue 16)."""
+    now, a failure, reports held because they cannot be written."""
     now = engine.clock.time()
     journal, timers = engine.journal, engine.timers
     start = journal.start_time
     plan = timers.plan or engine.plan()
     hold = engine.holds.current or timers.active_hold(plan, None if start is None else now - start)
-    # a break holds the VM only once its time has come; before, it is the next break (issue 13)
+    # a break holds the VM only once its time has come; before, it is the next break
     held = hold["index"] if hold is not None and hold.get("kind") == "break" else None
     return {
         "version": __version__,

@@ -1,7 +1,7 @@
 """The frozen agent's own run time: its bootloader parent, its unpack directory, its children's environment.
 
-``packaging/build.sh`` makes the guest agent one executable file (PyInstaller onefile,
-issue 17). Such a file is two processes: a small bootloader unpacks the bundle into a fresh
+``packaging/build.sh`` makes the guest agent one executable file (PyInstaller onefile).
+Such a file is two processes: a small bootloader unpacks the bundle into a fresh
 ``<temp root>/_MEIxxxxxx`` directory, starts the real agent (Python) as its child, waits
 for it and removes the directory when the child ends. Two things go wrong when the
 *bootloader* is killed with SIGKILL (a service manager's last resort, an operator's

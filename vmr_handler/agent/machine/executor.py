@@ -141,7 +141,7 @@ def resource_path(resources_dir: str, filename: str) -> str:
 
 #: In the agent's resource directory: ``{name: why}`` of the VM resources the host did not
 #: send (written by the connected agent's resource fetch), so that a drop that needs one names
-#: the host's cause rather than only a missing file in the guest (issue 13).
+#: the host's cause rather than only a missing file in the guest.
 FETCH_ERRORS = ".fetch-errors.json"
 
 

@@ -1,4 +1,4 @@
-"""The VM's key performance indicators, sampled at a set interval (issue 14 section 1, seed 004).
+"""The VM's key performance indicators, sampled at a set interval (seed 004).
 
 Seed 004's agents report "KPIs at a set interval" (``repeat: <seconds>``). :class:`KpiSampler`
 reads this machine's counters with psutil every ``interval`` seconds (reference clock, an

@@ -348,7 +348,7 @@ class Journal:
         padded = (marks + [None] * count)[:count]
         return [ALL_VISIBLE if m is None else int(m) for m in padded]
 
-    # Batches appended to the running schedule (``vmr-host schedule add``, issue 12).
+    # Batches appended to the running schedule (``vmr-host schedule add``).
     @property
     def appends(self) -> List[Dict[str, Any]]:
         """The batches appended, in order: ``{"id", "file", "sha256", "format", "first_index",
@@ -420,7 +420,7 @@ class Journal:
 
 
 #: Why a journal write may succeed later: no space, over quota, an I/O error (a full or failing
-#: disk). Anything else (read-only, permissions) fails the run at once, as before issue 16.
+#: disk). Anything else (read-only, permissions) fails the run at once.
 WAIT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO})
 
 
@@ -467,7 +467,7 @@ class SyncSoon:
 
     async def save_durably(self, sleep: Callable[[float], Awaitable[None]]) -> None:
         """Snapshot the journal, waiting (retried every :data:`JOURNAL_RETRY` seconds) until the
-        disk takes it: the engine waits rather than lose its progress (issue 16, full disk).
+        disk takes it: the engine waits rather than lose its progress (full disk).
 
         Args:
             sleep: waits that many seconds (the engine's clock); it raises to give up (a stop).

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 OUTBOX_NAME = "outbox.log"
 #: Compact when over half of the file is acknowledged and the file is larger than this, or
 #: larger than the free space left on its file system (a small state dir never fills up with
-#: acknowledged reports; issue 16).
+#: acknowledged reports).
 COMPACT_BYTES = 8 * 1024 * 1024
 
 

@@ -1,4 +1,4 @@
-"""Reports whose write failed, held in bounded memory and retried in order (issue 16, item 5).
+"""Reports whose write failed, held in bounded memory and retried in order.
 
 Every report the agent makes goes to a sink: the outbox (:mod:`vmr_handler.agent.state.outbox`) in
 connected mode, the report file in local mode. A sink on a full disk (ENOSPC), or one that
@@ -50,7 +50,7 @@ RETRY_MAX = 2.0
 
 @dataclass(frozen=True)
 class HoldLimits:
-    """How much the hold keeps before producers wait (issue 16: "bounded memory").
+    """How much the hold keeps before producers wait: memory stays bounded.
 
     Attributes:
         events: reports held (default 10,000).

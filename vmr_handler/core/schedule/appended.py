@@ -1,4 +1,4 @@
-"""Entries appended to a running schedule (``vmr-host schedule add``, issue 12): pure.
+"""Entries appended to a running schedule (``vmr-host schedule add``): pure.
 
 A batch is a schedule file of its own (YAML, JSON or a pickle, loaded by the same restricted
 loader and validation). Appended to a schedule of N entries, its entry ``k`` becomes entry

@@ -57,7 +57,7 @@ def working_dirs_of(
     """:func:`working_dirs` of the entries at the indices ``wanted`` of a schedule given as
     columns (entry ``i``: ``starts[i]``, ``executables[i]``). Only the entries at the same start
     times are looked at (two entries share a directory only when their start times are equal),
-    so a few entries of a big schedule cost a pass over the start times (issue 15).
+    so a few entries of a big schedule cost a pass over the start times.
 
     Returns:
         ``{entry index: absolute path}`` for every index in ``wanted``.
@@ -138,7 +138,7 @@ def command_line(entry: ScheduleEntry, workdir: str) -> str:
 def command_lines(entries: Sequence[ScheduleEntry], launch_dir: str) -> Dict[int, str]:
     """``{entry index: command line}`` of every entry that runs a program (:func:`command_line`,
     working dirs under ``launch_dir``). The working dirs are computed only when an entry drops
-    a file (only a drop can change an exec path): 100 000 plain entries in ~20 ms (issue 15)."""
+    a file (only a drop can change an exec path): 100 000 plain entries in ~20 ms."""
     drops = any(isinstance(d, (ContentDrop, FileDrop)) for e in entries if e.data for d in e.data)
     dirs = working_dirs(list(entries), launch_dir) if drops else {}
     return {

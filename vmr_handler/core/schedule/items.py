@@ -81,7 +81,7 @@ def _names(keys: Any) -> List[str]:
 
 class _Problems:
     """The problems found so far (``entry N: field 'F': message`` lines), and the :class:`Budget`
-    of what the entries checked so far expand to (issue 16)."""
+    of what the entries checked so far expand to."""
 
     def __init__(self, budget: Optional[Budget] = None) -> None:
         self.items: List[str] = []

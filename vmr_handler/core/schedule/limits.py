@@ -1,4 +1,4 @@
-"""Allocation limits of the schedule loader (issue 16 item 6).
+"""Allocation limits of the schedule loader.
 
 A schedule may share one object in many places (a YAML alias, a pickle memo reference) and
 the loader expands what it shares: it joins an ``arguments`` list, encodes a ``content``

@@ -1,4 +1,4 @@
-"""Warnings about a schedule's command lines, for ``vmr-handler check`` (issue 10 section 1).
+"""Warnings about a schedule's command lines, for ``vmr-handler check``.
 
 Validation (:mod:`.validate`) decides whether a schedule can run at all. These checks look at
 what the shell will be asked to run, on the machine ``check`` runs on, which is often the
@@ -80,7 +80,7 @@ def _non_executable_drops(schedule: Schedule) -> Dict[str, int]:
 class _Lint:
     """One :func:`lint_schedule` pass: the checks of one entry, and what is cached across entries.
 
-    Caches (issue 15, ``check`` at parse speed): whether a program is missing, per program; the
+    Caches (``check`` at parse speed): whether a program is missing, per program; the
     shell's complaint, per distinct command line; and, per executable of an entry that drops
     nothing, whether any warning is possible at all (program found, no non-executable drop
     at its path, no shell syntax in it): such an entry with plain arguments is skipped.
@@ -177,6 +177,6 @@ def lint_schedule(
         One message per problem, naming the entry, the program or the shell's complaint.
         Each program is looked up once and each distinct command line checked once; an entry
         that drops nothing, runs a found plain program and has plain arguments costs a few
-        dictionary look-ups (100 000 such entries: tens of ms, issue 15).
+        dictionary look-ups (100 000 such entries: tens of ms).
     """
     return _Lint(schedule, launch_dir, path, shell or find_shell()).run()

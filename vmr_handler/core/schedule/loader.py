@@ -17,14 +17,14 @@ from vmr_handler.core.schedule.limits import MAX_ENTRIES
 from vmr_handler.core.schedule.model import Schedule
 from vmr_handler.core.schedule.validate import ScheduleColumns, validate_columns, validate_records
 
-if TYPE_CHECKING:  # the unpickler (pickle, its scanner) is imported for pickles only (issue 15)
+if TYPE_CHECKING:  # the unpickler (pickle, its scanner) is imported for pickles only
     from vmr_handler.core.schedule.unpickler import PickledEntry
 
 _T = TypeVar("_T")
 
 
 def _yaml() -> ModuleType:
-    """PyYAML, imported on first use: a JSON or pickle schedule never needs it (issue 15: its
+    """PyYAML, imported on first use: a JSON or pickle schedule never needs it (its
     import is ~12 ms of every ``check``/``plan``)."""
     import yaml
 
@@ -40,7 +40,7 @@ def _fast_yaml_loader() -> Any:
 #: Largest YAML/JSON schedule accepted, bytes.
 MAX_TEXT_BYTES = 256 * 1024 * 1024
 #: Largest YAML schedule accepted, bytes: libyaml parses about 4 MB/s (a 100 000-entry schedule
-#: is 8 MB, 2 s); a bigger schedule is written as JSON (issue 16: any input loads in seconds).
+#: is 8 MB, 2 s); a bigger schedule is written as JSON (any input loads in seconds).
 MAX_YAML_BYTES = 32 * 1024 * 1024
 #: Largest YAML schedule that may be nested deeply enough to need the pure-Python parser
 #: (10x slower than libyaml), bytes.
@@ -161,7 +161,7 @@ def load_schedule_bytes(data: bytes, allowed_classes: Optional[Iterable[str]] = 
 
 
 def _load(data: bytes, allowed_classes: Optional[Iterable[str]]) -> Schedule:
-    import hashlib  # here: ``plan --json`` (load_schedule_columns) needs no digest (issue 15)
+    import hashlib  # here: ``plan --json`` (load_schedule_columns) needs no digest
 
     fmt, records = _records(data, allowed_classes)
     entries, warnings = validate_records(records, strict_fields=fmt != "pickle", source_size=len(data))
@@ -189,7 +189,7 @@ def _records(
 
 
 def load_schedule_columns(path: str, allowed_classes: Optional[Iterable[str]] = None) -> ScheduleColumns:
-    """The schedule file at ``path`` validated as :class:`ScheduleColumns` (issue 15: ``plan
+    """The schedule file at ``path`` validated as :class:`ScheduleColumns` (``plan
     --json`` needs no object per entry, nor the digest). Accepts and refuses exactly what
     :func:`load_schedule` does, with the same errors.
 
@@ -208,7 +208,7 @@ def load_schedule_columns(path: str, allowed_classes: Optional[Iterable[str]] = 
 def _pickled_records(entries: List[PickledEntry]) -> List[Mapping[str, Any]]:
     """The state dict of every unpickled entry; ``{}`` for one the pickle gave no state (its
     fields are then reported missing). The attribute is read plainly first: ``getattr`` with a
-    default costs 20 ms per 100 000 entries (issue 15)."""
+    default costs 20 ms per 100 000 entries."""
     try:
         return [e.state for e in entries]
     except AttributeError:

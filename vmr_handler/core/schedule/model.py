@@ -154,8 +154,8 @@ class Schedule:
 
     def stage_times(self) -> Tuple[float, ...]:
         """Distinct negative start times of program, data and on_host entries, ascending (the
-        local stages; the host runs a stage's on_host entries inside it, issue 12)."""
-        # e.kind is NEGATIVE or HOST, spelled out (the property call per entry costs 4x, issue 15)
+        local stages; the host runs a stage's on_host entries inside it)."""
+        # e.kind is NEGATIVE or HOST, spelled out (the property call per entry costs 4x)
         times = {e.start_time for e in self.entries if e.start_time < 0 and not e.pause}
         return tuple(sorted(times - {-math.inf}))  # (a stored RESUME is at -inf; nothing else is)
 

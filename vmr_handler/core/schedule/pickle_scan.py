@@ -1,6 +1,6 @@
 """Scan a pickle's opcodes before unpickling it: refuse what would allocate beyond the file.
 
-The C unpickler trusts counts it reads from the stream (issue 16 item 6): ``BINBYTES8`` or
+The C unpickler trusts counts it reads from the stream: ``BINBYTES8`` or
 ``BYTEARRAY8`` allocate the length they declare before reading a byte of it (9 bytes of pickle,
 1 GiB of memory), a ``FRAME`` or ``BINUNICODE8`` length makes the input stream allocate it, a
 ``LONG_BINPUT``/``PUT`` index sizes the memo table (``r\\x00\\x00\\x00\\x04``: 1 GiB), and hashing
@@ -23,7 +23,7 @@ What it does not refuse (an unknown opcode, a truncated stream) the unpickler re
 the scan every object the unpickler builds is paid for by bytes of the file: memory is a
 bounded multiple of its size.
 
-Speed (issue 15): the opcodes that need no check (nearly all of a schedule's: memo gets and
+Speed: the opcodes that need no check (nearly all of a schedule's: memo gets and
 small puts, empty containers, floats, ints, short strings, ...) are stepped over by one regular
 expression (:func:`_run_pattern`, matched in C, ~20 ns an opcode), which stops at the first
 opcode it does not know to be harmless; the Python loop checks that one and hands back. The

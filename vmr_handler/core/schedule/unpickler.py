@@ -32,7 +32,7 @@ REFERENCE_ENTRY_CLASS = "firewheel.vm_resource_manager.schedule_entry.ScheduleEn
 DEFAULT_ALLOWED_CLASSES: FrozenSet[str] = frozenset({REFERENCE_ENTRY_CLASS, "base_objects.ScheduleEntry"})
 #: Largest pickle accepted, bytes (a schedule with 100 000 entries is 4-5 MB, the largest, of
 #: :data:`~vmr_handler.core.schedule.limits.MAX_ENTRIES`, 40-55 MB): the opcode scan of the
-#: largest takes at most ~5 s (issue 16).
+#: largest takes at most ~5 s.
 MAX_PICKLE_BYTES = 64 * 1024 * 1024
 
 
@@ -51,7 +51,7 @@ class PickledEntry:
 
     def __setstate__(self, state: Any) -> None:
         if type(state) is dict:  # what every reference entry carries: the checks below, in short
-            # kept, not copied: entries may share one state dict (a memo reference each, issue 16),
+            # kept, not copied: entries may share one state dict (a memo reference each),
             # and nothing changes it
             self.state = state
             return
@@ -151,7 +151,7 @@ class RestrictedUnpickler(pickle.Unpickler):
 
     def __init__(self, data: bytes, allowed_classes: Iterable[str]) -> None:
         # BufferedReader: with a bare BytesIO the C unpickler makes a read call per opcode, 3x
-        # the time of the whole load (issue 15); the buffer it peeks into changes nothing else
+        # the time of the whole load; the buffer it peeks into changes nothing else
         stream = io.BufferedReader(io.BytesIO(data))
         super().__init__(stream, fix_imports=False, encoding="utf-8", errors="strict")
         self._allowed = {name: _entry_class(name) for name in allowed_classes}
@@ -171,7 +171,7 @@ class RestrictedUnpickler(pickle.Unpickler):
 def looks_like_pickle(data: bytes) -> bool:
     """True when ``data`` is (probably) a pickle: protocol 2+ header or a protocol 0/1 shape.
 
-    Detection is by content, never by file name (issue 3, section 2).
+    Detection is by content, never by file name.
     """
     if not data:
         return False
@@ -195,7 +195,7 @@ def unpickle_entries(data: bytes, allowed_classes: Optional[Iterable[str]] = Non
     Raises:
         UnsafePickleError: the pickle names anything outside the allow-list.
         ScheduleFormatError: not a pickle, too large, an opcode that would allocate beyond the
-            file (:func:`~vmr_handler.core.schedule.pickle_scan.scan_pickle`, issue 16), or not
+            file (:func:`~vmr_handler.core.schedule.pickle_scan.scan_pickle`), or not
             a list of schedule entries.
     """
     if len(data) > MAX_PICKLE_BYTES:
@@ -212,7 +212,7 @@ def unpickle_entries(data: bytes, allowed_classes: Optional[Iterable[str]] = Non
         raise ScheduleFormatError(f"not a readable pickle: {type(exc).__name__}: {exc}") from exc
     if not isinstance(obj, list):
         raise ScheduleFormatError(f"pickle holds a {type(obj).__name__}, expected a list of schedule entries")
-    # the few types of the items, found in C (an isinstance per item: 15 ms per 100 000, issue 15)
+    # the few types of the items, found in C (an isinstance per item: 15 ms per 100 000)
     if not all(issubclass(kind, PickledEntry) for kind in set(map(type, obj))):
         for i, item in enumerate(obj):
             if not issubclass(type(item), PickledEntry):

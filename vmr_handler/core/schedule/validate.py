@@ -1,6 +1,6 @@
 """Turn raw entry records (dicts) into validated :class:`ScheduleEntry` objects.
 
-Rules come from SPEC sections 3-4 and issue 3 section 2. Every problem names the entry
+Rules come from SPEC sections 3-4. Every problem names the entry
 (index and, if present, executable) and the field; all problems are collected and raised
 together as one :class:`~vmr_handler.core.errors.ScheduleValidationError`.
 """
@@ -273,7 +273,7 @@ def validate_record(
             a limit of :mod:`.limits` (``problems.budget``).
     """
     draft = _Draft(index, record, _where(index, record), strict_fields, problems)
-    if len(record) > len(ENTRY_FIELDS) + 1:  # extra attributes: records may be shared (issue 16)
+    if len(record) > len(ENTRY_FIELDS) + 1:  # extra attributes: records may be shared
         problems.charge(draft.where, "fields", items=len(record))
     _unknown_fields(draft, warnings)
     count_before = len(problems.items)
@@ -300,7 +300,7 @@ def _plain_entries(
     """Each record as its entry when it is a *valid plain program entry* (:func:`_plain_screen`),
     else None; the indices (from ``first``) of the None ones, ascending: they take the full
     checks; and the characters of the plain entries' executables and arguments (the expanded
-    size, issue 16).
+    size).
     """
     screen = _plain_screen(records, first)
     entries: List[Optional[ScheduleEntry]] = []
@@ -375,7 +375,7 @@ def _plain_screen(records: Sequence[Any], first: int = 0) -> _Screen:
     any doubt) takes the full checks, which name what is wrong. No display label is built, no
     problem list is touched and no Python code runs per record: each field is taken out as a
     column and checked in C loops (types, NUL, lengths, sum, min and max), record by record
-    only where a column has something odd. Validation at parse speed (issue 15).
+    only where a column has something odd. Validation at parse speed.
     """
     bad: Set[int] = set()
     if set(map(type, records)) - {dict}:
@@ -435,7 +435,7 @@ def _screen_starts(starts: List[Any], bad: Set[int]) -> bool:
 def _screen_text(values: List[Any], bad: Set[int], *, empty: bool) -> int:
     """Add to ``bad`` the positions of ``values`` that are not null or a string without NUL of
     at most :data:`MAX_ARGUMENTS_LENGTH` characters (``empty``: the empty string allowed).
-    Returns the characters of all the strings (the expanded size, issue 16). The strings are
+    Returns the characters of all the strings (the expanded size). The strings are
     joined (to look for NUL in one pass) only when they are few characters: they may be one
     shared string (a pickle's memo, YAML aliases) that would expand beyond any limit."""
     if set(map(type, values)) <= _TEXT_TYPES:
@@ -494,7 +494,7 @@ def validate_records(
 
 
 class ScheduleColumns(NamedTuple):
-    """A validated schedule as columns, without an object per plain entry (issue 15: ``plan
+    """A validated schedule as columns, without an object per plain entry (``plan
     --json`` of 100 000 entries at parse speed). Entry ``i`` is ``others[i]`` when that is
     present, else the plain program entry ``starts[i]``, ``executables[i]``, ``arguments[i]``
     (``on_host`` when ``i`` is in ``hosts``; ``ignore_failure`` is not kept).

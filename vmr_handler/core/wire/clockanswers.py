@@ -1,4 +1,4 @@
-"""Which ``clock_resp`` the agent takes, and how far ahead the host stamps ``t3`` (issue 16).
+"""Which ``clock_resp`` the agent takes, and how far ahead the host stamps ``t3``.
 
 Pure logic: no clock of its own, no I/O, no cryptography (the agent imports
 ``vmr_handler.core.wire.signing`` only when a host key is configured; the signature check is passed

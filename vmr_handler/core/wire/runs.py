@@ -1,4 +1,4 @@
-"""Run ids: which run of an experiment a message belongs to (issue 16, ``docs/mqtt.md``).
+"""Run ids: which run of an experiment a message belongs to (``docs/mqtt.md``).
 
 Over MQTT, retained messages outlive the processes that wrote them: an earlier run of the
 same experiment name leaves its hosts' announcements and its VMs' start times in the broker.
@@ -11,8 +11,8 @@ VM) and its announcements to peer hosts.
 the run of the host that welcomed the agent. Pure apart from one small file that keeps that
 run across agent restarts.
 
-Over MQTT a host publishes its start once for all its VMs (``vmr/E/_hosts/<host>/start``,
-issue 16) and every agent reads every host's: the run is what makes an agent take its own
+Over MQTT a host publishes its start once for all its VMs (``vmr/E/_hosts/<host>/start``)
+and every agent reads every host's: the run is what makes an agent take its own
 host's only. With a signing key that message is signed for :data:`EVERY_VM_OF_RUN` instead
 of one VM (:func:`signed_for` is the agent's rule): the signature covers the run (in
 ``data``), so it is good for each VM of that run and for no other run.
@@ -33,7 +33,7 @@ from vmr_handler.core.wire.protocol import START_TIME
 log = logging.getLogger(__name__)
 
 #: Runs whose start is kept while the host's run is not known yet (the newest per run; over
-#: MQTT every host sharing the broker has one retained start, issue 16).
+#: MQTT every host sharing the broker has one retained start).
 MAX_HELD = 64
 #: An async handler of one event from the host.
 Handler = Callable[[Event], Awaitable[None]]
@@ -52,7 +52,7 @@ def new_run_id() -> str:
 def signed_for(event: Event, vm: str) -> str:
     """The VM name VM ``vm`` checks ``event``'s signature against (``Verifier.check``): ``vm``,
     or :data:`EVERY_VM_OF_RUN` for a ``start_time`` that names a run and is signed for every
-    VM of it (a host's start for all its VMs, issue 16). Only a ``start_time`` qualifies: a
+    VM of it (a host's start for all its VMs). Only a ``start_time`` qualifies: a
     start is the same for every VM of a run, and the agent applies one only when its run is its
     host's (:class:`StartGate`, before the signature is checked); schedules and RESUMEs stay
     signed per VM."""

@@ -1,6 +1,6 @@
 """Signed control messages: Ed25519 signatures on ``schedule``, ``start_time`` and ``resume``.
 
-Pure logic plus key files; no transport, no clock of its own (SPEC section 7, issue 6 §2).
+Pure logic plus key files; no transport, no clock of its own (SPEC section 7).
 With a host key configured, the host signs every control event of :data:`SIGNED_TYPES` just
 before sending it, and the agent verifies it with the host's public key (baked into the
 image / named in its config) before acting on it::
@@ -39,7 +39,7 @@ dropped), persisted atomically as JSON in ``state_path`` so that the memory surv
 restart or a reboot. A captured message replayed later than ``max_age`` is stale; one
 replayed sooner is a redelivery (harmless, by the idempotence above).
 
-``clock_resp`` (issue 16). With a key the host also signs every ``clock_resp`` (same format);
+``clock_resp``. With a key the host also signs every ``clock_resp`` (same format);
 the agent checks it with :meth:`Verifier.authenticate` (the refusals above up to ``signed for
 VM``) and takes it only when it answers a ``clock_req`` still waiting, with that request's exact
 ``t1`` (:class:`vmr_handler.core.wire.clockanswers.ClockAnswers`): no age check (the clock is what is

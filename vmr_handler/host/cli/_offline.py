@@ -1,4 +1,4 @@
-"""``vmr-host status`` without a running host: the same result, rebuilt from the logs (issue 13).
+"""``vmr-host status`` without a running host: the same result, rebuilt from the logs.
 
 After the experiment (or when the host died) the operator still asks "who failed, who
 finished?". This rebuilds the ``status`` result the control socket would give from

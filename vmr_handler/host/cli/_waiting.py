@@ -1,4 +1,4 @@
-"""``vmr-host wait`` and ``vmr-host status --watch``: follow the running host's status (issue 13).
+"""``vmr-host wait`` and ``vmr-host status --watch``: follow the running host's status.
 
 Both ask the running ``vmr-host serve`` for its ``status`` over the control socket, again and
 again (every ``interval`` seconds), like ``kubectl wait --for`` and ``kubectl get -w``.

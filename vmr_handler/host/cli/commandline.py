@@ -2,7 +2,7 @@
 
 ``vmr-host`` starts in :mod:`vmr_handler.host.cli.vmr_host`, which sends the plain forms of the
 control commands (``status``, ``resume``, ``release``) down the lean path
-(:mod:`vmr_handler.host.cli.control_client`, issue 15) and everything else here.
+(:mod:`vmr_handler.host.cli.control_client`) and everything else here.
 
 The commands and their options: :mod:`vmr_handler.host.cli.vmr_host` (and ``vmr-host --help``).
 
@@ -172,7 +172,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     # debug/test tuning (docs/host.md): keep --heartbeat well under the agent's 15 s silence limit
     serve.add_argument("--heartbeat", type=_positive, default=5.0, help=argparse.SUPPRESS)
     serve.add_argument("--silent-after", type=_positive, default=15.0, help=argparse.SUPPRESS)
-    # per-VM memory and disk bounds (docs/host.md, "Limits and guarantees"; issue 16)
+    # per-VM memory and disk bounds (docs/host.md, "Limits and guarantees")
     serve.add_argument("--log-quota", type=_count, default=Limits.log_quota, help=argparse.SUPPRESS)
     serve.add_argument("--dedup-window", type=_count, default=Limits.dedup_window, help=argparse.SUPPRESS)
     every = Limits.checkpoint_every
@@ -505,8 +505,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = _parser()
     words, command = split_command(sys.argv[1:] if argv is None else argv)  # exec's -- CMD [ARG...]
     args = parser.parse_args(words)
-    # INFO by default: each VM's connect, configured, failed and complete with running counts
-    # (issue 13); -q for warnings and errors only, -v for debug
+    # INFO by default: each VM's connect, configured, failed and complete with running counts;
+    # -q for warnings and errors only, -v for debug
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(message)s")
     if args.command is None:

@@ -1,4 +1,4 @@
-"""``vmr-host status|resume|release``: the lean path of the control commands (issue 15).
+"""``vmr-host status|resume|release``: the lean path of the control commands.
 
 A RESUME is on the critical path of an experiment: from the operator's command to the next
 entry's fork it should take < 100 ms. This module is all those three commands import: the

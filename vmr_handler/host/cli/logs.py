@@ -1,4 +1,4 @@
-"""``vmr-host logs VM [-f] [--entry N] [--stream stdout|stderr] [--json]`` (issue 13).
+"""``vmr-host logs VM [-f] [--entry N] [--stream stdout|stderr] [--json]``.
 
 A VM's events and its entries' output from ``<logs>/<vm>.jsonl``, like ``kubectl logs``:
 each line in ISO UTC with its experiment time (``t=+12.3s``, from ``experiment.json``),

@@ -1,6 +1,6 @@
 """The human form of ``vmr-host status`` (the ``status`` result of the control socket).
 
-What an operator needs first (issue 13): who the experiment waits for and why, and what to
+What an operator needs first: who the experiment waits for and why, and what to
 do about it. So: the start (UTC and how far), counts per state, one row per VM with where it
 is in experiment time (at break #N since T, paused, entries running, t=+X), then one hint
 line per VM that needs someone (failed, held at a break, not connected while the barrier
@@ -86,7 +86,7 @@ def completion_note(completion: Optional[Dict[str, Any]]) -> str:
 
 def kpi_cell(vm: Dict[str, Any], now: float) -> str:
     """The VM's latest KPI sample in short (``cpu 12.5%, mem 1.21 GiB/3.85 GiB, load 0.52``),
-    with its age when it is older than 3 intervals; ``-`` when it reported none (issue 14)."""
+    with its age when it is older than 3 intervals; ``-`` when it reported none."""
     kpi = vm.get("kpi")
     if not kpi:
         return "-"

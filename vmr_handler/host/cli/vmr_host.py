@@ -12,7 +12,7 @@ Commands::
 
 The plain forms of ``status``, ``resume`` and ``release`` take the lean path
 (:mod:`vmr_handler.host.cli.control_client`: no argparse, logging or host configuration is
-imported, so a RESUME leaves within a few ms of the interpreter's start; issue 15); everything
+imported, so a RESUME leaves within a few ms of the interpreter's start); everything
 else goes to the full front end, :mod:`vmr_handler.host.cli.commandline`.
 
 Exit codes: 0 success; 1 runtime error (no running vmr-host, a socket in use, the disk);

@@ -1,4 +1,4 @@
-"""The console's HTTP(S) server (issue 14): aiohttp on the host's event loop, so every answer
+"""The console's HTTP(S) server: aiohttp on the host's event loop, so every answer
 reads the live experiment without locks. Routes (docs/console.md, and the OpenAPI document
 served at ``/api/v1/openapi.json``, :mod:`.openapi`):
 

@@ -1,4 +1,4 @@
-"""Who may use the console (issue 14): one bearer token per logs directory, kept owner-only in
+"""Who may use the console: one bearer token per logs directory, kept owner-only in
 ``<logs>/console.token``, and the rule of :func:`refusal`.
 
 Guests never reach the console (its own listener, loopback by default), but anything else on a

@@ -1,4 +1,4 @@
-"""A VM's stored reports, paged for ``GET /api/v1/vms/{vm}/events`` (issue 14): read from its
+"""A VM's stored reports, paged for ``GET /api/v1/vms/{vm}/events``: read from its
 ``<vm>.jsonl`` (the host's log; ``docs/host.md``) by byte offset, so a page is found without
 reading what came before it and a cursor stays valid while the host appends.
 

@@ -1,4 +1,4 @@
-"""The console's live picture of the experiment (issue 14): the report's timeline folded from
+"""The console's live picture of the experiment: the report's timeline folded from
 every VM's ``.jsonl`` at start and then from each report as it is stored, the metrics that
 count reports, and the stream of changes to the browsers watching.
 

@@ -1,4 +1,4 @@
-"""``GET /metrics`` of the console (issue 14 section 2): the experiment in the Prometheus text
+"""``GET /metrics`` of the console: the experiment in the Prometheus text
 format (prometheus-client), for the Prometheus and Grafana testbed operators already run.
 
 Two sources:
@@ -274,7 +274,7 @@ def vm_facts(session: VmSession, start: Optional[float], now: float) -> VmFacts:
 
 
 class ConsoleMetrics:
-    """The console's Prometheus metrics of ``experiment`` (issue 14 section 2).
+    """The console's Prometheus metrics of ``experiment``.
 
     A prometheus-client collector of its own :attr:`registry`. Reports are counted as they are
     stored (:meth:`observe`; thread-safe: the console's first fold runs in a worker thread).

@@ -1,4 +1,4 @@
-"""The OpenAPI 3 document of the console's REST API (issue 14), served at
+"""The OpenAPI 3 document of the console's REST API, served at
 ``/api/v1/openapi.json``: every route of :mod:`.app` with its parameters and answers, so
 operators can generate a client or read it in any OpenAPI viewer."""
 

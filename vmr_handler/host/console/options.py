@@ -1,4 +1,4 @@
-"""The ``--console*`` and ``--name`` flags of ``vmr-host serve`` (issue 14): argparse group and
+"""The ``--console*`` and ``--name`` flags of ``vmr-host serve``: argparse group and
 their checking into :class:`~vmr_handler.host.serve.config.ConsoleOptions`."""
 
 from __future__ import annotations

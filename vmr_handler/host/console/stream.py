@@ -1,4 +1,4 @@
-"""The console's live stream (issue 14): Server-Sent Events of the experiment's changes.
+"""The console's live stream: Server-Sent Events of the experiment's changes.
 
 A :class:`Hub` fans messages out to every subscriber, each with a bounded queue: a client that
 falls behind (a stalled browser tab) gets one ``lagged`` message and is dropped from the fan-out

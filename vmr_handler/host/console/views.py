@@ -1,4 +1,4 @@
-"""What the console's REST API answers (issue 14), built from the live experiment: pure
+"""What the console's REST API answers, built from the live experiment: pure
 functions of the :class:`~vmr_handler.host.serve.experiment.experiment.Experiment`, its sessions and the live
 report timeline, returning JSON-safe dicts (times are UTC epoch seconds, durations seconds).
 

@@ -2,7 +2,7 @@
 
 A host serving 10 000 VMs kept two files open per VM for the whole run (the ``.jsonl`` and the
 readable ``.log``): 20 000 descriptors plus the channels, over the hard limit of many machines
-(issue 16: ``vmr-host serve`` refused 10 000 VMs over MQTT here, hard limit 20 000). The
+(``vmr-host serve`` refused 10 000 VMs over MQTT here, hard limit 20 000). The
 ``.jsonl`` stays open (every report is written and fsynced there); the readable copy is
 written in whole lines through :class:`AppendFiles`, which keeps at most ``limit`` of them
 open and closes the one used least recently when it needs another (an ``open`` of a file

@@ -1,4 +1,4 @@
-"""The ids of the reports a VM's log holds, in bounded memory (issue 16, item 3).
+"""The ids of the reports a VM's log holds, in bounded memory.
 
 An agent run names its events ``<prefix>-<counter>`` (:class:`vmr_handler.core.events.EventFactory`:
 a random prefix per agent process, a counter from 1 written with at least 8 digits), and sends

@@ -115,7 +115,7 @@ class ExperimentStore:
 # ---------------------------------------------------------------------------------- VM logs
 class Checkpoint:
     """``<logs>/<vm>.ckpt``: what replaying ``<vm>.jsonl`` up to a byte offset gave (the ids,
-    counts and the VM's state), so a restart replays only what follows (issue 16).
+    counts and the VM's state), so a restart replays only what follows.
 
     Written atomically (:func:`atomic_write_json`) every ``Limits.checkpoint_every`` bytes of
     ``.jsonl`` and when the host stops. Never trusted blindly: it is used only when it names this
@@ -365,7 +365,7 @@ class VmLog:
 
         All or nothing: an id counts as received only once its line is on disk, so when the
         disk refuses the write (full, I/O error) nothing is recorded, the ``.jsonl`` is cut back
-        to its last whole line and the agent's resend is stored when space returns (issue 16).
+        to its last whole line and the agent's resend is stored when space returns.
 
         Returns:
             The events that were new (stored or counted over quota); duplicates are skipped
@@ -484,7 +484,7 @@ class VmLog:
 # ---------------------------------------------------------------------------------- acks
 class DurableAcks:
     """Acknowledgements sent only once the reports they name are on disk: the host's fsync
-    policy (issue 16; docs/host.md, "Limits and guarantees").
+    policy (docs/host.md, "Limits and guarantees").
 
     Group commit, per VM: the ids of reports written (or seen again) are collected; one fsync
     of the VM's ``.jsonl`` at a time runs in a worker thread (the event loop never waits for

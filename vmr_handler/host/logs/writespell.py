@@ -1,4 +1,4 @@
-"""Said once: a VM's log that cannot be written (issue 16, a full disk on the host)."""
+"""Said once: a VM's log that cannot be written (a full disk on the host)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ log = logging.getLogger("vmr_handler.host")
 
 class WriteSpell:
     """Says once when a VM's log cannot be written (a full disk, EIO) and once when it can
-    again, however many reports fail meanwhile (the agent resends every 10 s; issue 16).
+    again, however many reports fail meanwhile (the agent resends every 10 s).
 
     Args:
         name: the VM's name.

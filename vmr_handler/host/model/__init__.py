@@ -5,6 +5,5 @@ General layout::
 
     vmstate  what the host knows of one VM: its reports folded by a type table
 
-May import: ``host.logs``, ``core`` (one known exception: ``vmstate`` takes the ``ReportHost``
-protocol from ``host.serve.session.api``).
+May import: ``host.logs``, ``core``.
 """

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple, Type, TypeVar
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Protocol, Tuple, Type, TypeVar
 
 from vmr_handler.core.events import Event
 from vmr_handler.core.payloads import (
@@ -36,10 +36,24 @@ from vmr_handler.core.payloads import (
 )
 from vmr_handler.core.wire.protocol import DecoderStats
 from vmr_handler.host.logs.text import printable
-from vmr_handler.host.serve.session.api import ReportHost
 
 _P = TypeVar("_P", bound=Payload)
 _Apply = Callable[[Any, float], None]
+
+class ReportHost(Protocol):
+    """What a VM's stored reports tell the experiment (the barrier and the RESUMEs): the
+    :class:`VmState` of every VM tells it (the host's experiment implements it)."""
+
+    def on_configured(self, vm: str, at: float) -> None:
+        """``vm`` configured at host UTC ``at`` (idempotent)."""
+
+    def on_resume_answer(self, vm: str, resume_id: str, data: Mapping[str, Any], at: float) -> None:
+        """``vm`` answered RESUME ``resume_id`` with ``data`` (idempotent)."""
+
+    def on_outcome(self, vm: str, outcome: str, details: Optional[str], at: float) -> None:
+        """``vm`` reported ``outcome`` (``failed`` or ``complete``) at host UTC ``at``, with
+        ``details`` (the cause of a failure); told live and when the logs are replayed."""
+
 
 #: Entries kept as running per VM (a guest reporting more starts than ends cannot grow the
 #: host without bound; beyond it the oldest is no longer shown as running).
@@ -54,7 +68,7 @@ REPLAYED = (
 )  # fmt: skip
 
 
-#: KPI samples kept per VM for series (sparklines): the last N, whatever a guest sends (issue 14).
+#: KPI samples kept per VM for series (sparklines): the last N, whatever a guest sends.
 KPI_HISTORY = 60
 #: What each kept KPI sample holds, in order (:meth:`VmState.kpi_series`): host UTC received,
 #: CPU %, memory used (bytes), 1 min load, network in/out of every interface and disk
@@ -214,7 +228,7 @@ class VmState:
         self.complete = False
         #: what the last ``schedule_complete`` said: {status, ran, exited_nonzero, not_started}
         self.completion: Optional[Dict[str, Any]] = None
-        # where the VM is now (issue 13): entries running (index -> host UTC seen started),
+        # where the VM is now: entries running (index -> host UTC seen started),
         # the break it is held at, the pause it is in, the last entry started
         self.running: Dict[int, float] = {}
         self.at_break: Optional[Dict[str, Any]] = None
@@ -282,7 +296,7 @@ class VmState:
 
     def _agent_started(self, p: AgentStarted, received: float) -> None:
         """A new agent run: what ran in the last one is over; a failure becomes history (the
-        VM shows what it does now, issue 13)."""
+        VM shows what it does now)."""
         self.running.clear()
         self.paused = None
         if self.failed is not None:
@@ -292,7 +306,7 @@ class VmState:
             self.failed_at = None
 
     def _stage_started(self, p: StageStarted, received: float) -> None:
-        self.complete = False  # a stage appended after it completed (issue 12)
+        self.complete = False  # a stage appended after it completed
         if p.stage is not None:
             self.stage = p.stage
         self.stage_time = p.start_time.value
@@ -323,7 +337,7 @@ class VmState:
         self.host.on_outcome(self.name, "complete", None, received)
 
     def _entry_started(self, p: EntryStarted, received: float) -> None:
-        self.complete = False  # an entry appended after it completed (issue 12)
+        self.complete = False  # an entry appended after it completed
         if p.lateness is not None and (self.max_lateness is None or p.lateness > self.max_lateness):
             self.max_lateness = p.lateness
         if p.index is not None:
@@ -382,7 +396,7 @@ class VmState:
 
     # ------------------------------------------------------------------ checkpoint
     def snapshot(self) -> Dict[str, Any]:
-        """What the stored reports set, JSON safe (the restart checkpoint, issue 16): the
+        """What the stored reports set, JSON safe (the restart checkpoint): the
         members of :data:`REPLAYED`, ``running`` as ``[[index, host UTC], ...]``, the latest
         ``kpi`` and ``kpi_history`` (lists of :data:`KPI_SERIES` values). A schedule only *sent*
         is saved as ``pending`` (it is sent again at the next handshake)."""

@@ -13,7 +13,7 @@ Two layers:
   small per-VM summary (spans, markers, counters, each entry run's command line and last
   output lines, KPI series of bounded length), :func:`timeline_fragment` turns it and the
   contents of ``experiment.json`` into the timeline as an HTML fragment (shared with the live
-  console, ``GET /api/v1/timeline``; issue 14) and :func:`render_html` into the whole page
+  console, ``GET /api/v1/timeline``) and :func:`render_html` into the whole page
   (the fragment, the facts and the VM table, with ``static/timeline.css`` and
   ``static/timeline.js`` inlined: one self-contained file, nothing fetched).
   :func:`render_report` folds and renders.

@@ -1,4 +1,4 @@
-"""The time axis, the lines across every lane and the legend of the timeline (issue 14).
+"""The time axis, the lines across every lane and the legend of the timeline.
 
 * :func:`axis_svg`: ticks labelled in UTC and in experiment time, and marks on the axis for
   the start (the barrier), the last configured VM and every RESUME issued (a RESUME is drawn

@@ -1,4 +1,4 @@
-"""The timeline as an HTML fragment (issue 14): counts and filter bar, legend and time axis (a
+"""The timeline as an HTML fragment: counts and filter bar, legend and time axis (a
 sticky head), then one lane per VM, problems first. Shared by the report page and the live
 console; driven by ``static/timeline.js`` (zoom, pan, filter, layout to the window).
 

@@ -58,7 +58,7 @@ MAX_ITEMS = 5000
 #: An event time further than this from its host receive time (s) is replaced by the latter.
 MAX_SKEW = 86400.0
 #: What a VM's lane is, problems first (:attr:`VmTimeline.category`): the order of the lanes
-#: and of the counts above the timeline (issue 14).
+#: and of the counts above the timeline.
 CATEGORIES = (
     "failed", "rejected", "with failures", "interrupted", "at break", "paused", "running",
     "configured", "configuring", "seen", "no events", "complete",
@@ -389,7 +389,7 @@ class VmTimeline:
 
     def _on_vm_failed(self, t: float, p: VmFailed) -> None:
         self.failed = True
-        for span in self._open_stage.values():  # the stage ends where the VM failed (issue 14)
+        for span in self._open_stage.values():  # the stage ends where the VM failed
             span.end, span.kind = t, "failed stage"
             span.tip.append("ended here: the VM failed")
         self._open_stage.clear()

@@ -1,4 +1,4 @@
-"""The report page and the timeline fragment it shares with the live console (issue 14).
+"""The report page and the timeline fragment it shares with the live console.
 
 * :func:`timeline_fragment`: the timeline as an HTML fragment (counts and filter bar, legend,
   time axis, one lane per VM), what ``GET /api/v1/timeline`` of the console answers and what

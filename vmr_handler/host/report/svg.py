@@ -1,4 +1,4 @@
-"""The lanes of the timeline (SPEC sections 4 and 8, issue 14): one small inline SVG per VM with
+"""The lanes of the timeline (SPEC sections 4 and 8): one small inline SVG per VM with
 its stages, entry runs (and their lateness), pauses, breaks and markers, and the aggregate lane
 that stands for a collapsed group of VMs. Pure: functions return text.
 

@@ -1,6 +1,6 @@
 """The report's tables: the experiment's facts (start, buffer, who configured last, lateness,
 RESUMEs, notes on the logs) and one row per VM with its counters and KPI sparklines (CPU % and
-memory used %, issue 14). Pure: functions return HTML text; times are UTC epoch seconds."""
+memory used %). Pure: functions return HTML text; times are UTC epoch seconds."""
 
 from __future__ import annotations
 

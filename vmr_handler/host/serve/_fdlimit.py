@@ -1,4 +1,4 @@
-"""The open-files limit ``vmr-host serve`` needs, raised by the host itself (issue 16).
+"""The open-files limit ``vmr-host serve`` needs, raised by the host itself.
 
 What holds descriptors, per VM: its ``<vm>.jsonl``, open for the whole run (the readable
 ``<vm>.log`` files of all VMs share :data:`~vmr_handler.host.logs.appendfiles.READABLE_OPEN` open

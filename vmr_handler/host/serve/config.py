@@ -40,7 +40,7 @@ class HttpOptions:
 
 @dataclass(frozen=True)
 class ConsoleOptions:
-    """Where ``vmr-host serve --console`` serves the operators' console (issue 14): the web page,
+    """Where ``vmr-host serve --console`` serves the operators' console: the web page,
     the REST API ``/api/v1``, its event stream and ``/metrics`` (:mod:`vmr_handler.host.console`).
 
     Attributes:
@@ -171,12 +171,12 @@ class HostConfig:
         http: serve VM-resource files over HTTP(S) (``--http``, :mod:`vmr_handler.host.serve.http.server`);
             None: only over the channel.
         kpi_interval: seconds between two KPI samples of each agent (``--kpi-interval``; 0 = no
-            KPIs; issue 14, seed 004's ``repeat``); told to every agent in its ``welcome``.
+            KPIs, seed 004's ``repeat``); told to every agent in its ``welcome``.
         console: serve the operators' console (``--console``); None: no console.
         name: the experiment's name (``--name``; default the MQTT experiment or the schedules
             directory's name): the console's and the report's title, kept in ``experiment.json``.
         host_entries: run the schedules' ``on_host`` entries on this host when a VM's agent asks
-            (``--host-entries``; :mod:`vmr_handler.host.serve.experiment.hostentries`, issue 12); False:
+            (``--host-entries``; :mod:`vmr_handler.host.serve.experiment.hostentries`); False:
     refused.
         allow_classes: the ``--allow-class`` names the schedules were loaded with (the host
             loads a VM's schedule again to look its on_host entries up).

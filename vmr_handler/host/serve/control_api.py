@@ -56,7 +56,7 @@ class ControlApi:
     def schedule_add(self, request: Dict[str, Any]) -> Dict[str, Any]:
         """``schedule_add`` ``{"vms": [...] | "all": true, "path", "sha256"}``: append the entries
         of the schedule file at ``path`` (on this host; its sha256 as the CLI read it) to the
-        VMs' running schedules (issue 12, :mod:`vmr_handler.host.serve.experiment.appendbook`).
+        VMs' running schedules (:mod:`vmr_handler.host.serve.experiment.appendbook`).
 
         Raises:
             ValueError: bad targets; the file cannot be read, changed since the CLI read it, is
@@ -130,8 +130,8 @@ class ControlApi:
         ``"dry_run": true`` only says whom it would reach and which break each is held at
         (``at_break``); ``"force": false`` (what ``vmr-host resume`` sends without ``--force``)
         refuses when a VM is not at a break, since a RESUME then ends its *next* break early
-        (SPEC §6, FIREWHEEL's early RESUME): a second ``resume --all`` is no longer silently a
-        real RESUME (issue 13). A request without ``force`` is sent as before.
+        (SPEC §6, FIREWHEEL's early RESUME): a second ``resume --all`` is never silently a
+        real RESUME. A request without ``force`` is sent whatever the VMs' state.
 
         Raises:
             ValueError: neither or both of ``vms``/``all``, an unknown VM, or (``force`` false)

@@ -82,13 +82,13 @@ class HostServer:
         self.sessions: Dict[str, VmSession] = {}
         self.experiment = Experiment(config, self.sessions)
         self.channels = channels(config, self.experiment)
-        # --resources, and the files vmr-host push staged (issue 12)
+        # --resources, and the files vmr-host push staged
         self.resources = ResourceStore(config.resources, os.path.join(config.logs, PUSHED_DIR))
         self._unserved: Set[str] = set()  # resources said to be missing (warned about once)
         lookup = schedule_lookup(config.vms, config.allow_classes, self.experiment.appends)
         self.host_entries = HostEntryRunner(
             config.host_entries, config.logs, self.sessions, lookup, self.resources, self.events
-        )  # on_host entries (issue 12), reached by the sessions through the experiment
+        )  # on_host entries, reached by the sessions through the experiment
         self.experiment.host_entries = self.host_entries
         self.readable = AppendFiles()  # every VM's readable .log, a bounded number open at once
         self.http: Optional[ResourceHttp] = None  # with --http
@@ -325,7 +325,7 @@ class HostServer:
             await self._shutdown()
 
     async def _start_console(self, api: ControlApi) -> None:
-        """``--console``: the operators' web page, REST API and metrics (issue 14).
+        """``--console``: the operators' web page, REST API and metrics.
 
         Raises:
             HostSetupError: its address cannot be bound, its certificate or token not loaded.

@@ -20,8 +20,8 @@ SCHEDULE_SUFFIXES = (".pkl", ".pickle", ".yaml", ".yml", ".json")
 def load_specs(schedules: str, allow: Sequence[str]) -> Dict[str, VmSpec]:
     """Read and validate every ``<vm>.<suffix>`` schedule in ``schedules``.
 
-    Every file is read, so that one run names every problem (issue 13: ``serve`` used to stop
-    at the first bad file, and each rerun found the next one).
+    Every file is read, so that one run names every problem rather than stopping at the first
+    bad file.
 
     Raises:
         UsageError: no such directory or no schedule; or one line per file that cannot be used

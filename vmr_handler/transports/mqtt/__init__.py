@@ -1,4 +1,4 @@
-"""MQTT transport: the same protocol as virtio-serial, carried by a broker (issue 6, SPEC §6).
+"""MQTT transport: the same protocol as virtio-serial, carried by a broker (SPEC §6).
 
 Topic tree (``docs/mqtt.md``), experiment ``E``, VM ``V`` (the VM's broker username):
 
@@ -14,7 +14,7 @@ topic                     written by     what
 ``vmr/E/_hosts/H/start``  host ``H``     retained ``start_time`` frame for all of ``H``'s VMs
                                          (read by every VM of ``E``): a late or rebooted VM
                                          learns the experiment start at once (if of its
-                                         host's run, ``vmr_handler.core.wire.runs``; issue 16)
+                                         host's run, ``vmr_handler.core.wire.runs``)
 ``vmr/E/_hosts/...``      hosts          the rest: host-to-host coordination (never VMs)
 ========================  =============  ======================================================
 

@@ -27,7 +27,7 @@ class MqttChannel(ByteChannel):
     The first message from a host's start topic on a connection (a host leaves one there
     from its first connect on, a start or an empty frame) shows that the broker lets this VM
     read them: the channel then says so in its presence (``"host_start": true``), and from
-    then on its host sends the start on none of this VM's own topics (issue 16). A broker whose
+    then on its host sends the start on none of this VM's own topics. A broker whose
     ACL predates those topics delivers nothing from them, so the VM is never counted on them.
 
     Like a virtio-serial port, the host going away is not visible (the broker stays): the

@@ -5,7 +5,7 @@
 * ``vmr/<experiment>/_hosts/<leaf>``: host-to-host coordination (:data:`HOSTS_LEVEL`; a VM
   name may not start with ``_``, so no VM can be named like it). VMs reach none of it but
   ``_hosts/<host>/start`` (:func:`host_start_topic`): each host's start, retained, one message
-  for all its VMs, which they may read (:func:`vm_shared_topics`, issue 16).
+  for all its VMs, which they may read (:func:`vm_shared_topics`).
 
 Used by the agent's and the host's MQTT clients, by ``vmr-host mqtt-config`` (the ACL) and by
 the benchmark. It imports nothing of the package: ``vmr-host``'s command line reads it.
@@ -38,11 +38,11 @@ HOST_START = "start"
 #: QoS an agent subscribes the host start topics with (so the broker delivers them at it):
 #: 0, since they are retained and re-subscribed at every connect, so a delivery lost with a
 #: connection is made good at the next one; the broker then keeps no acknowledgement state
-#: for thousands of copies of one message, and the agents send no PUBACK (issue 16).
+#: for thousands of copies of one message, and the agents send no PUBACK.
 HOST_START_QOS = 0
 #: Member of an agent's presence (``{"state": ..., "host_start": true}``) saying that its
 #: agent reads the host start topics (:func:`host_starts`): the host then sends it the start
-#: on no topic of its own (issue 16). Agents without it get it on ``down`` and ``start``.
+#: on no topic of its own. Agents without it get it on ``down`` and ``start``.
 READS_HOST_START = "host_start"
 
 
@@ -59,7 +59,7 @@ def hosts_topic(experiment: str, leaf: str) -> str:
 
 def host_start_topic(experiment: str, host: str) -> str:
     """``vmr/<experiment>/_hosts/<host>/start``: the retained start of ``host``'s run, written
-    by that host only, read by every VM of the experiment (one message for all, issue 16)."""
+    by that host only, read by every VM of the experiment (one message for all)."""
     return hosts_topic(experiment, f"{host}/{HOST_START}")
 
 

@@ -1,5 +1,5 @@
 """``vmr-host exec (VM... | --all) [--timeout S] -- CMD [ARG...]``: run a command in running VMs
-(issue 12; miniccc's ``cc exec``).
+(miniccc's ``cc exec``).
 
 The command is one entry appended at :data:`~vmr_handler.host.cli.live.follow.LIVE_TIME` (a stage
 of its own, at once): ``CMD`` and its arguments each quoted with :func:`shlex.quote` (the

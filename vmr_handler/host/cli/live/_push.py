@@ -1,5 +1,5 @@
 """``vmr-host push (VM... | --all) LOCAL DEST [--mode MODE] [--timeout S] [--json]``: put a file
-or a directory of this host into running VMs (issue 12; ``firewheel vm push file``).
+or a directory of this host into running VMs (``firewheel vm push file``).
 
 LOCAL's files are staged under ``<logs>/pushed/<sha256>`` (content-addressed, mode 0600),
 which the running host serves as VM resources named ``pushed/<sha256>``

@@ -1,4 +1,4 @@
-"""``vmr-host push|pull|exec``: change running VMs (issue 12), the sub-commands' parsers.
+"""``vmr-host push|pull|exec``: change running VMs, the sub-commands' parsers.
 
 Each command is a batch appended to the target VMs' schedules, as ``vmr-host schedule add``
 appends one (:mod:`vmr_handler.host.cli.live.follow`): :mod:`.livepush`, :mod:`.livepull`,

@@ -1,4 +1,4 @@
-"""What ``vmr-host push|pull|exec`` share (issue 12): issue a generated batch, then follow it.
+"""What ``vmr-host push|pull|exec`` share: issue a generated batch, then follow it.
 
 Each of the three commands is a batch of entries appended to the target VMs' schedules, as
 ``vmr-host schedule add`` appends one (validated, signed, journaled on both sides, exactly

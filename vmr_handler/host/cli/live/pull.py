@@ -1,5 +1,5 @@
 """``vmr-host pull (VM... | --all) PATH [--to DIR] [--timeout S] [--json]``: copy a file or a
-directory out of running VMs (issue 12; ``firewheel vm pull file``).
+directory out of running VMs (``firewheel vm pull file``).
 
 PATH is one transfer-out entry appended at :data:`~vmr_handler.host.cli.live.follow.LIVE_TIME`
 (``{"location": PATH, "interval": null}``: sent once), as FIREWHEEL's ``pull file`` appends

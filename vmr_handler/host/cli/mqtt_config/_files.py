@@ -48,7 +48,7 @@ def render_acl(experiment: str, host_users: Sequence[str], vms: Sequence[str] = 
         lines += ["", f"user {user}", f"topic readwrite {experiment_topics(experiment)}"]
     shared = [f"topic {access} {name}" for name, access in vm_shared_topics(experiment)]
     if vms:
-        lines += ["", "# Each VM of the experiment reads every host's start for all its VMs (issue 16)."]
+        lines += ["", "# Each VM of the experiment reads every host's start for all its VMs."]
     for vm in vms:
         lines += ["", f"user {vm}", *shared]
     return "\n".join(lines) + "\n"

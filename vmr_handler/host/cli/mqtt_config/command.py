@@ -1,4 +1,4 @@
-"""``vmr-host mqtt-config``: a mosquitto configuration for one experiment (issue 6 §2).
+"""``vmr-host mqtt-config``: a mosquitto configuration for one experiment.
 
 Writes, into one output directory, everything a broker and its clients need so that every
 VM reaches only its own topics (SPEC §6: "per-VM credentials/ACL so that one VM can neither

@@ -1,4 +1,4 @@
-"""``vmr-host schedule add (VM... | --all) FILE``: append entries to running VMs (issue 12).
+"""``vmr-host schedule add (VM... | --all) FILE``: append entries to running VMs.
 
 The file is a schedule of its own (YAML, JSON or a pickle) and is checked here first with the
 same restricted loader and validation as every schedule, so that a bad batch is refused before

@@ -1,5 +1,5 @@
 """``vmr-host schedule show VM [--json]``: a VM's schedule as the host delivered it and what
-became of every entry (issue 12 section 1), from the logs directory alone, with or without a
+became of every entry, from the logs directory alone, with or without a
 running host.
 
 ``vmr-host serve`` writes ``<logs>/schedules.json`` when it starts (:func:`write_index`: each
@@ -71,7 +71,7 @@ def _delivered(logs: str, vm: str) -> Dict[str, Any]:
     """The VM's entry of ``schedules.json``.
 
     Raises:
-        UsageError: no index (no host ran on these logs since issue 12) or no such VM.
+        UsageError: no index (no host that keeps one ran on these logs) or no such VM.
     """
     path = os.path.join(logs, INDEX_FILE)
     try:

@@ -1,5 +1,5 @@
 /*
- * The console page of `vmr-host serve --console` (issue 14 section 2; docs/console.md).
+ * The console page of `vmr-host serve --console` (docs/console.md).
  *
  * Plain modern JavaScript, no build step, no external file. It reads the REST API /api/v1/
  * and follows the live stream /api/v1/stream (Server-Sent Events read with fetch(), since

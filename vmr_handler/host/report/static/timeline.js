@@ -1,4 +1,4 @@
-/* vmr-handler timeline: layout to the window, zoom, pan, filter and details (issue 14).
+/* vmr-handler timeline: layout to the window, zoom, pan, filter and details.
  *
  * Loaded inline by the report of `vmr-host report` and from /static/timeline.js by the live
  * console. No dependency, nothing fetched.

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import deque
 from typing import Callable, Deque, Optional
 
+from vmr_handler.core.clock import Clock, SystemClock
 from vmr_handler.core.errors import ChannelClosed
 from vmr_handler.core.ratelimit import TokenBucket
 from vmr_handler.host.serve.session.session import VmSession
@@ -46,6 +46,7 @@ class ChannelLink:
         budget: bytes per second the peer is sent (:meth:`drain` waits while over it), for
             a transport that accepts whatever is written (a broker); None: no pacing.
         max_pace: longest wait of one :meth:`drain` for the budget, seconds.
+        clock: the host's clock the budget is charged on (``SystemClock`` by default).
     """
 
     def __init__(
@@ -56,8 +57,10 @@ class ChannelLink:
         name: str = "",
         budget: Optional[TokenBucket] = None,
         max_pace: float = 5.0,
+        clock: Optional[Clock] = None,
     ) -> None:
         self.channel = channel
+        self._clock: Clock = clock or SystemClock()
         self.limit = limit
         self.on_overflow = on_overflow
         self.name = name
@@ -86,7 +89,7 @@ class ChannelLink:
             session.counters.write_overflow += 1
             log.warning("%s: peer does not read; %d bytes queued: connection dropped", session.name, limit)
 
-        return cls(channel, limit, overflow, session.name, budget)
+        return cls(channel, limit, overflow, session.name, budget, clock=session.clock)
 
     @property
     def closed(self) -> bool:
@@ -122,7 +125,7 @@ class ChannelLink:
             self._progress.clear()
             await self._progress.wait()
         if self._budget is not None:
-            wait = self._budget.spend(time.monotonic(), self._unpaced)
+            wait = self._budget.spend(self._clock.monotonic(), self._unpaced)
             self._unpaced = 0
             await asyncio.sleep(min(wait, self._max_pace))
 
@@ -203,10 +206,10 @@ class SessionReader:
         try:
             while not self.link.closed:
                 data = await self.channel.read()
-                self.session.feed(data, time.time())
+                self.session.feed(data, self.session.clock.time())
                 wait = self.pause(len(data)) if self.pause is not None else 0.0
                 # always yield: with bytes already buffered, read() returns without letting
-                # any other VM's reader run, so a flooding VM would hold the loop (issue 16)
+                # any other VM's reader run, so a flooding VM would hold the loop
                 await asyncio.sleep(min(wait, MAX_READ_PAUSE) if wait > 0 else 0)
             self.reason = "closed by host"
         except ChannelClosed as exc:
@@ -229,7 +232,7 @@ async def serve_channel(session: VmSession, channel: ByteChannel) -> None:
     one: the channel is closed), feed the session what is read (pausing while the VM is over
     its rates), detach and close. Logs ``connected`` and ``disconnected (<why>)``."""
     link = ChannelLink.of(session, channel)
-    if not session.attach(link, time.time()):
+    if not session.attach(link, session.clock.time()):
         link.close()
         return
     log.info("%s: connected", session.name)
@@ -237,6 +240,6 @@ async def serve_channel(session: VmSession, channel: ByteChannel) -> None:
     try:
         await reader.run()
     finally:
-        session.detach(link, time.time(), reader.reason)
+        session.detach(link, session.clock.time(), reader.reason)
         link.close()
         log.info("%s: disconnected (%s)", session.name, reader.reason)

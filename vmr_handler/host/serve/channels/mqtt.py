@@ -1,4 +1,4 @@
-"""``vmr-host serve --transport mqtt``: every VM's session over one broker connection (issue 6).
+"""``vmr-host serve --transport mqtt``: every VM's session over one broker connection.
 
 One paho client (its own network thread; everything else on the host's event loop)
 subscribes to ``vmr/E/+/up`` and ``vmr/E/+/presence`` and hands each VM's frames to that
@@ -13,7 +13,7 @@ barrier, logs and de-duplication by event id). What differs (``docs/mqtt.md``):
   (:data:`DOWN_RATE`); a VM over its byte rate has its ``up`` messages dropped (one
   connection carries every VM: reading cannot pause for one);
 * the start time is published **retained**, once for all this host's VMs, on
-  ``vmr/E/_hosts/<host>/start`` (issue 16: one message the broker fans out, instead of one
+  ``vmr/E/_hosts/<host>/start`` (one message the broker fans out, instead of one
   per VM on ``down`` and ``start``; signed for every VM of the run when signing), so a late or
   rebooted VM learns it from the broker even while this host is away. VMs whose presence
   does not say that their agent reads it (older agents, a broker ACL from before that topic,
@@ -356,7 +356,7 @@ class MqttService:
         every VM (signed for :data:`EVERY_VM_OF_RUN` with a key), and on the ``start`` topic of
         each VM not known to read that (:attr:`reads_host_start`); and a coordinator's run and
         start on ``_hosts/_start`` (retained; replaces an earlier run's, so members answer
-        this run, issue 16).
+        this run).
 
         Returns:
             The VMs the broker brings the start to through :attr:`start_topic`: their agents

@@ -1,4 +1,4 @@
-"""Batches of entries the operator appended to running VMs (``vmr-host schedule add``, issue 12).
+"""Batches of entries the operator appended to running VMs (``vmr-host schedule add``).
 
 Each batch is one :class:`AppendRecord` with a stable id (the ``schedule_append`` event id,
 which the agent appends once), the VMs it targets and each VM's answer. Like a RESUME, it is

@@ -136,7 +136,7 @@ class Barrier:
     def update_expected(self, add: Iterable[str] = (), remove: Iterable[str] = ()) -> bool:
         """Change the expected set before the start (a peer host announced its VMs).
 
-        Several hosts sharing a broker (issue 6): the coordinator expects a placeholder per
+        Several hosts sharing a broker: the coordinator expects a placeholder per
         peer host until that host says which VMs it serves; then the placeholder is removed
         and those VMs are added. Nothing changes once the start is set.
 

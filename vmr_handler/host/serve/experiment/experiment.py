@@ -38,7 +38,7 @@ PEER_PREFIX = "host:"
 DEBOUNCE = 0.2
 #: ... or this many times what the job took last time, when that is longer: a job that takes
 #: 0.3 s (``experiment.json`` of 10 000 VMs) then runs at most every 3 s, ~10 % of the loop,
-#: instead of 60 % (measured: 10 000 `configured` reports took the host 29 s to read, issue 16).
+#: instead of 60 % (measured: 10 000 `configured` reports took the host 29 s to read).
 DEBOUNCE_COST_FACTOR = 10.0
 #: Most VMs one peer host may announce.
 MAX_PEER_VMS = 100_000
@@ -157,17 +157,17 @@ class Experiment(HostEntryPort):
         self.start_id: Optional[str] = None
         self.start_set_at: Optional[float] = None
         self.resumes: List[ResumeRecord] = []
-        self.appends = AppendBook(config.logs)  # batches appended to running VMs (issue 12)
+        self.appends = AppendBook(config.logs)  # batches appended to running VMs
         allow_resources(sessions, self.appends)
         #: True while the VMs' logs are replayed at start (nothing is sent, announced or saved)
         self.loading = False
-        #: VMs that failed / completed, for the running counts of the log (issue 13)
+        #: VMs that failed / completed, for the running counts of the log
         self.outcomes: Dict[str, Set[str]] = {}
         self.mqtt: Optional[Publisher] = None  # the MqttService in mqtt mode
-        #: this host's run id: new with new logs, kept in experiment.json (issue 16)
+        #: this host's run id: new with new logs, kept in experiment.json
         self.run_id: str = new_run_id()
         #: called with ``(vm, new reports, host UTC received)`` after a VM's reports are stored
-        #: and applied (the console: its live timeline, stream and metrics; issue 14)
+        #: and applied (the console: its live timeline, stream and metrics)
         self.watchers: List[Callable[[str, List[Event], float], None]] = []
         #: member: the run of the coordinator, learnt from its retained ``_start`` topic
         self.coordinator_run: Optional[str] = None
@@ -264,7 +264,7 @@ class Experiment(HostEntryPort):
     def host_state(self) -> Optional[Dict[str, Any]]:
         """This host's announcement to the coordinator (member): its VMs and their configured
         times (UTC, this host's clock; hosts sharing a broker keep NTP time), its run and the
-        coordinator's run it answers; None until that run is known (issue 16)."""
+        coordinator's run it answers; None until that run is known."""
         if self.coordinator_run is None:
             return None
         own = set(self.config.expected) - self.barrier.excluded
@@ -313,7 +313,7 @@ class Experiment(HostEntryPort):
 
     def _of_this_run(self, peer: str, doc: Mapping[str, Any]) -> bool:
         """Whether ``peer``'s announcement answers this coordinator's run; if not (a retained
-        announcement of an earlier run, issue 16) it is logged once per peer and run."""
+        announcement of an earlier run) it is logged once per peer and run."""
         answers = run_of(doc.get("coordinator_run"))
         if answers == self.run_id:
             return True
@@ -419,7 +419,7 @@ class Experiment(HostEntryPort):
             self._debounced.soon("announce", self.mqtt.publish_host_state)
 
     def on_outcome(self, vm: str, outcome: str, details: Optional[str], at: float) -> None:
-        """Log a VM's failure or completion at INFO with the running counts (issue 13)."""
+        """Log a VM's failure or completion at INFO with the running counts."""
         done = self.outcomes.setdefault(outcome, set())
         if vm in done:
             return
@@ -482,7 +482,7 @@ class Experiment(HostEntryPort):
             time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start or 0)),
         )
         if not self.loading:
-            # MQTT: one retained message reaches the VMs whose agents read it (issue 16)
+            # MQTT: one retained message reaches the VMs whose agents read it
             reached = self.mqtt.publish_start() if self.mqtt is not None else ()
             for s in self.sessions.values():
                 if s.name not in reached:

@@ -1,4 +1,4 @@
-"""``on_host`` entries, run on the host when a VM's agent asks (issue 12 section 2; reference
+"""``on_host`` entries, run on the host when a VM's agent asks (reference
 ``vm_resource_handler.py`` ``run_vm_resource_host``, ``docs/host.md`` "on_host entries").
 
 The agent reaches an on_host entry (inside its negative stage, or at its pause-shifted positive

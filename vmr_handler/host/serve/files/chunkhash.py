@@ -1,4 +1,4 @@
-"""The sha256 of a file assembled from ``transfer_chunk`` reports, kept as it grows (issue 16).
+"""The sha256 of a file assembled from ``transfer_chunk`` reports, kept as it grows.
 
 A file sent over the channel is checked against its announced sha256 when its last chunk
 arrives. Hashing it whole then would cost the host's event loop ~170 ms for a 250 MiB file,

@@ -6,15 +6,15 @@ own schedule, (b) it is a relative path without ``..`` components, and (c) its
 leads out of the directory is refused too). Sizes and sha256 digests are cached by
 ``(device, inode, size, mtime)``.
 
-Files ``vmr-host push`` staged (issue 12) are a second, read-only root: a name of the form
+Files ``vmr-host push`` staged are a second, read-only root: a name of the form
 ``pushed/<sha256>`` (:func:`pushed_name`) is always ``<logs>/pushed/<sha256>``, with the same
 confinement, and its content must have that sha256.
 
 What the schedules and appended batches need is checked against the store before anything is
 served or appended (SPEC section 8: schedules that name VM resources the host does not have are
 refused before any VM is served). A forgotten file (FIREWHEEL's own components make every Linux
-VM drop ``combined_profiles.tgz``) used to fail every VM of an experiment minutes into it, at
-the stage that drops it, while it held the start barrier. One check (:func:`find_missing`,
+VM drop ``combined_profiles.tgz``) would otherwise fail every VM of an experiment minutes into
+it, at the stage that drops it, while it held the start barrier. One check (:func:`find_missing`,
 :meth:`ResourceStore.check`: nothing is read) and one text (:func:`missing_text`) serve
 ``vmr-host serve`` (exit 2 before anything is made or served, or one warning per file with
 ``--allow-missing-resources``), ``vmr-host check DIR --resources RES`` (:func:`check_resources`)

@@ -1,4 +1,4 @@
-"""VM-resource files and transfers out over HTTP(S): ``vmr-host serve --http HOST:PORT`` (issue 6 §1).
+"""VM-resource files and transfers out over HTTP(S): ``vmr-host serve --http HOST:PORT``.
 
 Large ``filename`` drops do not travel as base64 ``resource_chunk`` events through the
 channel or the broker: the agent downloads them from this server, with one secret token per

@@ -11,9 +11,9 @@ import base64
 import json
 import logging
 import os
-import time
 from typing import Any, Dict, Mapping, Optional, Protocol, Set
 
+from vmr_handler.core.clock import Clock
 from vmr_handler.core.errors import ResourceRefused
 from vmr_handler.core.events import Event
 from vmr_handler.core.wire.protocol import RESOURCE_CHUNK, SCHEDULE, encode_message
@@ -49,14 +49,17 @@ class ScheduleOffer:
         resource_info: ``{filename: {"size", "sha256"[, "url"]}}`` announced with the schedule.
         http: ``{"base", "token"}`` of the host's resource HTTP server for this VM, announced
             as the ``http`` member; None without ``--http``.
+        clock: the host's clock (the event's timestamp, each frame's ``now``).
     """
 
     def __init__(
         self,
         spec: VmSpec,
         resource_info: Mapping[str, Mapping[str, Any]],
-        http: Optional[Mapping[str, str]] = None,
+        http: Optional[Mapping[str, str]],
+        clock: Clock,
     ) -> None:
+        self.clock = clock
         self.id = schedule_event_id(spec.digest)
         data: Dict[str, Any] = {
             "format_hint": spec.format,
@@ -70,14 +73,14 @@ class ScheduleOffer:
             data["data_b64"] = base64.b64encode(spec.schedule_bytes).decode("ascii")
         else:  # too big for one frame: the agent fetches it in chunks (resource_request)
             data["fetch"] = schedule_resource_name(spec.digest)
-        self._ts = time.time()
+        self._ts = clock.time()
         #: the event (to be signed at every send when the host signs)
         self.event = Event(SCHEDULE, self._ts, self.id, data)
         self._json = json.dumps(self.event.to_dict(), separators=(",", ":"), allow_nan=False)
 
     def frame(self) -> bytes:
         """The unsigned event as one frame, its ``now`` the current time (never before the event)."""
-        now_text = json.dumps(max(time.time(), self._ts))
+        now_text = json.dumps(max(self.clock.time(), self._ts))
         return f'{{"now":{now_text},"events":[{self._json}]}}\n'.encode()
 
 
@@ -90,6 +93,8 @@ class StreamOwner(Protocol):
     resources: ResourceStore
     events: HostEvents
     counters: Counters
+    #: the host's clock
+    clock: Clock
     #: the current connection (a stream stops when it changes)
     link: Optional[Link]
 
@@ -148,7 +153,7 @@ class ResourceStreams:
         task.add_done_callback(self._tasks.discard)
 
     async def _push(self, link: Link, chunk: Event) -> None:
-        link.send_bytes(encode_message([chunk], time.time()))
+        link.send_bytes(encode_message([chunk], self._owner.clock.time()))
         self._owner.note_sent()
         await link.drain()
 

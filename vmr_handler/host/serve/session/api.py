@@ -3,8 +3,9 @@
 * :class:`Link`: where its frames go (whatever the transport:
   :class:`~vmr_handler.host.serve.channels.links.ChannelLink` over a
   :class:`~vmr_handler.transports.base.ByteChannel`);
-* :class:`ReportHost` / :class:`HostApi`: what it asks of the experiment as a whole (start
-  time, RESUMEs, the barrier, signing; :class:`~vmr_handler.host.serve.experiment.experiment.Experiment`);
+* :class:`HostApi`: what it asks of the experiment as a whole (start time, RESUMEs, the
+  barrier, signing; :class:`~vmr_handler.host.serve.experiment.experiment.Experiment`), the
+  model's :class:`~vmr_handler.host.model.vmstate.ReportHost` and more;
 * :class:`HostEntrySink`: what the host's on_host entry runner asks of a session (its log,
   its answers; :mod:`vmr_handler.host.serve.experiment.hostentries`);
 * :class:`HostEvents`: the maker of the host's own events (ids, timestamps).
@@ -13,11 +14,12 @@
 from __future__ import annotations
 
 import itertools
-import time
 import uuid
 from typing import Any, List, Mapping, Optional, Protocol
 
+from vmr_handler.core.clock import Clock, SystemClock
 from vmr_handler.core.events import Event, json_safe
+from vmr_handler.host.model.vmstate import ReportHost
 
 
 class Link(Protocol):
@@ -41,36 +43,22 @@ class Link(Protocol):
         """Close the connection."""
 
 
-class ReportHost(Protocol):
-    """What a VM's stored reports tell the experiment (the barrier and the RESUMEs)."""
-
-    def on_configured(self, vm: str, at: float) -> None:
-        """``vm`` configured at host UTC ``at`` (idempotent)."""
-
-    def on_resume_answer(self, vm: str, resume_id: str, data: Mapping[str, Any], at: float) -> None:
-        """``vm`` answered RESUME ``resume_id`` with ``data`` (idempotent)."""
-
-    def on_outcome(self, vm: str, outcome: str, details: Optional[str], at: float) -> None:
-        """``vm`` reported ``outcome`` (``failed`` or ``complete``) at host UTC ``at``, with
-        ``details`` (the cause of a failure); told live and when the logs are replayed."""
-
-
 class HostApi(ReportHost, Protocol):
     """What a session needs from the experiment (implemented by
     :class:`~vmr_handler.host.serve.experiment.experiment.Experiment`)."""
 
     @property
     def run_id(self) -> Optional[str]:
-        """This host's run id (``vmr_handler.core.wire.runs``), told in ``welcome`` (issue 16)."""
+        """This host's run id (``vmr_handler.core.wire.runs``), told in ``welcome``."""
 
     @property
     def kpi_interval(self) -> float:
         """Seconds between two KPI samples of each agent (``serve --kpi-interval``; 0 = off),
-        told in ``welcome`` (issue 14, seed 004)."""
+        told in ``welcome`` (seed 004)."""
 
     def on_stored(self, vm: str, events: List[Event], received: float) -> None:
         """``vm``'s new reports ``events`` were stored and applied, received at host UTC
-        ``received`` (the console watches them; issue 14)."""
+        ``received`` (the console watches them)."""
 
     def start_event(self) -> Optional[Event]:
         """The ``start_time`` event (stable id), or None before the start is set."""
@@ -90,8 +78,8 @@ class HostApi(ReportHost, Protocol):
     ) -> Optional[str]:
         """``vm``'s agent asks (request ``request_id``) that its on_host entry ``index`` be run,
         due at host UTC ``scheduled`` (None in a negative stage); the answer, a ``result``,
-        comes through the VM's :class:`HostEntrySink` (issue 12,
-        :meth:`vmr_handler.host.serve.experiment.hostentries.HostEntryRunner.request`).
+        comes through the VM's :class:`HostEntrySink`
+        (:meth:`vmr_handler.host.serve.experiment.hostentries.HostEntryRunner.request`).
 
         Returns:
             What is wrong with a request that breaks the protocol (not an on_host entry of the
@@ -112,9 +100,15 @@ class HostEntrySink(Protocol):
 
 
 class HostEvents:
-    """Makes the host's own events: unique ids (``host-<random>-<n>``), UTC timestamps."""
+    """Makes the host's own events: unique ids (``host-<random>-<n>``), UTC timestamps.
 
-    def __init__(self) -> None:
+    Args:
+        clock: the host's clock (timestamps; :class:`~vmr_handler.core.clock.SystemClock`
+            by default).
+    """
+
+    def __init__(self, clock: Optional[Clock] = None) -> None:
+        self.clock: Clock = clock or SystemClock()
         self._prefix = f"host-{uuid.uuid4().hex[:10]}"
         self._counter = itertools.count(1)
 
@@ -125,5 +119,5 @@ class HostEvents:
     def make(self, type_: str, data: Mapping[str, Any], timestamp: Optional[float] = None) -> Event:
         """A new host event of ``type_`` (a control type) with ``data`` made JSON safe;
         ``timestamp`` is UTC epoch seconds (default now)."""
-        ts = time.time() if timestamp is None else timestamp
+        ts = self.clock.time() if timestamp is None else timestamp
         return Event(type_, ts, self.next_id(), json_safe(dict(data)))

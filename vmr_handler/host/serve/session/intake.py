@@ -3,7 +3,7 @@ VM's :class:`~vmr_handler.host.serve.files.transfers.TransferStore`; a ``transfe
 in place the file it names, uploaded over HTTP(S). Either is logged as a summary (no file
 data) with the outcome; refusals are counted and remarked, never raised. A last chunk whose
 file still has bytes to hash comes back as a :class:`PendingTransfer`: the session hashes it
-in a worker thread and finishes it on the loop (issue 16: no guest's file is hashed on the
+in a worker thread and finishes it on the loop (no guest's file is hashed on the
 loop every VM shares).
 """
 
@@ -160,13 +160,13 @@ MAX_WAITING = 1000
 #: Per-VM budget of bytes hashed again in worker threads (bytes per second, and the burst):
 #: a whole 256 MiB file sent out of order is hashed at once, but a guest that keeps making the
 #: host hash its files again (chunks out of order, rewritten bytes) gets about 4 % of one core
-#: (sha256 runs at ~1.5 GB/s here); its next hash waits until the budget allows it (issue 16).
+#: (sha256 runs at ~1.5 GB/s here); its next hash waits until the budget allows it.
 REHASH_RATE = 64 * 1024 * 1024
 REHASH_BURST = 512 * 1024 * 1024
 
 
 class TransferIntake:
-    """One VM's transfer reports, taken in order and one at a time (issue 16).
+    """One VM's transfer reports, taken in order and one at a time.
 
     A last chunk whose file still has bytes to hash (:class:`PendingTransfer`) is hashed in a
     worker thread, never on the loop every VM shares; the VM's later transfer reports wait for

@@ -28,10 +28,10 @@ name a guest claims is only compared and logged. Nothing here raises into the se
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, TypeVar
 
 from vmr_handler import __version__
+from vmr_handler.core.clock import Clock, SystemClock
 from vmr_handler.core.errors import PayloadError
 from vmr_handler.core.events import Event
 from vmr_handler.core.payloads import Ack, ClockReq, Hello, HostEntryRequest
@@ -75,7 +75,7 @@ log = logging.getLogger("vmr_handler.host")
 _T = TypeVar("_T")
 
 #: How far ahead a clock_resp's t3 is stamped: what signing and sending take after the stamp,
-#: measured over this host's recent answers (every VM's; issue 16, docs/protocol.md).
+#: measured over this host's recent answers (every VM's, docs/protocol.md).
 CLOCK_LEAD = StampLead()
 #: Said (``warn``) when an agent with a public key says hello to a host without a signing key.
 UNSIGNED_HOST = (
@@ -192,6 +192,9 @@ class VmSession:
         http: ``{"base", "token"}`` of the host's resource HTTP server for this VM
             (:meth:`vmr_handler.host.serve.http.server.ResourceHttp.schedule_data`), announced with the
             schedule as its ``http`` member; None without ``--http``.
+        clock: the host's clock (:class:`~vmr_handler.core.clock.SystemClock` by default; a
+            test's :class:`~vmr_handler.core.clock.FakeClock`): every timing rule of the
+            session reads it (silence, heartbeats, rates, t2/t3 of clock answers).
     """
 
     def __init__(
@@ -206,8 +209,11 @@ class VmSession:
         events: HostEvents,
         resource_info: Mapping[str, Mapping[str, Any]],
         http: Optional[Mapping[str, str]] = None,
+        clock: Optional[Clock] = None,
     ) -> None:
         self.spec = spec
+        #: the host's clock: receive and send times, liveness, heartbeats, rates (``SystemClock``)
+        self.clock: Clock = clock or SystemClock()
         self.name = spec.name
         self.expected = expected
         self.limits = limits
@@ -216,7 +222,7 @@ class VmSession:
         self.resources = resources
         self.host = host
         self.events = events
-        self.offer = ScheduleOffer(spec, resource_info, http)
+        self.offer = ScheduleOffer(spec, resource_info, http, self.clock)
         self.schedule_id = self.offer.id
         # connection
         self.link: Optional[Link] = None
@@ -273,7 +279,7 @@ class VmSession:
         self.connected_since = now
         self.handshaken = False
         self.silent = False
-        mono = time.monotonic()
+        mono = self.clock.monotonic()
         self._last_recv = mono
         self.log.note(f"channel connected (connection {self.connections})", now)
         self._send_raw(CONNECT_PREFIX)
@@ -299,17 +305,17 @@ class VmSession:
     def _send_raw(self, data: bytes) -> None:
         if self.link is not None and not self.link.closed:
             self.link.send_bytes(data)
-            self._last_send = time.monotonic()
+            self._last_send = self.clock.monotonic()
 
     def _send(self, events: Sequence[Event]) -> None:
         if events:
             # schedule, start time and RESUME are signed (at every send) when the host has a key
             events = [self.host.sign_for(self.name, e) if e.type in SIGNED_TYPES else e for e in events]
-            self._send_raw(encode_message(events, time.time()))
+            self._send_raw(encode_message(events, self.clock.time()))
 
     def note_sent(self) -> None:
         """Something was just sent on the link (a heartbeat is due only after send silence)."""
-        self._last_send = time.monotonic()
+        self._last_send = self.clock.monotonic()
 
     def refuse(self, request_id: str, details: str) -> None:
         """Answer the agent's request ``request_id`` with a failed ``result`` saying ``details``."""
@@ -337,7 +343,7 @@ class VmSession:
         """
         if self.decoder is None:
             return
-        mono = time.monotonic()
+        mono = self.clock.monotonic()
         self._last_recv = mono
         before = self.decoder.stats.malformed + self.decoder.stats.oversize
         messages = self.decoder.feed(data)
@@ -370,18 +376,19 @@ class VmSession:
         when it is over it. For transports that cannot pause reading one VM (MQTT: one broker
         connection carries every VM): the excess is dropped before it is decoded, and the
         agent sends its unacknowledged reports again later."""
-        if self.read_bucket.spend(time.monotonic(), nbytes) <= 0:
+        if self.read_bucket.spend(self.clock.monotonic(), nbytes) <= 0:
             return False
-        self.read_bucket.spend(time.monotonic(), -nbytes)  # dropped: not charged
+        self.read_bucket.spend(self.clock.monotonic(), -nbytes)  # dropped: not charged
         self.counters.rate_limited += 1
-        self.warn("bytes", f"message dropped: over {self.limits.read_rate / 2**20:g} MiB/s", time.time())
+        over = f"message dropped: over {self.limits.read_rate / 2**20:g} MiB/s"
+        self.warn("bytes", over, self.clock.time())
         return True
 
     def read_pause(self, nbytes: int) -> float:
         """Seconds the server should wait before reading more from this VM, after ``nbytes``
         were read: reading pauses while the VM is over its byte rate or its message rate (so a
         flooding guest costs the host bounded CPU; its excess waits in the socket)."""
-        mono = time.monotonic()
+        mono = self.clock.monotonic()
         return max(self.read_bucket.spend(mono, nbytes), self.bucket.wait(mono))
 
     def _on_message(self, msg: Message, recv_time: float) -> None:
@@ -450,7 +457,7 @@ class VmSession:
         self.warn("host-only", f"guest sent a host-only {ev.type!r} event: ignored", now)
 
     def _on_host_entry(self, ev: Event, now: float) -> None:
-        """``host_entry``: run an on_host entry (issue 12; :meth:`HostApi.host_entry`)."""
+        """``host_entry``: run an on_host entry (:meth:`HostApi.host_entry`)."""
         req = self._payload(lambda: HostEntryRequest.parse(ev.data), now)
         problem = req and self.host.host_entry(self.name, ev.id, req.index, req.scheduled)
         if problem:
@@ -464,7 +471,7 @@ class VmSession:
             self.state.start_acked = True
 
     def _on_hello_limited(self, ev: Event, now: float) -> None:
-        if self.hello_bucket.take(time.monotonic()):
+        if self.hello_bucket.take(self.clock.monotonic()):
             self._on_hello(ev, now)
         else:
             self.counters.hello_flood += 1
@@ -503,8 +510,8 @@ class VmSession:
             "schedule_digest": self.spec.digest,
             "start_time": start.data["start_time"] if start is not None else None,
             "resumes": [r.id for r in pending],
-            "run": self.host.run_id,  # the agent takes only start times of this run (issue 16)
-            "kpi_interval": self.host.kpi_interval,  # the agent samples its VM (issue 14)
+            "run": self.host.run_id,  # the agent takes only start times of this run
+            "kpi_interval": self.host.kpi_interval,  # the agent samples its VM
         }
         self._send([self.events.make(WELCOME, welcome)])
         if digest != self.spec.digest:
@@ -537,11 +544,11 @@ class VmSession:
             self.counters.protocol_errors += 1
             self.warn("clock", "clock_req without a finite t1", recv_time)
             return
-        now = time.time()  # t3: stamped ahead by what signing (issue 16) and sending take after it
+        now = self.clock.time()  # t3: stamped ahead by what signing and sending take after it
         data = {"answers": ev.id, "t1": req.t1, "t2": recv_time, "t3": now + CLOCK_LEAD.value}
         resp = self.host.sign_for(self.name, Event(CLOCK_RESP, now, self.events.next_id(), data))
-        self._send_raw(encode_message([resp], time.time()))
-        CLOCK_LEAD.note(time.time() - now)
+        self._send_raw(encode_message([resp], self.clock.time()))
+        CLOCK_LEAD.note(self.clock.time() - now)
 
     # ------------------------------------------------------------------ pushes from the host
     def push_start_time(self) -> None:
@@ -561,7 +568,7 @@ class VmSession:
         """Periodic duty at UTC ``now``: a heartbeat after send silence; mark a silent peer."""
         if not self.connected:
             return
-        mono = time.monotonic()
+        mono = self.clock.monotonic()
         if mono - self._last_send >= self.limits.heartbeat:
             self._send([self.events.make(HEARTBEAT, {})])
         if not self.silent and mono - self._last_recv >= self.limits.silent_after:
