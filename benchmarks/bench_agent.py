@@ -21,12 +21,12 @@ Sections:
      spawn-loop floors (posix_spawn, Popen vfork/fork); agent / baseline ratios.
   4  ``build_plan`` / ``vmr-handler plan --json`` for a 100 000-entry schedule; loading it
      as YAML through the real loader (CSafeLoader + depth guard) vs the old yaml.safe_load;
-     ``check``/``plan`` against the raw parse (issue 15: JSON and pickle, in process (this
+     ``check``/``plan`` against the raw parse (JSON and pickle, in process (this
      one and a fresh one) and as whole processes, from source and with the bytecode cache an
      installed package has).
   5  idle CPU% and RSS while waiting for an entry 20 s away; bare-Python RSS baseline.
-  6  same-instant groups of 1, 10 and 60 entries with and without a 200-byte drop each
-     (issue 15): first and last fork after the instant, side by side.
+  6  same-instant groups of 1, 10 and 60 entries with and without a 200-byte drop each:
+     first and last fork after the instant, side by side.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def _run(argv: Sequence[str], timeout: float, **kwargs: Any) -> Tuple[int, float
 
     The wait blocks in ``waitpid`` and a timer thread stops the child on timeout:
     ``Popen.wait(timeout)`` polls with sleeps growing to 50 ms, which rounded a 118 ms child up
-    to 164 ms (every process wall before issue 15's second pass).
+    to 164 ms.
     """
     t0 = time.perf_counter()
     proc = _spawn(argv, **kwargs)
@@ -972,7 +972,7 @@ def section_plan(
     t_plan, plan = best_of(3, lambda: build_plan(schedule.entries, [resume_at]))
     t_dump, _text = best_of(1, lambda: json.dumps(vcli.plan_json(plan)))
     t_cols = t_pcols = t_text = math.nan
-    try:  # issue 15: `plan --json` without an object per entry (absent from older trees)
+    try:  # `plan --json` without an object per entry (absent from older trees)
         from vmr_handler.agent.cli._planout import plan_text
         from vmr_handler.core.schedule.loader import load_schedule_columns
         from vmr_handler.core.timeline import plan_columns
@@ -1183,7 +1183,7 @@ def section_raw_parse(
     plan_wall: float,
     resume_at: float,
 ) -> Dict[str, float]:
-    """`check`/`plan` of the big schedule against the raw parse (issue 15: within 3x), in
+    """`check`/`plan` of the big schedule against the raw parse (within 3x), in
     process (load_schedule vs json.loads / pickle.loads) and as whole processes."""
     import pickle
 

@@ -1,4 +1,4 @@
-"""What the console costs the host at N VMs (issue 14): a real ``vmr-host serve --console`` on
+"""What the console costs the host at N VMs: a real ``vmr-host serve --console`` on
 the generated logs of N VMs (``tests/reportgen.py``: stages, entries with output, KPIs,
 pauses, breaks, failures), no agents, measured from outside:
 

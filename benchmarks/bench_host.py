@@ -23,7 +23,7 @@ Sections (1-3 share one experiment: one real ``vmr-host serve`` and N+1 real age
   5  100 simulated idle agents (asyncio protocol clients in this process): host CPU %, RSS,
      fds over 10 s (``--quick``: 5 s).
   6  2 agents, same-instant groups of 1, 10 and 60 entries with and without a 200-byte drop
-     each (issue 15): first and last fork after the instant, side by side.
+     each: first and last fork after the instant, side by side.
 """
 
 from __future__ import annotations
@@ -1170,7 +1170,7 @@ def _drop_schedule() -> List[Dict[str, Any]]:
 
 def section6(report: Report, n_agents: int, keep: bool) -> None:
     """Same-instant groups of 1, 10 and 60 entries with and without a 200-byte drop each, on
-    ``n_agents`` connected agents (issue 15): first and last fork after the instant."""
+    ``n_agents`` connected agents: first and last fork after the instant."""
     print(f"\n== 6: drop / no-drop groups (1, 10, 60 entries) on {n_agents} connected agents", flush=True)
     vms = [f"d{i}" for i in range(n_agents)]
     records = _drop_schedule()

@@ -6,7 +6,7 @@ and ending, 200 output lines each, ~250 bytes a line) straight to a logs directo
 the real host on it and times start -> first ``vmr-host status --json`` answer, with the host's
 RSS then:
 
-* ``full replay``: no ``<vm>.ckpt`` (what every start did before issue 16; the host saves a
+* ``full replay``: no ``<vm>.ckpt`` (a start that replays the whole log; the host saves a
   checkpoint at the end of it);
 * ``checkpoint``: the same log after that first start, plus a tail of 1000 lines written after
   the checkpoint (as a host killed between two checkpoints leaves it);

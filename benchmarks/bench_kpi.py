@@ -1,4 +1,4 @@
-"""Cost of the agent's KPI samples (issue 14 section 1; ``vmr_handler/agent/machine/kpi.py``).
+"""Cost of the agent's KPI samples (``vmr_handler/agent/machine/kpi.py``).
 
     .venv/bin/python benchmarks/bench_kpi.py [--seconds 60] [--rounds 1] [--samples 2000]
 

@@ -1,4 +1,4 @@
-"""Cost of the console's ``GET /metrics`` (issue 14 section 2; vmr_handler/host/console/metrics.py).
+"""Cost of the console's ``GET /metrics`` (vmr_handler/host/console/metrics.py).
 
     .venv/bin/python benchmarks/bench_metrics.py [--vms 100,1000,5000] [--rounds 20] [--interfaces 2]
 
@@ -52,7 +52,7 @@ ENTRIES = 20
 
 
 def kpi(interfaces: int, i: int) -> Dict[str, object]:
-    """A KPI sample's data as an agent sends it (issue 14 section 1)."""
+    """A KPI sample's data as an agent sends it."""
     net = {
         f"eth{n}": {"bytes_sent": 300.0 + i, "bytes_recv": 1536.0, "packets_sent": 3.0, "packets_recv": 4.0}
         for n in range(interfaces)

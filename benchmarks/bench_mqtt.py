@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""vmr-host over MQTT with N simulated agents (issue 6 §4): barrier, start-time and RESUME
+"""vmr-host over MQTT with N simulated agents: barrier, start-time and RESUME
 fan-out, host and broker cost. Prints a table; asserts nothing; not collected by pytest.
 
 Run from the repository root::
@@ -33,7 +33,7 @@ it sent one < 1 s ago, as the agent does), the ``schedule`` with a ``result`` su
 whichever comes first) with an ``ack``, a ``resume`` with a ``result``, and sends a
 ``heartbeat`` after 5 s of silence.
 
-Where the start's time goes (issue 16): a **probe** (one more paho client in the controller,
+Where the start's time goes: a **probe** (one more paho client in the controller,
 idle otherwise) subscribes, before the ``configured`` burst, to the start topics of every
 ``N/200``-th VM (``down``, ``start``, and the hosts' start topics): when it receives a VM's
 start is when the broker sent it out, not counting the load generators' own queueing.

@@ -1,4 +1,4 @@
-"""The report of ``vmr-host report`` at scale (issue 14 section 3; ``vmr_handler/host/report/``).
+"""The report of ``vmr-host report`` at scale (``vmr_handler/host/report/``).
 
     .venv/bin/python benchmarks/bench_report.py [--vms 200,1000] [--entries 20] [--baseline REV]
                                                 [--no-browser] [--keep]

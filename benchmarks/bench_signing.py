@@ -8,7 +8,7 @@ the host does anyway to send it), ``sign``, ``Verifier.check`` of a redelivery (
 disk write) and ``Verifier.check`` of a new id (includes the atomic, fsynced write of the
 replay memory in ``--tmp-root``, which holds 100 ids). Never fails on slowness.
 
-Then, per ``clock_resp`` (issue 16), what the host does in ``VmSession._on_clock_req`` from the
+Then, per ``clock_resp``, what the host does in ``VmSession._on_clock_req`` from the
 ``t3`` stamp to the answer handed to the transport (build, sign when keyed, encode), unsigned and
 signed, as the median / p99 of: that stamp-to-handoff time (the error ``t3`` would have without
 a lead; the offset error is half of it), and the error left once ``t3`` is stamped ahead by

@@ -1,4 +1,4 @@
-"""Benchmarks of the frozen agent in real TCG guests (issue 5 §4). Not a test: it prints figures
+"""Benchmarks of the frozen agent in real TCG guests. Not a test: it prints figures
 and never fails on slowness (pytest does not collect it: the name does not start with ``test``).
 
     .venv/bin/python qemu-test/bench_guest.py [--runs N] [--host-repeats N] [--json FILE]

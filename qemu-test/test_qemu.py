@@ -41,7 +41,7 @@ def _schedule(vm: str, config_sleep: int) -> List[Dict[str, Any]]:
         {"start_time": 1, "executable": "printf", "arguments": r"'pos \xff\xfe end\n'"},
         {"start_time": 2, "pause_duration": 2},
         {"start_time": 3, "executable": "/bin/echo", "arguments": f"after pause on {vm}"},
-        # FIREWHEEL command lines (issue 10): a builtin with the rest of the line, a missing program
+        # FIREWHEEL command lines: a builtin with the rest of the line, a missing program
         {"start_time": -10, "executable": "cd", "arguments": "/; echo in $PWD"},
         {"start_time": -10, "executable": "no-such-program-xyz"},
     ]

@@ -1,4 +1,4 @@
-"""Real QEMU guests (TCG) against the real ``vmr-host``: issue 5 §3 host-side items.
+"""Real QEMU guests (TCG) against the real ``vmr-host``: the host-side items.
 
 1. ``test_three_guests_barrier_filename_drop_break_resume_transfer``: 3 guests with configuration
    stages of different lengths, one start time for all, a positive entry on every VM (spread

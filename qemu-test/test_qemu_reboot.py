@@ -1,4 +1,4 @@
-"""A reboot request in negative time that really reboots a QEMU guest (issue 5 §3).
+"""A reboot request in negative time that really reboots a QEMU guest.
 
 One TCG guest (the busybox initramfs from ``build-guest.sh``) with a persistent ext2 state
 disk (a raw image made here with ``mkfs.ext2``, attached as ``/dev/vda``; ``/init`` binds its

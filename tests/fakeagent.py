@@ -254,7 +254,7 @@ class Host:
                 if self.proc.poll() is not None:
                     raise AssertionError(f"vmr-host exited {self.proc.returncode}: {self.stderr()}")
                 r = self.cli("status", "--json")
-                # up when the running host answers (not the status read from the logs, issue 13)
+                # up when the running host answers (not the status read from the logs)
                 if r.returncode in (0, 1) and r.stdout.strip() and not json.loads(r.stdout).get("offline"):
                     return
                 if time.monotonic() > deadline:
@@ -275,7 +275,7 @@ class Host:
 
     def status(self) -> Dict[str, Any]:
         r = self.cli("status", "--json")
-        assert r.returncode in (0, 1), r.stderr  # 1: some VM failed (issue 13)
+        assert r.returncode in (0, 1), r.stderr  # 1: some VM failed
         return json.loads(r.stdout)
 
     def vm_status(self, vm: str) -> Dict[str, Any]:

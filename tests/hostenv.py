@@ -167,7 +167,7 @@ class HostEnv:
 
     def status(self) -> Dict[str, Any]:
         res = self.cli("status", "--json")
-        assert res.returncode in (0, 1), res.stderr  # 1: some VM failed (issue 13)
+        assert res.returncode in (0, 1), res.stderr  # 1: some VM failed
         return json.loads(res.stdout)
 
     # ---------------------------------------------------------------- logs

@@ -1,4 +1,4 @@
-"""Realistic host logs of an experiment with N VMs, for the report's tests and benchmark (issue 14).
+"""Realistic host logs of an experiment with N VMs, for the report's tests and benchmark.
 
 :func:`generate` writes ``<logs>/<vm>.jsonl`` (host log records, ``docs/host.md``) and
 ``<logs>/experiment.json`` as a host would have after a run of N VMs: the VMs boot over 20 s,

@@ -1,4 +1,4 @@
-"""Entries appended to a running schedule (issue 12) on the engine's fake clock.
+"""Entries appended to a running schedule on the engine's fake clock.
 
 Every rule of :mod:`vmr_handler.core.schedule.appended` at exact instants: numbering after the
 schedule, positive entries at start + their pause-shifted time (past ones at once, with their

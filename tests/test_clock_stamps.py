@@ -1,5 +1,5 @@
 """Every event leaves the agent on the host's clock, also those stamped before the first
-clock sync (issue 15): :class:`~vmr_handler.agent.connected._stamps.PresyncStamps` on its own, then a real
+clock sync: :class:`~vmr_handler.agent.connected._stamps.PresyncStamps` on its own, then a real
 host and a real agent whose clock is 5 s ahead (``--debug-clock-skew 5``)."""
 
 from __future__ import annotations

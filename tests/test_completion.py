@@ -1,4 +1,4 @@
-"""Shell completion for both CLIs (issue 13): the generated bash script, sourced in a real bash,
+"""Shell completion for both CLIs: the generated bash script, sourced in a real bash,
 completes commands, options and choices from the real parsers."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The contract tests (``env_factory``) run twice: over real unix sockets (``--port unix:...``,
 the virtio-serial code path) and over MQTT through a real mosquitto started by the test
-(``--transport mqtt``): the same behaviour from both transports (issue 6 §3).
+(``--transport mqtt``): the same behaviour from both transports.
 Checks the barrier, firing on the host's clock, RESUME, resources, transfers, and faults
 (host kill -9, agent SIGKILL). ``unix_env_factory`` tests are about the channel itself
 (a pty stand-in for virtio-serial, a hostile raw channel, a config file naming the port).
@@ -127,7 +127,7 @@ def test_break_resume_one_vm_then_all(env_factory):
     env.wait_event("a", "entry_started", index=1)
     time.sleep(0.5)
     assert not env.events("b", "entry_started")
-    # a is no longer at a break: a plain resume --all is refused, naming it (issue 13)
+    # a is no longer at a break: a plain resume --all is refused, naming it
     preview = env.cli("resume", "--all", "--dry-run")
     assert preview.returncode == 0 and "would RESUME: a, b (break #0)" in preview.stdout, preview.stdout
     refused = env.cli("resume", "--all")

@@ -1,4 +1,4 @@
-"""The console's REST API, event stream and metrics (issue 14 section 2) against a real
+"""The console's REST API, event stream and metrics against a real
 ``vmr-host serve --console`` with real agents over unix sockets: requests for the API (the token
 rule, paging, filters, refusals), a real Server-Sent Events stream read while a break begins and
 a RESUME sent through the API ends it, ``/metrics`` parsed with prometheus-client's parser, the

@@ -1,4 +1,4 @@
-"""The console page in a real browser (issue 14, "Tests and docs"): Selenium driving Debian's
+"""The console page in a real browser: Selenium driving Debian's
 ``chromium`` through ``chromium-driver`` (never a downloaded browser), against a real
 ``vmr-host serve --console`` with real agents over unix sockets.
 

@@ -1,4 +1,4 @@
-"""The console's ``/metrics`` (issue 14 section 2; :mod:`vmr_handler.host.console.metrics`) on a
+"""The console's ``/metrics`` (:mod:`vmr_handler.host.console.metrics`) on a
 real :class:`Experiment` with real :class:`VmSession`\\ s on real logs: reports are fed as frames
 to the sessions, stored, applied and passed to the metrics the way the console's watcher does;
 the exposition is parsed with prometheus-client's parser and every value checked: entry runs by

@@ -1,4 +1,4 @@
-"""Pure parts of the console (issue 14): the events page reader on real files (cursors, filters,
+"""Pure parts of the console: the events page reader on real files (cursors, filters,
 tail, a line still being written, garbage and a monster line), the query parser's refusals, the
 stream hub's bound on a client that stops reading, and the ``--console`` flags."""
 

@@ -309,7 +309,7 @@ def test_data_that_cannot_be_placed_fails_the_vm_before_the_barrier(tmp_path: Pa
 
 
 def test_a_group_with_drops_fires_with_its_data_already_in_place(tmp_path: Path) -> None:
-    """Prepare early, fire cheap (issue 15): every drop is placed before anything runs, each
+    """Prepare early, fire cheap: every drop is placed before anything runs, each
     entry's file is there when its process starts, and firing places nothing more."""
     script = "#!/bin/sh\necho hi\n"
     sched = [

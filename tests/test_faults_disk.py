@@ -1,4 +1,4 @@
-"""Fault injection, disk full, real processes (issue 16, items 4 and 5).
+"""Fault injection, disk full, real processes.
 
 A real ``vmr-host serve`` and real ``vmr-handler run`` agents; a disk is made full by mounting
 a small tmpfs (root, as in CI and in guests) and filling it, then freed. At-least-once must

@@ -1,4 +1,4 @@
-"""The open-files limit of ``vmr-host serve`` (issue 16): a real host started under a low
+"""The open-files limit of ``vmr-host serve``: a real host started under a low
 ``RLIMIT_NOFILE`` (set in the child before exec).
 
 * hard limit too low, and the host may not raise it (``CAP_SYS_RESOURCE`` dropped from the

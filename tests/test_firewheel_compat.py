@@ -1,4 +1,4 @@
-"""FIREWHEEL schedules run unchanged (issue 10): entries built the way FIREWHEEL's helpers build
+"""FIREWHEEL schedules run unchanged: entries built the way FIREWHEEL's helpers build
 them (:mod:`tests.fwhelpers`), pickled as the reference stores them, played by the real
 ``vmr-handler run --local`` and through a real ``vmr-host`` with real agents.
 """

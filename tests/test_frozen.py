@@ -3,7 +3,7 @@ runs the REAL single file (no Python on its path) against the same inputs as the
 ``build.sh --onedir`` (the directory bundle) is built and run too.
 
 The build is bounded and a failure to build fails (never skips) the tests. SIGKILLs of the
-bootloader and of the agent check that nothing is left behind and nothing runs twice (issue 17).
+bootloader and of the agent check that nothing is left behind and nothing runs twice.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The per-VM budget of bytes the host hashes again for a guest (issue 16, item 2).
+"""The per-VM budget of bytes the host hashes again for a guest.
 
 A guest can make the host hash its files again at their last chunk (chunks out of order,
 rewritten bytes); that runs in a worker thread, one file at a time per VM, but without a

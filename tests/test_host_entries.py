@@ -1,4 +1,4 @@
-"""on_host entries run by the host (issue 12 section 2, ``vmr_handler/host/serve/experiment/hostentries.py``).
+"""on_host entries run by the host (``vmr_handler/host/serve/experiment/hostentries.py``).
 
 The runner is driven with REAL processes (scripts written to tmp dirs) through a real
 ``VmSession`` (its real log on disk; the agent's side of the link captured), fed the agent's

@@ -1,4 +1,4 @@
-"""on_host entries end to end (issue 12 section 2): a real ``vmr-host serve --host-entries``
+"""on_host entries end to end: a real ``vmr-host serve --host-entries``
 and a real agent, over unix sockets and over mosquitto. A negative on_host entry runs on the
 host inside the VM's stage (the next stage starts only after it ended), a positive one at its
 time with its lateness; the host writes their start, output and end in the VM's log, the agent

@@ -1,5 +1,5 @@
 """Host memory per VM is bounded whatever the VM sends, and a restart replays only the tail of
-a VM's ``.jsonl`` after its checkpoint (issue 16, item 3).
+a VM's ``.jsonl`` after its checkpoint.
 
 Pure logic (:class:`SeenIds`, :class:`VmLog` on a temp dir) and the real ``vmr-host serve``
 driven by fake agents over unix sockets (``tests/fakeagent.py``). Nothing asserts on speed:
@@ -356,7 +356,7 @@ def test_restart_replays_only_the_tail_after_the_checkpoint(hosts_dir):
     assert quick["memory"]["replayed_lines"] == 2 and quick["memory"]["replayed_bytes"] == len(tail_bytes)
     assert quick["complete"] and quick["events"]["stored"] == lines + 2
     assert h.stop() == 0
-    # `vmr-host status` with no host running reads the same checkpoint and the tail (issue 13)
+    # `vmr-host status` with no host running reads the same checkpoint and the tail
     offline = json.loads(h.cli("status", "--json").stdout)
     vm = next(v for v in offline["vms"] if v["vm"] == "vm1")
     assert offline["offline"] and vm["read"]["checkpoint"].startswith("used")

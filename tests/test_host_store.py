@@ -50,7 +50,7 @@ def test_vmlog_writes_each_id_once_and_rebuilds_after_restart(tmp_path):
 @pytest.mark.faults
 def test_vmlog_on_a_full_disk_records_nothing_it_did_not_write(full_disk):
     # an id counted as seen before its write succeeded made the agent's resends "duplicates"
-    # that were acknowledged and never stored (issue 16): a refused write must leave no trace
+    # that were acknowledged and never stored: a refused write must leave no trace
     filler = full_disk / "filler"
     filler.write_bytes(b"f" * 40_000)
     log = VmLog(str(full_disk), "vm", quota=1 << 30)
@@ -207,8 +207,8 @@ def test_transfer_out_of_order_chunks_and_new_versions(tmp_path):
 
 @pytest.mark.faults
 def test_repeated_last_chunks_never_hash_what_was_hashed(tmp_path):
-    # issue 16: one message of 100 one-byte `last` chunks of a big sparse file re-hashed the
-    # whole file for each (~168 ms a chunk for 250 MiB); the running hash is kept instead
+    # one message of 100 one-byte `last` chunks of a big sparse file must not re-hash the
+    # whole file for each (~168 ms a chunk for 250 MiB): the running hash is kept
     size = 8 * 1024 * 1024
     t = TransferStore(str(tmp_path), "vm", max_file=size, max_total=2 * size)
     t.open()
@@ -415,7 +415,7 @@ def test_a_re_reported_upload_cannot_break_the_per_vm_total(tmp_path) -> None:
 
 
 def test_acks_wait_for_the_fsync_of_what_they_acknowledge(tmp_path, monkeypatch, caplog):
-    # the fsync policy (issue 16): nothing is acknowledged before its line is fsynced; one fsync
+    # the fsync policy: nothing is acknowledged before its line is fsynced; one fsync
     # at a time per VM, in a worker thread; a failed fsync acknowledges nothing
     import asyncio
     import threading
@@ -468,7 +468,7 @@ def test_acks_wait_for_the_fsync_of_what_they_acknowledge(tmp_path, monkeypatch,
 
 
 def test_readable_logs_of_many_vms_share_a_bounded_number_of_open_files(tmp_path):
-    # 10 000 VMs held 20 000 log files open (issue 16): the readable .log now goes through a
+    # 10 000 VMs held 20 000 log files open: the readable .log now goes through a
     # pool of at most `limit` open files; every line still lands in its own VM's file, in order
     from vmr_handler.host.logs.appendfiles import AppendFiles
 

@@ -1,4 +1,4 @@
-"""VM-resource files over HTTP(S) (issue 6 §1): a real ``vmr-host serve --http`` and real agents.
+"""VM-resource files over HTTP(S): a real ``vmr-host serve --http`` and real agents.
 
 The agent learns each resource's ``url`` and its VM's token from the schedule event and
 fetches with ``requests`` (resumable, sha256 checked against the schedule); refusals are

@@ -1,4 +1,4 @@
-"""Transfers out over HTTP(S) (issue 6 §1): a real ``vmr-host serve --http`` and real agents.
+"""Transfers out over HTTP(S): a real ``vmr-host serve --http`` and real agents.
 
 Files of ``HTTP_TRANSFER_MIN`` bytes or more are uploaded (``PUT /t/<vm>/<location>``,
 resumable) and put in place when the agent's ``transfer_uploaded`` report arrives; smaller

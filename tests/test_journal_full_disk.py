@@ -1,4 +1,4 @@
-"""The engine when its journal snapshot cannot be written (a full state dir; issue 16, item 5).
+"""The engine when its journal snapshot cannot be written (a full state dir).
 
 Before: the first snapshot that failed (a stage finished, the VM configured, a reboot asked for)
 raised out of the engine and the agent exited 1: a full guest disk ended the VM's run. Now the

@@ -1,4 +1,4 @@
-"""KPIs (issue 14 section 1, seed 004): the agent's :class:`~vmr_handler.agent.machine.kpi.KpiSampler`
+"""KPIs (seed 004): the agent's :class:`~vmr_handler.agent.machine.kpi.KpiSampler`
 on a FakeClock (intervals, a change, 0 = off, stop, failing readings, skipped samples), a real
 sample of this machine, the host's ``kpi`` payload on hostile data, the latest sample in
 ``vmr-host status``, and a real ``vmr-handler run --local --kpi-interval`` process.
@@ -440,7 +440,8 @@ def test_status_shows_the_latest_sample(tmp_path: Path) -> None:
 
 def test_the_host_option_and_its_default(tmp_path: Path) -> None:
     assert HostConfig({}, frozenset(), "logs", "channels").kpi_interval == 10.0
-    from vmr_handler.host.cli.commandline import _parser, build_config
+    from vmr_handler.host.cli.serve import build_config
+    from vmr_handler.host.cli.vmr_host import parser as _parser
 
     (tmp_path / "vm1.yaml").write_text("- {start_time: 1, executable: /bin/true}\n")
     base = ["serve", "--schedules", str(tmp_path), "--logs", str(tmp_path / "logs")]
@@ -484,7 +485,7 @@ def test_run_local_reports_kpi_events(tmp_path: Path, agents: List[Agent]) -> No
 
 @pytest.mark.parametrize("transport", ["unix", "mqtt"])
 def test_the_hosts_interval_reaches_connected_agents_and_their_samples_come_back(transport: str) -> None:
-    # wired end to end (issue 14): serve --kpi-interval -> welcome -> the agent samples ->
+    # wired end to end: serve --kpi-interval -> welcome -> the agent samples ->
     # kpi reports, stored once each in <vm>.jsonl and the latest shown by `vmr-host status`
     from tests.hostenv import HostEnv
 

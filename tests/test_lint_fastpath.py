@@ -1,4 +1,4 @@
-"""``check`` at parse speed (issue 15): :func:`lint_schedule` skips an entry that drops nothing,
+"""``check`` at parse speed: :func:`lint_schedule` skips an entry that drops nothing,
 runs a found plain program and has plain arguments. It must give exactly the warnings, in
 the order, that the per-entry checks give: the oracle below is the loop it replaced."""
 
@@ -19,7 +19,7 @@ from vmr_handler.core.schedule.model import Schedule
 
 
 def oracle(schedule: Schedule, launch_dir: str, path: Optional[str], shell: str) -> List[str]:
-    """Every entry through every check (the loop before issue 15), messages as lint_schedule."""
+    """Every entry through every check (the plain loop, no fast path), messages as lint_schedule."""
     workdirs: Dict[int, str] = {}
     warnings: List[str] = []
     non_executable = _non_executable_drops(schedule)

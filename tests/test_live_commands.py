@@ -1,4 +1,4 @@
-"""``vmr-host push|pull|exec`` (issue 12 section 1) with a real ``vmr-host serve`` and real
+"""``vmr-host push|pull|exec`` with a real ``vmr-host serve`` and real
 agents, over unix sockets and over a real mosquitto. Each command is a batch appended to the
 VMs' schedules (``schedule add``: tests/test_schedule_add.py): files pushed land with their
 content and mode, files and directories pulled arrive whole under ``<logs>/transfers/<vm>/``,

@@ -1,4 +1,4 @@
-"""The schedule loader's allocation limits (issue 16 item 6).
+"""The schedule loader's allocation limits.
 
 Memory bombs, built here: pickles whose opcodes declare huge lengths, memo indexes or tuple
 nesting; YAML and pickles whose shared values (aliases, memo references) expand far beyond the
@@ -307,7 +307,7 @@ def test_deep_yaml_over_the_slow_parser_limit_is_refused(monkeypatch: pytest.Mon
         load_schedule_bytes(deep.encode())
 
 
-# ------------------------------------------------------------------ the scan's skipping pattern (issue 15)
+# ------------------------------------------------------------------ the scan's skipping pattern
 def _walk_outcome(data: bytes, counting: bool, allowed: int, how: str) -> Union[int, str]:
     """What :func:`pickle_scan._walk` says of ``data`` (the tuple count, or its refusal), walked
     by the ``loop`` alone, opcode by opcode, or with the ``pattern`` as it is, or with the

@@ -146,8 +146,8 @@ def test_push_whose_staged_file_is_gone_appends_nothing(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A staged push removed (``<logs>/pushed`` cleaned) before the host took the batch."""
-    from vmr_handler.host.cli.commandline import main
     from vmr_handler.host.cli.live import _push as livepush
+    from vmr_handler.host.cli.vmr_host import main
 
     env = HostEnv({"a": [{"start_time": -1, "executable": "/bin/true"}]})
     try:

@@ -1,4 +1,4 @@
-"""MQTT-only behaviour end to end (issue 6 §3), real mosquitto, real hosts and agents.
+"""MQTT-only behaviour end to end, real mosquitto, real hosts and agents.
 
 The behaviour both transports share is tested over both in ``test_connected.py``; here is
 what only the broker brings: a broker restart mid-experiment, several ``vmr-host`` processes

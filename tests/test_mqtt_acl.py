@@ -1,4 +1,4 @@
-"""``vmr-host mqtt-config`` against a real mosquitto and real paho-mqtt 2.x clients (issue 6 §2).
+"""``vmr-host mqtt-config`` against a real mosquitto and real paho-mqtt 2.x clients.
 
 Every config comes from the real CLI (``python -m vmr_handler.host mqtt-config``) and runs
 in a real mosquitto (``tests/broker.py``). What is proven is what a legitimate subscriber
@@ -262,7 +262,7 @@ def test_generated_files_modes_and_contents(tmp_path: Path) -> None:
     acl = (out / "acl").read_text()
     assert "pattern write vmr/e1/%u/up\npattern read vmr/e1/%u/down\n" in acl
     assert "user vmr-host\ntopic readwrite vmr/e1/#" in acl
-    for vm in "abc":  # each VM of the experiment may read the hosts' start topics (issue 16)
+    for vm in "abc":  # each VM of the experiment may read the hosts' start topics
         assert f"\nuser {vm}\ntopic read vmr/e1/_hosts/+/start\n" in acl
     assert "pattern read vmr/e1/_hosts" not in acl  # a user grant: not for other experiments' VMs
     conf = (out / "mosquitto.conf").read_text().splitlines()
@@ -337,7 +337,7 @@ def test_vm_cannot_publish_onto_another_vms_topics(exp: Exp) -> None:
 
 
 def test_vm_reads_the_hosts_start_topics_and_cannot_write_them(exp: Exp) -> None:
-    """Every host's start for all its VMs (issue 16): every VM of the experiment reads it, no
+    """Every host's start for all its VMs: every VM of the experiment reads it, no
     VM writes it, and it opens nothing else of ``_hosts`` nor to another experiment's VMs."""
     host, h2 = exp.host(), exp.host("h2")
     starts = {"vmr/e1/_hosts/vmr-host/start": b"start-h1", "vmr/e1/_hosts/h2/start": b"start-h2"}

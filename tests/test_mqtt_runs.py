@@ -1,4 +1,4 @@
-"""Runs over MQTT (issue 16): what an earlier run left retained in the broker is never taken,
+"""Runs over MQTT: what an earlier run left retained in the broker is never taken,
 and a coordinator killed with -9 and restarted on its logs carries the experiment on.
 
 Real mosquitto (:class:`tests.broker.Broker`), real ``vmr-host serve`` processes and real
@@ -233,7 +233,7 @@ def test_coordinator_killed_after_the_start_and_restarted_carries_the_experiment
 # --------------------------------------------------------------------------- one start per host
 def test_each_hosts_vms_take_their_hosts_start_only(runs: Runs) -> None:
     """Each host publishes its start once for all its VMs on ``_hosts/<host>/start``; every
-    agent reads every host's (issue 16) and takes only its own host's run's."""
+    agent reads every host's and takes only its own host's run's."""
     h1, h2 = _two_hosts(runs, FAST, FAST, start_buffer=1.0)
     _fired(h1, "a"), _fired(h2, "b")
     e1, e2 = h1.status()["experiment"], h2.status()["experiment"]

@@ -1,4 +1,4 @@
-"""A secured MQTT experiment end to end (issue 6 §1-§2): what an operator deploys.
+"""A secured MQTT experiment end to end: what an operator deploys.
 
 ``vmr-host mqtt-config --tls`` writes the broker config, password file, ACL, CA and per-VM
 credential files; a real mosquitto runs that config; ``vmr-host serve`` logs in with the host

@@ -1,4 +1,4 @@
-"""The start over MQTT as one retained message per host (issue 16), real mosquitto.
+"""The start over MQTT as one retained message per host, real mosquitto.
 
 A host publishes its start once, retained, on ``vmr/E/_hosts/<host>/start`` (signed for every
 VM of its run with a key); every agent reads every host's, and takes only its own host's run's

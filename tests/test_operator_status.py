@@ -1,4 +1,4 @@
-"""What an operator sees (issue 13): ``vmr-host status`` says who the experiment waits for and
+"""What an operator sees: ``vmr-host status`` says who the experiment waits for and
 why, ``vmr-host wait --for`` waits for a phase, a recovered VM shows what it does now.
 
 A real ``vmr-host serve`` and real agents over unix sockets: vm1 and vm2 reach a break at +1,

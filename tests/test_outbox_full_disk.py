@@ -1,4 +1,4 @@
-"""A full state dir in the guest loses no report (issue 16, item 5), real processes.
+"""A full state dir in the guest loses no report, real processes.
 
 ``vmr-host serve`` and a real ``vmr-handler run`` agent whose state dir is a 64 KiB tmpfs
 (the ``full_disk`` fixture; CI runs as root). The disk is filled while an entry writes its
@@ -114,7 +114,7 @@ def test_a_journal_on_a_full_disk_keeps_entry_changes_until_it_can_save(full_dis
 
 def test_a_transfer_out_waits_for_space_and_arrives_whole(full_disk):
     """A transfer-out chunk that cannot be written to the outbox (full state dir) is held and
-    retried, not dropped with the transfer task (issue 16): the file arrives whole once space
+    retried, not dropped with the transfer task: the file arrives whole once space
     returns, and the agent stays up."""
     import os as _os
 

@@ -411,7 +411,7 @@ def test_a_malformed_report_from_a_vm_is_stored_counted_and_not_applied(tmp_path
 
 def test_a_report_nested_too_deep_to_store_is_kept_as_a_placeholder_and_acked(tmp_path: Path) -> None:
     # it passed the decoder but could not be written, so it was never acknowledged and an honest
-    # agent would resend it forever (issue 16, item 7)
+    # agent would resend it forever
     deep: Any = "bottom"
     for _ in range(600):
         deep = [deep]

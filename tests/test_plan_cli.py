@@ -95,7 +95,7 @@ def plan_json(path: Path, *resumes: str) -> Dict[str, Any]:
     for entry in doc["entries"]:
         assert set(entry) == ENTRY_KEYS
         assert entry["kind"] in {"negative", "positive", "pause", "break", "host", "resume"}
-        # the exact command line: the executable as written, then the arguments (issue 10)
+        # the exact command line: the executable as written, then the arguments
         assert entry.pop("command") is None or entry["kind"] in {"negative", "positive", "host"}
     for resume in doc["resumes"]:
         assert set(resume) == RESUME_KEYS

@@ -1,4 +1,4 @@
-"""``plan --json`` without an object per entry (issue 15, :mod:`vmr_handler.agent.cli._planout`): the
+"""``plan --json`` without an object per entry (:mod:`vmr_handler.agent.cli._planout`): the
 schedule validated as columns, planned as columns and written from columns of strings must give,
 byte for byte, what the object path gives: ``json.dumps(plan_json(build_plan(entries, resumes),
 command_lines(entries, launch_dir)))`` of ``load_schedule``'s entries. Compared on varied
@@ -161,7 +161,7 @@ def test_columns_refuse_what_the_entries_refuse(records: List[Any]) -> None:
 
 
 def test_expanded_size_limit_is_the_same_error() -> None:
-    """Plain entries alone over the expanded-size limit (issue 16): the same entry is named."""
+    """Plain entries alone over the expanded-size limit: the same entry is named."""
     big = "a" * MAX_ARGUMENTS_LENGTH  # 17 of them: over the 16 MiB floor of a small file
     records: List[Dict[str, Any]] = [{"start_time": 5, "pause_duration": 1}]
     records += [{"start_time": 1, "executable": "x", "arguments": big} for _ in range(17)]
@@ -310,8 +310,8 @@ def test_argparse_reports_what_the_hand_parser_leaves(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------- the plain screen
 def loop_plain_entry(index: int, record: Any) -> Optional[ScheduleEntry]:
-    """The record-by-record check the column screen replaced (validate._plain_entries before
-    issue 15's third pass), as the oracle."""
+    """The record-by-record check the column screen replaced (one record at a time), as the
+    oracle."""
     if not (type(record) is dict and set(record) <= PLAIN_FIELDS):
         return None
     start, exe, args = record.get("start_time"), record.get("executable"), record.get("arguments")

@@ -1,4 +1,4 @@
-"""``plan --json`` at parse speed (issue 15): :func:`~vmr_handler.agent.cli._planout.plan_text` writes
+"""``plan --json`` at parse speed: :func:`~vmr_handler.agent.cli._planout.plan_text` writes
 the JSON itself, from columns, and must give, byte for byte, ``json.dumps(plan_json(...))`` of the
 object path, the output every consumer reads (whole schedules: tests/test_plan_fast.py)."""
 

@@ -1,4 +1,4 @@
-"""What people read is readable (issue 13): the agent's and the host's readable logs carry no
+"""What people read is readable: the agent's and the host's readable logs carry no
 epoch float, no number with more than 3 decimals, no Python repr, and bytes that are not UTF-8
 escaped, never hidden; ``vmr-host check`` names every bad schedule file at once."""
 

@@ -1,4 +1,4 @@
-"""The agent says what it waits for (issue 13): reminders at the barrier and at a break, and a
+"""The agent says what it waits for: reminders at the barrier and at a break, and a
 warning at the default level when its channel is missing or the wrong kind of file."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``vmr-host report`` (SPEC section 8, issue 14): the timeline HTML from hand-made records (the
+"""``vmr-host report`` (SPEC section 8): the timeline HTML from hand-made records (the
 pure renderer), the streaming loader, and one real experiment (HostEnv) rendered by the real CLI.
 The same report in a real browser: tests/test_report_browser.py."""
 
@@ -244,7 +244,7 @@ def test_pause_and_break_spans_break_ends_at_the_resume(page):
     (brk,) = of_class(vm1, "br")
     assert right(brk) == pytest.approx(x_of(svg, START + 20), abs=0.15)
     assert "ended by a RESUME stamped t=19.9" in title(brk)
-    # issue 14: the RESUME is drawn in the lane of the VM that received it, not across every lane
+    # the RESUME is drawn in the lane of the VM that received it, not across every lane
     (received,) = of_class(vm1, "m-resume", "path")
     assert utc(svg, received) == pytest.approx(START + 20) and "ended break #3" in title(received)
     assert not of_class(lane(svg, "vm2"), "m-resume", "path") and not of_class(
@@ -494,7 +494,7 @@ def test_report_of_a_real_experiment_through_the_cli():
 
 
 def test_a_vm_that_fails_in_a_stage_ends_the_stage_there_in_red():
-    # issue 14: a VM that failed at t=-25 s showed its stage as an open bar to the end of the run
+    # a VM that failed at t=-25 s: its stage ends there, not as an open bar to the end of the run
     records = [
         rec("a", T0, "stage_started", stage=0, start_time=-30, entries=[0]),
         rec("a", T0 + 5, "vm_failed", index=0, status="error", details="entry 0 could not start"),
@@ -510,7 +510,7 @@ def test_a_vm_that_fails_in_a_stage_ends_the_stage_there_in_red():
     assert "stage ended by a failure" in html  # in the legend
 
 
-# ---------------------------------------------------------------------------- issue 14 section 3
+# ---------------------------------------------------------------------------- the timeline fold
 def fold(records: List[Dict[str, Any]]) -> ExperimentTimeline:
     tl = ExperimentTimeline()
     for r in records:

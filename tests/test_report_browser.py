@@ -1,5 +1,5 @@
-"""The report of ``vmr-host report`` in a real browser (issue 14 section 3, "the same for the
-static report at 200 VMs: layout: nothing overlaps or is cut off; measured render time").
+"""The report of ``vmr-host report`` in a real browser: at 200 VMs
+nothing overlaps or is cut off, and the render time is measured.
 
 Debian's ``chromium`` driven by Selenium through Debian's ``chromium-driver`` (both installed
 by ``.ci/run``; Selenium is never let download anything: the browser and the driver are given

@@ -1,4 +1,4 @@
-"""Reports survive a sink that fails (issue 16, item 5): held in bounded memory, retried, in order.
+"""Reports survive a sink that fails: held in bounded memory, retried, in order.
 
 The engine on a FakeClock (tests/enginefakes.py) with a sink that raises ENOSPC: every report
 arrives exactly once and in the order it was made, and while the hold is full nothing new

@@ -451,7 +451,7 @@ def test_disk_full_drop_fails_clearly_and_keeps_what_was_done(tmp_path, agents, 
 
 def test_status_names_a_future_break_as_next(tmp_path, agents):
     """At the barrier a break still in the future is the *next* break, not one that holds the
-    VM (issue 13); times are readable."""
+    VM; times are readable."""
     sched = [
         {"start_time": -1, "executable": "/bin/true"},
         {"start_time": 1.5, "pause": True, "data": [{"pause_duration": float("inf")}]},

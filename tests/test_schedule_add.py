@@ -1,4 +1,4 @@
-"""``vmr-host schedule add`` (issue 12 section 1) with a real ``vmr-host serve`` and real agents,
+"""``vmr-host schedule add`` with a real ``vmr-host serve`` and real agents,
 over unix sockets and over a real mosquitto: a batch appended to every VM after their schedule
 completed (a negative entry as a stage of its own, a positive one whose time passed fired at
 once with its lateness), then a break appended to one VM and ended by a RESUME; an agent killed

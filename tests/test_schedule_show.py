@@ -1,4 +1,4 @@
-"""``vmr-host schedule show VM`` (issue 12 section 1): a VM's schedule as the host delivered it
+"""``vmr-host schedule show VM``: a VM's schedule as the host delivered it
 and what became of every entry, from the logs directory, with a real ``vmr-host serve`` and a
 real agent: a stage, a break ended by a RESUME, an entry after it, one that fails, one the
 break still holds; the JSON form; a VM never seen; a schedule file changed since it was

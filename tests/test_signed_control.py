@@ -1,4 +1,4 @@
-"""Signed control messages end to end (issue 6 §2, SPEC §7): a real ``vmr-host serve
+"""Signed control messages end to end (SPEC §7): a real ``vmr-host serve
 --signing-key`` and real agents with ``--public-key``.
 
 Over both transports a signed experiment runs normally (schedule, start time, break,
@@ -85,7 +85,7 @@ def test_agent_with_a_key_refuses_an_unsigned_host(tmp_path: Path) -> None:
         keys = _keygen(env.root / "keys")
         env.start_host()  # no --signing-key
         env.start_agent("a", "--public-key", str(keys / "host.pub"))
-        # its unsigned clock answers are refused first (issue 16): the agent never syncs, so it
+        # its unsigned clock answers are refused first: the agent never syncs, so it
         # neither applies the (held) schedule nor sends a report; it says why in its own log
         env.wait_for(
             lambda: "refused clock_resp" in env.agent_log("a") and "unsigned" in env.agent_log("a"),
@@ -244,7 +244,7 @@ def _schedule_event_id(env: HostEnv) -> str:
     raise AssertionError("no answer to the schedule event in the host's log")
 
 
-# ------------------------------------------------------------------------ clock_resp (issue 16)
+# ------------------------------------------------------------------------ clock_resp
 def _clock_resp(ident: str, answers: str, t1: float, skew: float = 0.0) -> Event:
     now = time.time() + skew
     return Event(CLOCK_RESP, time.time(), ident, {"answers": answers, "t1": t1, "t2": now, "t3": now})
@@ -294,7 +294,7 @@ def test_clock_answers_without_a_key_take_any_answer_to_a_pending_request() -> N
     answers.asked("req-1", 5.0)
     assert answers.take(_clock_resp("r1", "req-0", 5.0)) is None
     assert answers.take(_clock_resp("r2", "req-1", 5.0)) == 5.0
-    assert answers.take(_clock_resp("r3", "req-1", 5.0)) is None  # ignored, as before issue 16
+    assert answers.take(_clock_resp("r3", "req-1", 5.0)) is None  # ignored
 
 
 def test_stamp_lead_is_the_median_of_recent_stamp_to_send_times() -> None:

@@ -1,4 +1,4 @@
-"""Signed control messages (vmr_handler/core/wire/signing.py, SPEC section 7, issue 6 §2) and `vmr-host
+"""Signed control messages (vmr_handler/core/wire/signing.py, SPEC section 7) and `vmr-host
 keygen`."""
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def flip_bit(b64: str) -> str:
 
 
 def test_signed_types_are_the_control_messages() -> None:
-    assert frozenset({"schedule", "start_time", "resume", "schedule_append"}) == SIGNED_TYPES  # issue 12
+    assert frozenset({"schedule", "start_time", "resume", "schedule_append"}) == SIGNED_TYPES
 
 
 def test_round_trip_over_the_wire() -> None:

@@ -154,7 +154,7 @@ def test_pause_at_minus_inf() -> None:
     without = build_plan([e for e in entries if not e.pause])
     assert fire(plan) == {0: None, 1: None, 2: -INF, 3: 40, 4: None, 5: 34}
     assert plan.initial_delay == 30
-    assert plan.stages == without.stages == (-10, -5, -3)  # an on_host entry at -3 makes a stage (issue 12)
+    assert plan.stages == without.stages == (-10, -5, -3)  # an on_host entry at -3 makes a stage
     assert [p.stage for p in plan.entries] == [0, 1, None, None, None, None]
     assert [p.kind for p in plan.entries] == [
         EntryKind.NEGATIVE, EntryKind.NEGATIVE, EntryKind.PAUSE, EntryKind.POSITIVE, EntryKind.HOST,
@@ -260,7 +260,7 @@ def test_stage_numbering_several_negative_times() -> None:
     entries = [pos(0, -5), pos(1, -100), pos(2, 3), pos(3, -99), pos(4, -5.5), pos(5, -100), host(6, -1000),
                pos(7, -5)]
     plan = build_plan(entries)
-    assert plan.stages == (-1000, -100, -99, -5.5, -5)  # the on_host entry's time is a stage (issue 12)
+    assert plan.stages == (-1000, -100, -99, -5.5, -5)  # the on_host entry's time is a stage
     assert [p.stage for p in plan.entries] == [4, 1, None, 2, 3, 1, None, 4]
     assert [p.fire_at for p in plan.entries] == [None, None, 3, None, None, None, None, None]
 
@@ -421,7 +421,7 @@ def test_prop_entries_before_first_pause_are_unshifted(entries, resumes) -> None
 @given(schedules, resume_lists)
 def test_prop_negative_entries_never_fire_and_keep_their_stage(entries, resumes) -> None:  # type: ignore[no-untyped-def]
     plan = build_plan(entries, resumes)
-    staged = (EntryKind.NEGATIVE, EntryKind.HOST)  # on_host entries run inside their stage (issue 12)
+    staged = (EntryKind.NEGATIVE, EntryKind.HOST)  # on_host entries run inside their stage
     stages = sorted({e.start_time for e in entries if e.kind in staged and e.start_time < 0})
     assert list(plan.stages) == stages
     for p in plan.entries:

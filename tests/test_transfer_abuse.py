@@ -1,4 +1,4 @@
-"""A guest cannot freeze the host with its transfers (issue 16, item 2), real ``vmr-host``.
+"""A guest cannot freeze the host with its transfers, real ``vmr-host``.
 
 One hostile VM sends, in one message, 100 one-byte ``last: true`` chunks of a 250 MiB sparse
 file with a wrong sha256 (before: the whole file was hashed for each, on the loop every VM

@@ -372,7 +372,7 @@ def test_pickle_shape_problems_are_format_errors(data, words):
 
 @pytest.mark.parametrize("odd", [5, None, {"start_time": 1}, ("a",), "text"])
 def test_a_non_entry_among_entries_is_named_by_its_index(odd):
-    """The item types are screened all at once (issue 15); the error still names the first item
+    """The item types are screened all at once; the error still names the first item
     that is no schedule entry, wherever it stands."""
     with standin_class() as cls:
         good = cls.__new__(cls)

@@ -1,4 +1,4 @@
-"""Validation at parse speed (issue 15): a plain program entry takes a short path in
+"""Validation at parse speed: a plain program entry takes a short path in
 ``validate_records`` that must give exactly the entry the full field checks give, and must
 leave every record it cannot vouch for (an invalid one included) to the full checks."""
 
