@@ -25,10 +25,10 @@ import contextlib
 import functools
 import logging
 import os
-import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set
 
 from vmr_handler import __version__
+from vmr_handler.core.clock import Clock, SystemClock
 from vmr_handler.core.control import ControlServer
 from vmr_handler.core.errors import ControlError, HostSetupError, ResourceRefused, ResourcesMissing
 from vmr_handler.host.cli.control_client import control_socket_path
@@ -39,6 +39,7 @@ from vmr_handler.host.serve._fdlimit import ensure_fd_limit, fd_needs, readable_
 from vmr_handler.host.serve.channels.factory import Channels, channel_mode
 from vmr_handler.host.serve.config import HostConfig, VmSpec
 from vmr_handler.host.serve.control_api import ControlApi
+from vmr_handler.host.serve.experiment.appendbook import AppendBook
 from vmr_handler.host.serve.experiment.barrier import waiting_text
 from vmr_handler.host.serve.experiment.experiment import Experiment
 from vmr_handler.host.serve.experiment.hostentries import HostEntryRunner, schedule_lookup
@@ -73,23 +74,36 @@ class HostServer:
         channels: makes the guests' channels for the experiment (the CLI hands in
             :func:`vmr_handler.host.serve.channels.factory.open_channels`: unix sockets or the broker, by
             ``config``); the server never looks at the transport itself.
+        clock: the host's clock, handed to every part with a timing rule (the experiment, the
+            sessions, the event maker, the channels): :class:`~vmr_handler.core.clock.SystemClock`
+            by default.
     """
 
-    def __init__(self, config: HostConfig, channels: Callable[[HostConfig, Experiment], Channels]) -> None:
+    def __init__(
+        self,
+        config: HostConfig,
+        channels: Callable[[HostConfig, Experiment], Channels],
+        clock: Optional[Clock] = None,
+    ) -> None:
         self.config = config
         self.limits = config.limits
-        self.events = HostEvents()
+        self.clock: Clock = clock or SystemClock()
+        self.events = HostEvents(self.clock)
         self.sessions: Dict[str, VmSession] = {}
-        self.experiment = Experiment(config, self.sessions)
-        self.channels = channels(config, self.experiment)
         # --resources, and the files vmr-host push staged
         self.resources = ResourceStore(config.resources, os.path.join(config.logs, PUSHED_DIR))
         self._unserved: Set[str] = set()  # resources said to be missing (warned about once)
-        lookup = schedule_lookup(config.vms, config.allow_classes, self.experiment.appends)
+        appends = AppendBook(config.logs)  # batches appended to running VMs
         self.host_entries = HostEntryRunner(
-            config.host_entries, config.logs, self.sessions, lookup, self.resources, self.events
+            config.host_entries,
+            config.logs,
+            self.sessions,
+            schedule_lookup(config.vms, config.allow_classes, appends),
+            self.resources,
+            self.events,
         )  # on_host entries, reached by the sessions through the experiment
-        self.experiment.host_entries = self.host_entries
+        self.experiment = Experiment(config, self.sessions, self.clock, appends, self.host_entries)
+        self.channels = channels(config, self.experiment)
         self.readable = AppendFiles()  # every VM's readable .log, a bounded number open at once
         self.http: Optional[ResourceHttp] = None  # with --http
         self._opened = False
@@ -203,6 +217,7 @@ class HostServer:
             self.events,
             resource_info,
             self.http.schedule_data(name) if self.http is not None else None,
+            clock=self.clock,
         )
         self.sessions[name] = session
         try:
@@ -353,7 +368,7 @@ class HostServer:
             elif outcome == "upload_refused":  # a transfer out refused over HTTP(S)
                 s.counters.transfer_refused += 1
             if text is not None:
-                s.log.note(text, time.time())
+                s.log.note(text, self.clock.time())
                 if outcome not in ("refused", "upload_refused"):  # logged, rate-limited, by the HTTP server
                     log.info("%s: %s", vm, text)
 
@@ -364,10 +379,13 @@ class HostServer:
         return note
 
     async def _ticker(self) -> None:
+        """Every ``period`` seconds on the host's clock: each session's :meth:`VmSession.tick`
+        (heartbeats after send silence, a silent peer marked)."""
         period = min(1.0, self.limits.heartbeat / 2, self.limits.silent_after / 2)
+        never = asyncio.Event()
         while True:
-            await asyncio.sleep(period)
-            now = time.time()
+            await self.clock.wait(never, self.clock.time() + period)
+            now = self.clock.time()
             for s in self.sessions.values():
                 try:
                     s.tick(now)

@@ -87,7 +87,8 @@ class BrokerChannels:
         from vmr_handler.host.serve.channels.mqtt import MqttService
 
         assert self.config.mqtt is not None
-        service = MqttService(self.experiment, self.config.mqtt, self.config.host_id)
+        x = self.experiment
+        service = MqttService(x, self.config.mqtt, self.config.host_id, clock=x.clock)
         self.experiment.mqtt = service
         self._task = asyncio.ensure_future(self._watch(service.run(), stop))
 

@@ -40,11 +40,11 @@ import asyncio
 import json
 import logging
 import socket
-import time
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Protocol, Set, Tuple
 
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
+from vmr_handler.core.clock import Clock, SystemClock
 from vmr_handler.core.events import Event
 from vmr_handler.core.ratelimit import TokenBucket
 from vmr_handler.core.wire.protocol import encode_message
@@ -128,6 +128,8 @@ class MqttService:
         options: broker, experiment and the host's credentials.
         host_id: this host's name in its client id (``vmr-host-<experiment>-<host_id>``).
         reconnect: (initial, max) seconds of the reconnect backoff.
+        clock: the host's clock (frame times, the signed start's refresh; ``SystemClock`` by
+            default).
     """
 
     def __init__(
@@ -136,8 +138,10 @@ class MqttService:
         options: MqttOptions,
         host_id: Optional[str] = None,
         reconnect: Tuple[float, float] = (0.2, 5.0),
+        clock: Optional[Clock] = None,
     ) -> None:
         self.server = server
+        self.clock: Clock = clock or SystemClock()
         self.options = options
         self.experiment = check_name("experiment", options.experiment)
         self.host_id = check_name("host id", host_id or socket.gethostname())
@@ -189,7 +193,7 @@ class MqttService:
             if first and self.server.barrier.start_time is None:
                 # a stale start of an earlier run must not be learnt; an empty frame (no event)
                 # in its place shows the agents that they may read this topic (guest.py)
-                bridge.publish_nowait(self.start_topic, encode_message([], time.time()), retain=True)
+                bridge.publish_nowait(self.start_topic, encode_message([], self.clock.time()), retain=True)
                 for vm in self.server.sessions:
                     bridge.publish_nowait(self.topics(vm).start, b"", retain=True)
             first = False
@@ -322,7 +326,7 @@ class MqttService:
             await asyncio.gather(previous, return_exceptions=True)
         session = self.server.sessions[vm]
         link = ChannelLink.of(session, channel, TokenBucket(DOWN_RATE, DOWN_BURST))
-        if not session.attach(link, time.time()):
+        if not session.attach(link, session.clock.time()):
             link.close()
             return
         reader = SessionReader(session, channel, link)
@@ -332,7 +336,7 @@ class MqttService:
             link.close()
             await channel.wait_ended()
         finally:
-            session.detach(link, time.time(), channel.ended or reader.reason)
+            session.detach(link, session.clock.time(), channel.ended or reader.reason)
             link.close()
 
     async def _end_all(self, reason: str) -> None:
@@ -347,8 +351,9 @@ class MqttService:
 
     async def _refresh_start(self) -> None:
         """Re-sign and re-publish the retained start time (a signed one goes stale)."""
+        never = asyncio.Event()
         while True:
-            await asyncio.sleep(START_REFRESH)
+            await self.clock.wait(never, self.clock.time() + START_REFRESH)
             self.publish_start()
 
     def publish_start(self) -> FrozenSet[str]:
@@ -372,18 +377,18 @@ class MqttService:
         start = self.server.start_event()
         if start is None:
             return frozenset()
-        began = time.monotonic()
+        began = self.clock.monotonic()
         # signed: expires with its signature (300 s), re-published every START_REFRESH s, so no
         # stale copy waits in the broker or the queue of a VM that is away
         expiry = SIGNED_START_EXPIRY if self.server.signs else None
-        everyone = encode_message([self.server.sign_for(EVERY_VM_OF_RUN, start)], time.time())
+        everyone = encode_message([self.server.sign_for(EVERY_VM_OF_RUN, start)], self.clock.time())
         if not bridge.publish_nowait(self.start_topic, everyone, retain=True, expiry=expiry):
             return frozenset()
         bridge.flush()  # to the broker now, before the loop turns to anything else
         reached = frozenset(self.reads_host_start.intersection(self.server.sessions))
         others = [vm for vm in self.server.sessions if vm not in reached]
         for vm in others:
-            frame = encode_message([self.server.sign_for(vm, start)], time.time())
+            frame = encode_message([self.server.sign_for(vm, start)], self.clock.time())
             bridge.publish_nowait(self.topics(vm).start, frame, retain=True, expiry=expiry)
         log.info(
             "start time published on %s for %d VM(s), and on the own start topic of %d VM(s) "
@@ -391,7 +396,7 @@ class MqttService:
             self.start_topic,
             len(reached),
             len(others),
-            (time.monotonic() - began) * 1000,
+            (self.clock.monotonic() - began) * 1000,
         )
         return reached
 

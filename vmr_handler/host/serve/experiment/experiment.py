@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Protocol, Set, Tuple
 
 from vmr_handler import __version__
+from vmr_handler.core.clock import Clock, SystemClock
 from vmr_handler.core.events import Event
 from vmr_handler.core.names import VM_NAME
 from vmr_handler.core.wire.protocol import RESUME, START_TIME
@@ -27,7 +28,7 @@ from vmr_handler.host.logs.store import ExperimentStore
 from vmr_handler.host.serve.config import HostConfig
 from vmr_handler.host.serve.experiment.appendbook import AppendBook, allow_resources
 from vmr_handler.host.serve.experiment.barrier import Barrier, waiting_text
-from vmr_handler.host.serve.experiment.hostentries import HostEntryPort
+from vmr_handler.host.serve.experiment.hostentries import HostEntryPort, HostEntryRunner
 from vmr_handler.host.serve.session.session import VmSession
 
 log = logging.getLogger("vmr_handler.host")
@@ -106,9 +107,10 @@ class Publisher(Protocol):
 
 
 class Debouncer:
-    """Runs a job at most once per burst of requests (:meth:`soon`)."""
+    """Runs a job at most once per burst of requests (:meth:`soon`), on ``clock``."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
         self._pending: Set[str] = set()
         self._cost: Dict[str, float] = {}  # seconds each job took last time
 
@@ -124,19 +126,20 @@ class Debouncer:
         if key in self._pending:
             return
         try:
-            loop = asyncio.get_running_loop()
+            asyncio.get_running_loop()
         except RuntimeError:
             job()
             return
+        clock = self.clock
 
         def run() -> None:
             self._pending.discard(key)
-            t0 = time.monotonic()
+            t0 = clock.monotonic()
             job()
-            self._cost[key] = time.monotonic() - t0
+            self._cost[key] = clock.monotonic() - t0
 
         self._pending.add(key)
-        loop.call_later(max(DEBOUNCE, DEBOUNCE_COST_FACTOR * self._cost.get(key, 0.0)), run)
+        clock.call_at(clock.time() + max(DEBOUNCE, DEBOUNCE_COST_FACTOR * self._cost.get(key, 0.0)), run)
 
 
 class Experiment(HostEntryPort):
@@ -145,11 +148,25 @@ class Experiment(HostEntryPort):
     Args:
         config: what ``vmr-host serve`` was told.
         sessions: VM name -> its session, filled by the server (this dict, shared).
+        clock: the host's clock: configured and release times, the start, RESUME stamps,
+            signing, debounced saves (:class:`~vmr_handler.core.clock.SystemClock` by default).
+        appends: the batches appended to running VMs (default: those kept in ``config.logs``).
+        host_entries: the on_host entry runner the sessions reach through :meth:`host_entry`
+            (None: this host runs none).
     """
 
-    def __init__(self, config: HostConfig, sessions: Dict[str, VmSession]) -> None:
+    def __init__(
+        self,
+        config: HostConfig,
+        sessions: Dict[str, VmSession],
+        clock: Optional[Clock] = None,
+        appends: Optional[AppendBook] = None,
+        host_entries: Optional[HostEntryRunner] = None,
+    ) -> None:
         self.config = config
         self.sessions = sessions
+        self.clock: Clock = clock or SystemClock()
+        self.host_entries = host_entries
         self.store = ExperimentStore(config.logs)
         #: peer host id -> the VMs it announced (coordinator; kept in experiment.json)
         self.peer_vms: Dict[str, List[str]] = {}
@@ -157,7 +174,8 @@ class Experiment(HostEntryPort):
         self.start_id: Optional[str] = None
         self.start_set_at: Optional[float] = None
         self.resumes: List[ResumeRecord] = []
-        self.appends = AppendBook(config.logs)  # batches appended to running VMs
+        #: batches appended to running VMs
+        self.appends = appends if appends is not None else AppendBook(config.logs)
         allow_resources(sessions, self.appends)
         #: True while the VMs' logs are replayed at start (nothing is sent, announced or saved)
         self.loading = False
@@ -172,7 +190,7 @@ class Experiment(HostEntryPort):
         #: member: the run of the coordinator, learnt from its retained ``_start`` topic
         self.coordinator_run: Optional[str] = None
         self._stale_noted: Set[Tuple[str, Optional[str]]] = set()  # (peer, run) said ignored
-        self._debounced = Debouncer()  # experiment.json saves and announcements, per burst
+        self._debounced = Debouncer(self.clock)  # experiment.json saves and announcements, per burst
 
     @property
     def kpi_interval(self) -> float:
@@ -274,7 +292,7 @@ class Experiment(HostEntryPort):
             "coordinator_run": self.coordinator_run,
             "expected": sorted(own),
             "configured": {vm: t for vm, t in sorted(self.barrier.configured.items()) if vm in own},
-            "sent_at": time.time(),
+            "sent_at": self.clock.time(),
         }
 
     def on_peer_state(self, peer: str, doc: Mapping[str, Any]) -> None:
@@ -465,12 +483,12 @@ class Experiment(HostEntryPort):
             return event
         from vmr_handler.core.wire.signing import sign
 
-        return sign(self.config.signing_key, event, vm, time.time())
+        return sign(self.config.signing_key, event, vm, self.clock.time())
 
     # ------------------------------------------------------------------ start and RESUME
     def _mark_start(self) -> None:
         self.start_id = f"start-{uuid.uuid4().hex[:16]}"
-        self.start_set_at = time.time()
+        self.start_set_at = self.clock.time()
 
     def _start_was_set(self) -> None:
         self._mark_start()
@@ -498,7 +516,7 @@ class Experiment(HostEntryPort):
         """
         if self.config.role == "member":
             raise ValueError("this host is a member: release the barrier on the coordinator host")
-        start = self.barrier.release(time.time(), exclude)
+        start = self.barrier.release(self.clock.time(), exclude)
         if start is not None:
             self._start_was_set()
         else:
@@ -511,7 +529,7 @@ class Experiment(HostEntryPort):
         Returns:
             The record and the VMs it was sent to now (the others get it at their next hello).
         """
-        now = time.time()
+        now = self.clock.time()
         start = self.barrier.start_time
         at = -math.inf if start is None else now - start
         record = ResumeRecord(f"resume-{uuid.uuid4().hex[:16]}", at, now, targets, {})

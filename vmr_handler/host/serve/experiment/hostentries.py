@@ -38,7 +38,6 @@ import os
 import shlex
 import shutil
 import stat
-import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
@@ -195,7 +194,7 @@ class _OutputEvents:
         """Write what is pending."""
         if self.pending:
             pending, self.pending = self.pending, []
-            self.sink.record(pending, time.time())
+            self.sink.record(pending, self.events.clock.time())
 
 
 class HostEntryRunner:
@@ -207,7 +206,7 @@ class HostEntryRunner:
         sinks: VM name -> its session (the server's dict, filled before any request).
         entry_of: the on_host entries of the host's copy of each VM's schedule.
         resources: the ``--resources`` store (relative programs are its files).
-        events: the host's event maker.
+        events: the host's event maker (and its clock).
         per_vm, total: processes at once per VM and in all.
         path: the PATH ``minimega`` is looked up on (None: this process's).
     """
@@ -230,6 +229,7 @@ class HostEntryRunner:
         self.entry_of = entry_of
         self.resources = resources
         self.events = events
+        self.clock = events.clock  # the host's clock: what happened when, as the reports say
         self.per_vm, self.total = per_vm, total
         self.path = path
         self.outcomes: Dict[str, Dict[int, Outcome]] = {}
@@ -278,11 +278,12 @@ class HostEntryRunner:
         for index, outcome in died.items():
             killed = kill_tree(outcome.pid, outcome.create_time, KILL_TIMEOUT) if outcome.pid else []
             outcome.state, outcome.ok, outcome.details = INTERRUPTED, False, RESTARTED
-            outcome.ended = time.time()
+            outcome.ended = self.clock.time()
             entry = self.entry_of(vm, index)
             data = {"index": index, "executable": entry.executable if entry else None, "exit_code": None,
                     "signal": None, "details": RESTARTED, "killed_pids": killed, "on_host": True}  # fmt: skip
-            self.sinks[vm].record([self.events.make(EventType.ENTRY_INTERRUPTED.value, data)], time.time())
+            interrupted = self.events.make(EventType.ENTRY_INTERRUPTED.value, data)
+            self.sinks[vm].record([interrupted], self.clock.time())
         if died:
             try:
                 self._save(vm)
@@ -344,7 +345,7 @@ class HostEntryRunner:
             self._refused_noted.add((vm, entry.index))
             data = {"index": entry.index, "executable": entry.executable, "start_time": entry.start_time,
                     "status": "error", "details": DISABLED, "on_host": True}  # fmt: skip
-            sink.record([self.events.make(EventType.ENTRY_SKIPPED.value, data)], time.time())
+            sink.record([self.events.make(EventType.ENTRY_SKIPPED.value, data)], self.clock.time())
         sink.answer(request_id, Outcome(ENDED, details=DISABLED, refused=True).answer(request_id))
 
     # ------------------------------------------------------------------ running
@@ -419,9 +420,9 @@ class HostEntryRunner:
         refused = isinstance(exc, ResourceRefused)
         data = {"index": entry.index, "executable": entry.executable, "status": "error", "details": str(exc),
                 "refused": refused, "on_host": True}  # fmt: skip
-        sink.record([self.events.make(EventType.ENTRY_FAILED.value, data)], time.time())
+        sink.record([self.events.make(EventType.ENTRY_FAILED.value, data)], self.clock.time())
         return self._keep(
-            vm, entry.index, Outcome(ENDED, details=str(exc), refused=refused, ended=time.time())
+            vm, entry.index, Outcome(ENDED, details=str(exc), refused=refused, ended=self.clock.time())
         )
 
     async def _execute(
@@ -441,7 +442,7 @@ class HostEntryRunner:
             return self._failed(vm, sink, entry, EntryError(f"cannot prepare {workdir}: {exc}; not run"))
         output = _OutputEvents(sink, self.events, index)
         runner = ProcessRunner(output)
-        spawned_at = time.time()
+        spawned_at = self.clock.time()
         try:
             pid = await runner.start(argv, workdir)
         except EntryError as exc:
@@ -458,7 +459,7 @@ class HostEntryRunner:
         started = {"index": index, "executable": entry.executable, "command": shlex.join(argv),
                    "pid": pid, "start_time": entry.start_time, "working_dir": workdir, "on_host": True,
                    **extra}  # fmt: skip
-        sink.record([self.events.make(EventType.ENTRY_STARTED.value, started)], time.time())
+        sink.record([self.events.make(EventType.ENTRY_STARTED.value, started)], self.clock.time())
         result = await runner.wait()
         output.flush()
         return self._exited(vm, sink, entry, result, running)
@@ -472,7 +473,7 @@ class HostEntryRunner:
                  "signal": result.signal, "on_host": True}  # fmt: skip
         outcome = Outcome(ENDED, exit_code=result.exit_code, signal=result.signal, pid=running.pid,
                           create_time=running.create_time, started=running.started,
-                          ended=time.time())  # fmt: skip
+                          ended=self.clock.time())  # fmt: skip
         if (vm, entry.index) in self._killed:
             outcome.state, outcome.details = INTERRUPTED, STOPPED
             event = self.events.make(EventType.ENTRY_INTERRUPTED.value, {**ended, "details": STOPPED})
@@ -482,7 +483,7 @@ class HostEntryRunner:
             status = "success" if outcome.ok else "error"
             data = {**ended, "duration": result.duration, "status": status, "details": outcome.details}
             event = self.events.make(EventType.ENTRY_EXITED.value, data)
-        sink.record([event], time.time())
+        sink.record([event], self.clock.time())
         return self._keep(vm, entry.index, outcome)
 
     # ------------------------------------------------------------------ stop, status
@@ -505,8 +506,8 @@ class HostEntryRunner:
 class HostEntryPort:
     """How sessions reach the on_host entry runner: the experiment's
     :meth:`~vmr_handler.host.serve.session.api.HostApi.host_entry` (a base of
-    :class:`~vmr_handler.host.serve.experiment.experiment.Experiment`; the server sets
-    :attr:`host_entries`)."""
+    :class:`~vmr_handler.host.serve.experiment.experiment.Experiment`, given its
+    :attr:`host_entries` when made)."""
 
     host_entries: Optional[HostEntryRunner] = None
 
