@@ -40,6 +40,7 @@ from vmr_handler.host.logs.text import printable
 _P = TypeVar("_P", bound=Payload)
 _Apply = Callable[[Any, float], None]
 
+
 class ReportHost(Protocol):
     """What a VM's stored reports tell the experiment (the barrier and the RESUMEs): the
     :class:`VmState` of every VM tells it (the host's experiment implements it)."""

@@ -325,7 +325,7 @@ class MqttService:
         if previous is not None:
             await asyncio.gather(previous, return_exceptions=True)
         session = self.server.sessions[vm]
-        link = ChannelLink.of(session, channel, TokenBucket(DOWN_RATE, DOWN_BURST))
+        link = ChannelLink.of(session, channel, TokenBucket(DOWN_RATE, DOWN_BURST, session.clock.monotonic()))
         if not session.attach(link, session.clock.time()):
             link.close()
             return

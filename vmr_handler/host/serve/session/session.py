@@ -233,16 +233,19 @@ class VmSession:
         self.handshaken = False
         self._last_send = self._last_recv = 0.0  # monotonic
         self.silent = False
-        self.bucket = TokenBucket(limits.rate, limits.burst)
-        self.hello_bucket = TokenBucket(HELLO_RATE, HELLO_BURST)
-        self.read_bucket = TokenBucket(limits.read_rate, limits.read_burst)
+        mono = self.clock.monotonic()  # the buckets count on the clock they are charged on
+        self.bucket = TokenBucket(limits.rate, limits.burst, mono)
+        self.hello_bucket = TokenBucket(HELLO_RATE, HELLO_BURST, mono)
+        self.read_bucket = TokenBucket(limits.read_rate, limits.read_burst, mono)
         self.streams = ResourceStreams(self)
         # what the agent told and the VM did; what was refused
         self.told = ToldHost(host)
         self.state = VmState(self.name, spec.digest, self.schedule_id, self.told)
         self.counters = Counters()
         self._warned: Dict[str, int] = {}
-        self.intake = TransferIntake(transfers, self.counters, self.warn, self._store)
+        self.intake = TransferIntake(
+            transfers, self.counters, self.warn, self._store, monotonic=self.clock.monotonic
+        )
         self.acks = DurableAcks(vmlog, lambda ids: self._send([self.events.make(ACK, {"ids": ids})]))
         self._write_spell = WriteSpell(self.name)
         #: unstored control event type -> its handler (event, host UTC received)
