@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 if TYPE_CHECKING:
     import asyncio
 
-from vmr_handler.core.errors import ControlError
+from vmr_handler.core.errors import ControlError, RequestRefused
 
 SOCKET_NAME = "control.sock"
 MAX_REQUEST = 64 * 1024
@@ -117,10 +117,10 @@ class ControlServer:
             try:
                 request = json.loads(line.decode("utf-8"))
                 if not isinstance(request, dict):
-                    raise ValueError("request must be a JSON object")
+                    raise RequestRefused("request must be a JSON object")
                 handler = self._handlers.get(str(request.get("cmd")))
                 if handler is None:
-                    raise ValueError(
+                    raise RequestRefused(
                         f"unknown command {request.get('cmd')!r}; known: {sorted(self._handlers)}"
                     )
                 reply: Dict[str, Any] = {"status": "success", "result": handler(request)}

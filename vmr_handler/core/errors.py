@@ -5,6 +5,11 @@ raise one re-export its name (``vmr_handler.host.logs.store.TransferRefused`` is
 
     VmrError
      +-- UsageError               bad command-line input (exit code 2)
+     +-- InvalidArgument          a function called with a value outside its contract (also a ValueError)
+     +-- InternalError            an invariant of vmr-handler itself is broken (also a RuntimeError)
+     +-- OsCallFailed             an OS call or tool failed without an error of its own (also an OSError)
+     +-- SavedStateError          a file the host saved cannot be read back (also a ValueError)
+     +-- RequestRefused           a control or console request that cannot be honoured (also a ValueError)
      +-- ScheduleError            a schedule cannot be used (exit code 2 from the CLI)
      |    +-- ScheduleFormatError    bytes are not a pickle/YAML/JSON list of entries
      |    +-- UnsafePickleError      the pickle names a global outside the allow-list
@@ -17,6 +22,8 @@ raise one re-export its name (``vmr_handler.host.logs.store.TransferRefused`` is
      +-- ProtocolError            a frame or message breaks the protocol (never fatal to a peer)
      +-- PayloadError             an event's ``data`` is malformed for its type (payloads.py)
      +-- ChannelClosed            a transport's connection is gone for good; reconnect to go on
+     +-- ConnectFailed            a connection attempt failed for now; retried (also an OSError)
+     +-- LinkLost                 a VM link closed before queued bytes were written (also a ConnectionError)
      +-- MqttError                a broker URL, name or credential that cannot be used
      +-- FetchRefused             an HTTP resource fetch refused for good (4xx, wrong file)
      +-- FetchCancelled           the agent stops while an HTTP fetch runs
@@ -24,7 +31,10 @@ raise one re-export its name (``vmr_handler.host.logs.store.TransferRefused`` is
      +-- BarrierError             an operator request the barrier cannot honour (also a ValueError)
      +-- ResourceRefused          a VM-resource request the host will not serve
      |    +-- ResourceMissing        no such file in the resource directory (HTTP 404)
+     |    +-- RangeNotSatisfiable    a byte range that starts past the end of the file (HTTP 416)
      +-- ResourcesMissing         a batch names VM resources the host does not have (also a ValueError)
+     +-- BatchError               a batch file to append cannot be used (also a ValueError)
+     +-- AppendRefused            a batch cannot be appended to a VM's running schedule (the agent)
      +-- TransferRefused          a file transfer the host will not store
      |    +-- TransferTooLarge       over the per-file or per-VM limit (HTTP 413)
      |    +-- TransferConflict       does not continue what the host holds (HTTP 409)
@@ -118,6 +128,46 @@ class UsageError(VmrError):
     """Bad command-line input (exit code 2); the message names the option and what is wrong."""
 
 
+class InvalidArgument(VmrError, ValueError):
+    """A function was called with a value outside its contract (a caller's bug, not user input);
+    the message names the parameter and the value.
+
+    Also a ``ValueError``, what Python code expects of a bad argument.
+    """
+
+
+class InternalError(VmrError, RuntimeError):
+    """An invariant of vmr-handler itself is broken (a packaged file is wrong, a call came out of
+    order); never the user's doing.
+
+    Also a ``RuntimeError``.
+    """
+
+
+class OsCallFailed(VmrError, OSError):
+    """An operating-system call or tool failed where the OS raised nothing itself (a short write,
+    ``prctl``, missing disk counters, ``mosquitto_passwd``, a path that is not a device).
+
+    Also an ``OSError`` (with ``errno`` when one applies), so callers handle it like the OS's own.
+    """
+
+
+class SavedStateError(VmrError, ValueError):
+    """A file the host saved (a checkpoint, ``experiment.json``, the append records, a
+    de-duplication dump) cannot be read back; the message names the file or the part.
+
+    Also a ``ValueError``, as the JSON errors it is raised alongside.
+    """
+
+
+class RequestRefused(VmrError, ValueError):
+    """A request of the local control socket or the console that cannot be honoured (a
+    malformed request, an unknown VM, a RESUME for VMs not at a break); the message says why.
+
+    Also a ``ValueError``, so that the control socket answers it as a refused request.
+    """
+
+
 class ProtocolError(VmrError):
     """A frame or message breaks the protocol; ``details`` says how (never fatal to a peer)."""
 
@@ -141,6 +191,21 @@ class PayloadError(VmrError):
 
 class ChannelClosed(VmrError):
     """The channel is gone for good (a unix socket peer closed); reconnect to go on."""
+
+
+class ConnectFailed(VmrError, OSError):
+    """A connection attempt failed for now (no answer from the broker, the connection lost
+    right after it was made); the caller retries it like any failed connect.
+
+    Also an ``OSError``, what a failed connect raises.
+    """
+
+
+class LinkLost(VmrError, ConnectionResetError):
+    """The host's link to a VM closed before the bytes queued on it were written.
+
+    Also a ``ConnectionResetError``, so it is handled as any lost connection.
+    """
 
 
 class MqttError(VmrError):
@@ -178,9 +243,21 @@ class ResourceMissing(ResourceRefused):
     """The name is acceptable but no such file is in the resource directory (HTTP 404)."""
 
 
+class RangeNotSatisfiable(ResourceRefused):
+    """A single byte range that starts at or past the end of the file (HTTP 416)."""
+
+
 class ResourcesMissing(VmrError, ValueError):
     """An appended batch names VM resources the host does not have (SPEC section 8); nothing is
     appended. The message lists every such file with the VMs and entries that need it.
+
+    Also a ``ValueError``, so that the control socket answers it as a refused request.
+    """
+
+
+class BatchError(VmrError, ValueError):
+    """A batch file to append (``vmr-host schedule add``) cannot be used: unreadable, too big, or
+    not a valid schedule; the message names the file. Nothing is appended.
 
     Also a ``ValueError``, so that the control socket answers it as a refused request.
     """

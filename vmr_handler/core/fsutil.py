@@ -21,6 +21,8 @@ import os
 import tempfile
 from typing import Iterator, List, Optional, Tuple
 
+from vmr_handler.core.errors import OsCallFailed
+
 #: Bytes read at a time when hashing.
 HASH_PIECE = 1024 * 1024
 
@@ -93,7 +95,7 @@ def append_whole(fd: int, data: bytes, size: int) -> None:
         while view:
             written = os.write(fd, view)
             if not written:
-                raise OSError(errno.ENOSPC, "short write: the disk is full")
+                raise OsCallFailed(errno.ENOSPC, "short write: the disk is full")
             view = view[written:]
     except OSError:
         with contextlib.suppress(OSError):

@@ -19,6 +19,7 @@ import dataclasses
 import math
 from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
+from vmr_handler.core.errors import BatchError, InvalidArgument
 from vmr_handler.core.schedule.model import EntryKind, Schedule, ScheduleEntry
 
 #: Largest batch (bytes of the file) one ``schedule add`` carries: it travels in one message.
@@ -44,11 +45,11 @@ def extended(schedule: Schedule, entries: Sequence[ScheduleEntry]) -> Schedule:
     """``schedule`` with ``entries`` (already :func:`reindexed`) after its own; same digest.
 
     Raises:
-        ValueError: the entries are not numbered from ``len(schedule.entries)`` on.
+        InvalidArgument: the entries are not numbered from ``len(schedule.entries)`` on.
     """
     first = len(schedule.entries)
     if any(e.index != first + k for k, e in enumerate(entries)):
-        raise ValueError(f"appended entries must be numbered from {first} on")
+        raise InvalidArgument(f"appended entries must be numbered from {first} on")
     return dataclasses.replace(schedule, entries=schedule.entries + tuple(entries))
 
 
@@ -93,7 +94,7 @@ def read_batch(path: str, allowed_classes: Optional[Iterable[str]] = None) -> Tu
     """Read and load a batch file (``vmr-host schedule add``): its bytes and the batch.
 
     Raises:
-        ValueError: it cannot be read, is over :data:`MAX_BATCH_BYTES`, or is not a valid
+        BatchError: it cannot be read, is over :data:`MAX_BATCH_BYTES`, or is not a valid
             schedule (the loader's message names the entry and the field).
     """
     from vmr_handler.core.errors import ScheduleError
@@ -103,15 +104,15 @@ def read_batch(path: str, allowed_classes: Optional[Iterable[str]] = None) -> Tu
         with open(path, "rb") as fh:
             raw = fh.read(MAX_BATCH_BYTES + 1)
     except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror}") from exc
+        raise BatchError(f"cannot read {path}: {exc.strerror}") from exc
     if len(raw) > MAX_BATCH_BYTES:
-        raise ValueError(
+        raise BatchError(
             f"{path} is over {MAX_BATCH_BYTES // 1024} KiB: a batch travels in one message; split it"
         )
     try:
         return raw, load_schedule_bytes(raw, allowed_classes)
     except ScheduleError as exc:
-        raise ValueError(f"{path}: {exc}; nothing appended") from exc
+        raise BatchError(f"{path}: {exc}; nothing appended") from exc
 
 
 def batch_entries(

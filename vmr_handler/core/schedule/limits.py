@@ -96,21 +96,21 @@ class LimitReached(ScheduleError):
     :class:`~vmr_handler.core.errors.ScheduleValidationError` with the problems found so far."""
 
 
-def joined_arguments(parts: Sequence[Any]) -> str:
+def joined_arguments(parts: Sequence[Any]) -> Optional[str]:
     """``" ".join(parts)`` (the reference joins an ``arguments`` list with spaces), its length
-    checked against :data:`MAX_ARGUMENTS_LENGTH` before it is built.
+    checked against :data:`MAX_ARGUMENTS_LENGTH` before it is built; None when an element is not
+    a string (the caller reports the field).
 
     Raises:
-        TypeError: an element is not a string (the caller reports the field).
-        ValueError: joined, it would be too long (the text says how long).
+        ScheduleError: joined, it would be too long (the text says how long).
     """
     if len(parts) > MAX_ARGUMENTS_LENGTH + 1:  # every element but the first adds a space
-        raise ValueError(
+        raise ScheduleError(
             f"a list of {len(parts):,} strings, over the limit of {MAX_ARGUMENTS_LENGTH:,} characters"
         )
     if not all(isinstance(a, str) for a in parts):
-        raise TypeError("not a list of strings")
+        return None
     size = sum(map(len, parts)) + max(len(parts) - 1, 0)
     if size > MAX_ARGUMENTS_LENGTH:
-        raise ValueError(f"joined, {size:,} characters, over the limit of {MAX_ARGUMENTS_LENGTH:,}")
+        raise ScheduleError(f"joined, {size:,} characters, over the limit of {MAX_ARGUMENTS_LENGTH:,}")
     return " ".join(parts)

@@ -13,7 +13,7 @@ import sys
 from itertools import repeat
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple, cast
 
-from vmr_handler.core.errors import ScheduleValidationError
+from vmr_handler.core.errors import ScheduleError, ScheduleValidationError
 from vmr_handler.core.schedule.items import _data_item, _duration, _names, _Problems, parse_number, show
 from vmr_handler.core.schedule.limits import (
     MAX_ARGUMENTS_LENGTH,
@@ -173,11 +173,14 @@ def _arguments(draft: _Draft) -> None:
     elif isinstance(arguments_raw, (list, tuple)):
         draft.problems.charge(draft.where, "arguments", items=len(arguments_raw))
         try:
-            arguments = joined_arguments(arguments_raw)  # the reference joins lists with spaces
-        except TypeError:
-            draft.add("arguments", f"must be a string or a list of strings, got {show(arguments_raw)}")
-        except ValueError as exc:
+            joined = joined_arguments(arguments_raw)  # the reference joins lists with spaces
+        except ScheduleError as exc:
             draft.add("arguments", str(exc))
+        else:
+            if joined is None:
+                draft.add("arguments", f"must be a string or a list of strings, got {show(arguments_raw)}")
+            else:
+                arguments = joined
     elif arguments_raw is not None:
         draft.add("arguments", f"must be a string or a list of strings, got {show(arguments_raw)}")
     if len(arguments) > MAX_ARGUMENTS_LENGTH:

@@ -65,7 +65,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from vmr_handler.core.errors import SignatureError, SigningError
+from vmr_handler.core.errors import InvalidArgument, SignatureError, SigningError
 from vmr_handler.core.events import Event, json_safe
 from vmr_handler.core.fsutil import atomic_write
 from vmr_handler.core.wire import protocol as P
@@ -242,11 +242,11 @@ def sign(key: Ed25519PrivateKey, event: Event, vm: str, now: float) -> Event:
     ``sign(key, stored, vm, time.time())``. The event's ``timestamp`` is not covered.
 
     Raises:
-        ValueError: ``now`` is not finite (the JSON encoder refuses NaN/infinity).
+        InvalidArgument: ``now`` is not finite (the JSON encoder refuses NaN/infinity).
     """
     signed_at = float(now)
     if not math.isfinite(signed_at):
-        raise ValueError(f"now must be a finite UTC epoch time, got {now!r}")
+        raise InvalidArgument(f"now must be a finite UTC epoch time, got {now!r}")
     plain = Event(event.type, event.timestamp, event.id, json_safe(_plain_data(event.data)))
     sig = key.sign(_signed_bytes(plain, vm, signed_at))
     signature = {
@@ -273,7 +273,7 @@ class Verifier:
     Raises:
         SigningError: ``state_path`` exists but cannot be read or is not a replay memory
             (the message names the file; move it aside to start afresh).
-        ValueError: ``max_age`` not > 0 or ``max_ids`` not >= 1.
+        InvalidArgument: ``max_age`` not > 0 or ``max_ids`` not >= 1.
     """
 
     def __init__(
@@ -284,9 +284,9 @@ class Verifier:
         max_ids: int = 10000,
     ) -> None:
         if not max_age > 0:
-            raise ValueError(f"max_age must be > 0 seconds, got {max_age!r}")
+            raise InvalidArgument(f"max_age must be > 0 seconds, got {max_age!r}")
         if max_ids < 1:
-            raise ValueError(f"max_ids must be >= 1, got {max_ids!r}")
+            raise InvalidArgument(f"max_ids must be >= 1, got {max_ids!r}")
         self.public_key = public_key
         self.key_id = key_id(public_key)
         self.state_path = state_path
@@ -395,7 +395,10 @@ class Verifier:
         try:
             doc = json.loads(raw)
             if doc.get("version") != STATE_VERSION:
-                raise ValueError(f"version {doc.get('version')!r}, expected {STATE_VERSION}")
+                raise SigningError(
+                    f"replay memory {self.state_path} is not usable (version {doc.get('version')!r}, "
+                    f"expected {STATE_VERSION}); move it aside to start with an empty memory"
+                )
             pairs = doc["ids"]
             seen = {str(i): str(d) for i, d in pairs}
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
