@@ -105,9 +105,17 @@ class Page:
         self.until(clicked, f"{css} to click")
 
     def text(self, css: str) -> str:
-        """The text of the element of ``css`` ('' when there is none)."""
-        found = self.driver.find_elements(By.CSS_SELECTOR, css)
-        return found[0].text if found else ""
+        """The text of the element of ``css`` ('' when there is none; read again when the page
+        redrew it between finding and reading)."""
+        box: List[str] = []
+
+        def read() -> bool:
+            found = self.driver.find_elements(By.CSS_SELECTOR, css)
+            box[:] = [found[0].text if found else ""]
+            return True
+
+        self.until(read, f"the text of {css}")
+        return box[0]
 
     def rows(self) -> List[Tuple[str, str]]:
         """``(vm, state)`` of every row drawn, in the table's order."""
@@ -249,7 +257,7 @@ def test_console_page_follows_and_steers_a_real_experiment(
 
     # a write with a wrong token: refused, and the page says where the token is
     page.select("vm1")
-    page.by_id("d-resume").click()
+    page.click("#d-resume")  # the detail may redraw: found again
     page.until(lambda: page.by_id("dlg").get_attribute("open") is not None, "the confirmation dialog")
     assert page.by_id("dlg-token").is_displayed(), "no token yet: the dialog asks for it"
     page.by_id("dlg-token").send_keys("0" * 64)
@@ -274,7 +282,7 @@ def test_console_page_follows_and_steers_a_real_experiment(
 
     # resume through the page: confirm, the RESUME goes out, the break ends and entry #2 runs
     page.select("vm1")
-    page.by_id("d-resume").click()
+    page.click("#d-resume")  # the detail may redraw: found again
     page.until(lambda: page.by_id("dlg").get_attribute("open") is not None, "the confirmation dialog")
     assert not page.by_id("dlg-token").is_displayed()
     assert "vm1 is held at the break of entry #1" in page.by_id("dlg-text").text
@@ -288,11 +296,11 @@ def test_console_page_follows_and_steers_a_real_experiment(
 
     # a RESUME for a VM at no break: the server's sentence, and the offer to send it anyway
     page.select("vm2")
-    page.by_id("d-resume").click()
+    page.click("#d-resume")  # the detail may redraw: found again
     page.until(lambda: page.by_id("dlg").get_attribute("open") is not None, "the confirmation dialog")
     page.by_id("dlg-ok").click()
     page.until(lambda: "not at a break: vm2" in page.dialog_error(), "the refusal of a RESUME at no break")
-    assert page.by_id("dlg-ok").text == "Send anyway"
+    page.until(lambda: page.by_id("dlg-ok").text == "Send anyway", "the offer to send anyway")
     page.by_id("dlg-cancel").click()
 
     # for the screenshot: vm2's detail with its output tail open
