@@ -19,7 +19,6 @@ import logging
 import os
 import re
 import ssl
-import time
 from typing import Any, Awaitable, Callable, Dict, List, Optional
 
 from aiohttp import web
@@ -217,12 +216,12 @@ class Console:
     # ------------------------------------------------------------------ reads
     async def experiment(self, request: web.Request) -> web.StreamResponse:
         """The experiment: barrier, start time, counts per state, RESUMEs."""
-        _rows, view = self.live.snapshot(time.time())
+        _rows, view = self.live.snapshot(self.live.clock.time())
         return _json(view)
 
     async def vms(self, request: web.Request) -> web.StreamResponse:
         """Every VM's row, problems first; ``?state=a,b`` and ``?problems=1`` filter."""
-        now = time.time()
+        now = self.live.clock.time()
         rows, _view = self.live.snapshot(now)
         states = {s for s in request.query.get("state", "").split(",") if s}
         if states:
@@ -238,7 +237,7 @@ class Console:
         except _NotFound as exc:
             return _error(404, str(exc))
         timeline = self.live.timeline.vms.get(session.name)
-        return _json(vm_detail(self.live.experiment, session, timeline, time.time()))
+        return _json(vm_detail(self.live.experiment, session, timeline, self.live.clock.time()))
 
     async def events(self, request: web.Request) -> web.StreamResponse:
         """A page of the VM's stored reports (``after``, ``limit``, ``type``, ``entry``, ``tail``)."""
@@ -273,15 +272,15 @@ class Console:
     async def _render(self) -> str:
         """The fragment, rendered again (in a worker thread, :meth:`LiveExperiment.read_held`)
         when the timeline changed and enough time passed; requests meanwhile share it."""
-        f = self._fragment
+        f, clock = self._fragment, self.live.clock
         async with self._render_lock:
-            began = time.monotonic()
+            began = clock.monotonic()
             if f["version"] != self.live.version and began - f["at"] >= max(
                 RENDER_EVERY, f["cost"] / RENDER_SHARE
             ):
-                state, now, version = self.live.experiment.state_dict(), time.time(), self.live.version
+                state, now, version = self.live.experiment.state_dict(), clock.time(), self.live.version
                 text = await self.live.read_held(lambda timeline: timeline_fragment(timeline, state, now))
-                f.update(version=version, at=began, text=text, cost=time.monotonic() - began)
+                f.update(version=version, at=began, text=text, cost=clock.monotonic() - began)
         return str(f["text"])
 
     async def metrics(self, request: web.Request) -> web.StreamResponse:

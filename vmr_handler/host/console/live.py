@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
 from vmr_handler.core.events import Event
@@ -48,6 +47,7 @@ class LiveExperiment:
 
     def __init__(self, experiment: Experiment, mode: str) -> None:
         self.experiment = experiment
+        self.clock = experiment.clock  # the host's: "now" of every view, the costs measured
         self.mode = mode
         self.timeline = ExperimentTimeline()
         self.metrics = ConsoleMetrics(experiment)
@@ -63,7 +63,7 @@ class LiveExperiment:
         """Fold what the logs hold (in a worker thread), then follow every stored report."""
         self.experiment.watchers.append(self.on_stored)
         sizes = {name: (s.log.jsonl_path, s.log.bytes) for name, s in self.experiment.sessions.items()}
-        started = time.monotonic()
+        started = self.clock.monotonic()
         timeline, records = await asyncio.to_thread(self._fold, sizes)
         self.timeline = timeline
         self._release()
@@ -72,7 +72,7 @@ class LiveExperiment:
             "console: %d report(s) of %d VM(s) folded in %.2f s",
             records,
             len(sizes),
-            time.monotonic() - started,
+            self.clock.monotonic() - started,
         )
         self._task = asyncio.ensure_future(self._watch_rows())
 
@@ -142,7 +142,7 @@ class LiveExperiment:
 
     def first_messages(self) -> List[Message]:
         """What a new stream subscriber gets first: the experiment object."""
-        _rows, view = self.snapshot(time.time())
+        _rows, view = self.snapshot(self.clock.time())
         return [("experiment", view)]
 
     async def _watch_rows(self) -> None:
@@ -154,8 +154,8 @@ class LiveExperiment:
             if not self.hub:
                 self._rows, self._experiment = {}, None
                 continue
-            began = time.monotonic()
-            rows, view = self.snapshot(time.time())
+            began = self.clock.monotonic()
+            rows, view = self.snapshot(self.clock.time())
             changed, self._rows = changed_rows(rows, self._rows)
             for row in changed:
                 self.hub.publish("vm", row)
@@ -164,7 +164,7 @@ class LiveExperiment:
             if steady != self._experiment:
                 self._experiment = steady
                 self.hub.publish("experiment", view)
-            pause = max(ROWS_EVERY, (time.monotonic() - began) / ROWS_SHARE)
+            pause = max(ROWS_EVERY, (self.clock.monotonic() - began) / ROWS_SHARE)
 
     async def close(self) -> None:
         """Stop following (the host is stopping)."""

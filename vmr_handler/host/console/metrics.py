@@ -28,7 +28,6 @@ import asyncio
 import bisect
 import math
 import threading
-import time
 from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -284,15 +283,16 @@ class ConsoleMetrics:
 
     Args:
         experiment: the served experiment (``sessions``, ``barrier``, ``config``, ``run_id``).
-        clock: UTC epoch seconds now (the state word of a configured VM depends on it).
+        clock: UTC epoch seconds now (the state word of a configured VM depends on it; default
+            the experiment's clock).
 
     Attributes:
         registry: the registry :meth:`render` exposes (never the global one).
     """
 
-    def __init__(self, experiment: Experiment, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, experiment: Experiment, clock: Optional[Callable[[], float]] = None) -> None:
         self.experiment = experiment
-        self.clock = clock
+        self.clock = clock or experiment.clock.time
         self._lock = threading.Lock()
         self._runs: Dict[Tuple[str, str], int] = {}
         #: lateness observations per bucket of :data:`LATENESS_BUCKETS`, the last one +Inf
@@ -374,7 +374,7 @@ class ConsoleMetrics:
         that render, and one younger than :data:`FRESH` s is served again. A scrape that goes
         away does not cancel the render the others wait for."""
         last = self._last
-        if last is not None and time.monotonic() - last[0] < FRESH:
+        if last is not None and self.experiment.clock.monotonic() - last[0] < FRESH:
             return last[1]
         if self._pending is None:
             self._pending = asyncio.ensure_future(self._render_off_loop())
@@ -384,7 +384,7 @@ class ConsoleMetrics:
         try:
             snap = self.snapshot()
             done = await asyncio.to_thread(self.render, snap)
-            self._last = (time.monotonic(), done)
+            self._last = (self.experiment.clock.monotonic(), done)
             return done
         finally:
             self._pending = None

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from vmr_handler import __version__
@@ -75,7 +74,7 @@ class ControlApi:
         try:
             record, sent = issue_batch(
                 x.appends, x.sessions, raw, batch.source_format, len(batch.entries), targets, resources,
-                time.time(),
+                x.clock.time(),
             )  # fmt: skip
         except OSError as exc:
             raise ValueError(f"cannot keep the batch in {x.config.logs}: {exc}") from exc
@@ -96,7 +95,7 @@ class ControlApi:
 
     def status(self, request: Dict[str, Any]) -> Dict[str, Any]:
         """``status``: the experiment and every VM."""
-        now = time.time()
+        now = self.experiment.clock.time()
         x = self.experiment
         cfg = x.config
         return {
