@@ -180,7 +180,7 @@ class ConnectedAgent:
 
     async def _append(self, event: Event) -> None:
         """Check, load and fetch what a ``schedule_append`` batch needs, append it, answer."""
-        answer = await appended_answer(event, self._engine, self.resources, self.config.allow_classes)
+        answer = await appended_answer(event, self._engine.append, self.resources, self.config.allow_classes)
         if answer.get("status") == "error":
             details = f"append refused: {answer['details']}"
             self._report(EventType.SCHEDULE_WARNING, status="error", details=details)

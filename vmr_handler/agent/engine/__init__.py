@@ -3,6 +3,7 @@
 General layout::
 
     engine       Engine and open_engine: the parts put together
+    shared       EngineState: what the parts share (schedule, phase, journal, clock, reports...)
     config       EngineConfig: how and where the engine works
     status       its first events and its status
     ports        what it needs from the machine, as protocols (its seams)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from vmr_handler.agent.engine.appends import pending_stages
+from vmr_handler.agent.engine.shared import EngineState
 from vmr_handler.agent.engine.stages import StageRunner
-from vmr_handler.agent.state.journal import Journal
-from vmr_handler.core.schedule.model import EntryKind, Schedule, ScheduleEntry
+from vmr_handler.core.schedule.model import EntryKind, ScheduleEntry
 
 
 @dataclass
@@ -24,15 +24,11 @@ class StagePlay:
     """Which stage runs when, for the engine.
 
     Args:
+        state: what the engine's parts share: the schedule now (appended entries included;
+            read at each stage), the journal (the stages done, the appended stages), the
+            reports (no new stage starts while they are held), the phase it sets.
         runner: runs one stage (``ok``, ``reboot`` or ``failed``).
-        journal: the stages done, the appended stages.
-        schedule: the schedule now (appended entries included; read at each stage).
-        wait_room: waits while reports are held (no new stage starts meanwhile).
-        check_stop: raises when the engine is stopping.
-        persist: saves the journal durably.
-        phase: ``(get, set)`` of the engine's phase.
         stop: ``stop(reason)``: stops the engine (a reboot asked for by an appended stage).
-        wake: wakes the engine's main loop.
 
     Attributes:
         current: the number of the stage running now, or None.
@@ -40,15 +36,9 @@ class StagePlay:
         task: the task running appended stages, or None.
     """
 
+    state: EngineState
     runner: StageRunner
-    journal: Journal
-    schedule: Callable[[], Schedule]
-    wait_room: Callable[[], Awaitable[None]]
-    check_stop: Callable[[], None]
-    persist: Callable[[], Awaitable[None]]
-    phase: Any
     stop: Callable[[str], None]
-    wake: Callable[[], None]
     current: Optional[int] = field(default=None, init=False)
     over: bool = field(default=False, init=False)
     task: Optional[asyncio.Task[str]] = field(default=None, init=False)
@@ -56,19 +46,19 @@ class StagePlay:
     @property
     def busy(self) -> bool:
         """An appended stage runs or waits to run."""
-        return self.task is not None or bool(pending_stages(self.journal))
+        return self.task is not None or bool(pending_stages(self.state.journal))
 
-    async def run_all(self, stages: List[float]) -> str:
-        """Run every unfinished stage of the schedule (``stages``: their start times, ascending)
-        and every appended one. Returns ``ok``, ``reboot`` or ``failed``."""
+    async def run_all(self) -> str:
+        """Run every unfinished stage of the schedule (:attr:`EngineState.stages`) and every
+        appended one. Returns ``ok``, ``reboot`` or ``failed``."""
         by_stage: Dict[float, List[ScheduleEntry]] = {}
-        for entry in self.schedule().entries:
+        for entry in self.state.schedule.entries:
             kind = entry.kind
             if kind is EntryKind.NEGATIVE or (kind is EntryKind.HOST and entry.start_time < 0):
                 by_stage.setdefault(entry.start_time, []).append(entry)
-        for number, start_time in enumerate(stages):
+        for number, start_time in enumerate(self.state.stages):
             outcome = await self.appended()  # appended meanwhile: once the last stage ended
-            if outcome == "ok" and number not in self.journal.stages_done:
+            if outcome == "ok" and number not in self.state.journal.stages_done:
                 outcome = await self.stage(number, start_time, by_stage[start_time])
             if outcome != "ok":
                 return outcome
@@ -78,25 +68,25 @@ class StagePlay:
 
     async def stage(self, number: int, start_time: float, entries: List[ScheduleEntry]) -> str:
         """Run one stage (``ok``, ``reboot`` or ``failed``), journaled done when ``ok``."""
-        await self.wait_room()
-        self.check_stop()
-        get_phase, set_phase = self.phase
-        before = get_phase()
-        set_phase("stages")
+        await self.state.reports.wait_room()
+        self.state.check_stop()
+        state = self.state
+        before = state.phase
+        state.phase = "stages"
         self.current = number
-        outcome = await self.runner.run(number, start_time, entries, self.check_stop)
+        outcome = await self.runner.run(number, start_time, entries)
         self.current = None
         if outcome == "ok":
-            self.journal.mark_stage_done(number)
-            await self.persist()
-        if self.over and get_phase() == "stages":  # an appended stage while positive time goes on
-            set_phase("positive" if before == "complete" else before)  # (a completed VM runs again)
+            self.state.journal.mark_stage_done(number)
+            await self.state.persist()
+        if self.over and state.phase == "stages":  # an appended stage while positive time goes on
+            state.phase = "positive" if before == "complete" else before  # (a completed VM runs again)
         return outcome
 
     async def appended(self) -> str:
         """Run the appended stages not done yet, in order (``ok``, ``reboot`` or ``failed``)."""
-        entries = self.schedule().entries
-        for number, start_time, indices in pending_stages(self.journal):
+        entries = self.state.schedule.entries
+        for number, start_time, indices in pending_stages(self.state.journal):
             outcome = await self.stage(number, start_time, [entries[i] for i in indices])
             if outcome != "ok":
                 return outcome
@@ -104,7 +94,7 @@ class StagePlay:
 
     def kick(self) -> None:
         """Once the schedule's own stages are over, run appended stages in a task of their own."""
-        if self.task is not None or not self.over or not pending_stages(self.journal):
+        if self.task is not None or not self.over or not pending_stages(self.state.journal):
             return
         self.task = task = asyncio.ensure_future(self.appended())
 
@@ -115,7 +105,7 @@ class StagePlay:
                     self.stop("reboot requested by an appended stage")
                 else:
                     self.kick()  # appended again while it ran
-            self.wake()
+            self.state.wake()
 
         task.add_done_callback(done)
 

@@ -12,7 +12,8 @@ The record (``Journal.appends``)::
      "first_index", "count", "at": agent UTC appended, "moved": {index: start_time},
      "stages": [[number, start_time, [index, ...]], ...]}
 
-What the engine does with the entries is in :meth:`vmr_handler.agent.engine.engine.Engine.append`;
+This module computes and keeps a batch; the engine appends its entries to the schedule it
+plays (:meth:`vmr_handler.agent.engine.engine.Engine.append`);
 the pure rules (numbering, where positive entries land, new stages) in
 :mod:`vmr_handler.core.schedule.appended`.
 """
@@ -23,18 +24,14 @@ import base64
 import hashlib
 import math
 import os
-from typing import Any, Dict, Iterable, List, Optional, Protocol, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from vmr_handler.agent.connected.resources import Resources
-from vmr_handler.agent.engine.arming import PositiveTimers
-from vmr_handler.agent.engine.config import EngineConfig
-from vmr_handler.agent.engine.entries import EntryLauncher
-from vmr_handler.agent.engine.holds import InitialHolds
-from vmr_handler.agent.engine.status import append_answer, skip_host_entries
+from vmr_handler.agent.engine.shared import EngineState
+from vmr_handler.agent.engine.status import append_answer
 from vmr_handler.agent.state.journal import Journal
-from vmr_handler.core.clock import Clock
 from vmr_handler.core.errors import AppendRefused, JournalError, ScheduleError
-from vmr_handler.core.events import Event, EventType
+from vmr_handler.core.events import Event
 from vmr_handler.core.fsutil import atomic_write
 from vmr_handler.core.schedule.appended import (
     MAX_BATCH_BYTES,
@@ -44,40 +41,15 @@ from vmr_handler.core.schedule.appended import (
     new_stages,
     reindexed,
 )
-from vmr_handler.core.schedule.commands import working_dirs
 from vmr_handler.core.schedule.loader import load_schedule_bytes
 from vmr_handler.core.schedule.model import EntryKind, Schedule, ScheduleEntry
 from vmr_handler.core.wire.protocol import result_data
 
-
-class Engine(Protocol):
-    """What appending needs of :class:`vmr_handler.agent.engine.engine.Engine` (which imports this
-    module: a protocol, not an import back)."""
-
-    schedule: Schedule
-    journal: Journal
-    config: EngineConfig
-    clock: Clock
-    entries: EntryLauncher
-    timers: PositiveTimers
-    holds: InitialHolds
-    workdirs: Dict[int, str]
-    stages: Tuple[float, ...]
-
-    @property
-    def stopping(self) -> bool: ...
-
-    def emit(self, type_: EventType, **data: Any) -> Event: ...
-
-    def resume(
-        self, at: Optional[float] = None, resume_id: Optional[str] = None, entry: Optional[int] = None
-    ) -> Dict[str, Any]: ...
-
-    def append(self, batch_id: str, batch: Schedule, raw: bytes) -> Dict[str, Any]: ...
-
-    def appended(self) -> None: ...
-
 APPENDS_DIR = "appends"
+
+#: ``append(batch_id, batch, raw)``: append a batch to the running schedule, its answer
+#: (:meth:`vmr_handler.agent.engine.engine.Engine.append`).
+AppendFn = Callable[[str, Schedule, bytes], Dict[str, Any]]
 
 
 def restore(
@@ -176,66 +148,47 @@ def resume_entries(entries: Iterable[ScheduleEntry]) -> List[ScheduleEntry]:
     return [e for e in entries if e.kind is EntryKind.RESUME]
 
 
-def append_batch(engine: Engine, batch_id: str, batch: Schedule, raw: bytes) -> Dict[str, Any]:
-    """Append a batch of entries to ``engine``'s running schedule (``vmr-host schedule add``).
-
-    The batch is kept and journaled before this returns, once per ``batch_id`` (a repeated id
-    returns the first answer with ``"repeated": True``). Its entries are numbered after the
-    schedule's; negative ones run as stages of their own, in order, once the current stage
-    ended; positive ones fire at start + their pause-shifted time (at once when that has
-    passed, lateness reported); pauses and breaks apply from now on
-    (:mod:`vmr_handler.core.schedule.appended`); its stored RESUMEs are applied.
-
-    Args:
-        engine: the running engine.
-        batch_id: the host's id of the batch (the ``schedule_append`` event id).
-        batch: the batch, loaded and validated as a schedule of its own.
-        raw: its bytes (kept in ``<state>/appends/``).
-
-    Returns:
-        ``{"first_index", "count", "stages": [[number, start_time, [index...]]...], "moved"}``.
-
-    Raises:
-        AppendRefused: the VM failed or the agent is stopping.
-        JournalError: the batch cannot be kept (nothing was appended).
-    """
-    journal = engine.journal
+def answered(journal: Journal, batch_id: str) -> Optional[Dict[str, Any]]:
+    """The answer of batch ``batch_id`` appended before, with ``"repeated": True``, or None."""
     for record in journal.appends:
         if record["id"] == batch_id:
             return {**append_answer(record), "repeated": True}
-    if engine.entries.failure is not None:
-        raise AppendRefused(f"the VM failed ({engine.entries.failure}); nothing appended")
-    if engine.stopping:
-        raise AppendRefused("the agent is stopping; nothing appended")
-    entries, placed = prepare_batch(engine.schedule, batch, journal, len(engine.stages))
-    file, digest = keep_batch(engine.config.state_dir, raw, batch.source_format, placed["first_index"])
+    return None
+
+
+def keep_appended(
+    state: EngineState, batch_id: str, batch: Schedule, raw: bytes
+) -> Tuple[Tuple[ScheduleEntry, ...], Dict[str, Any]]:
+    """Number and place ``batch``'s entries after the schedule's (:func:`prepare_batch`), keep
+    its bytes in ``<state>/appends/`` and its record in the journal, saved. The engine then
+    appends the entries (:meth:`vmr_handler.agent.engine.engine.Engine.append`). Returns the
+    entries and the record.
+
+    Raises:
+        JournalError: the batch cannot be kept (nothing was appended).
+    """
+    journal = state.journal
+    entries, placed = prepare_batch(state.schedule, batch, journal, len(state.stages))
+    file, digest = keep_batch(state.config.state_dir, raw, batch.source_format, placed["first_index"])
     record = {"id": batch_id, "file": file, "sha256": digest, "format": batch.source_format,
-              "at": engine.clock.time(), **placed}  # fmt: skip
+              "at": state.clock.time(), **placed}  # fmt: skip
     journal.add_append(record)
     try:
         journal.save()
     except JournalError:
         journal.appends.remove(record)
         raise
-    engine.schedule = extended(engine.schedule, entries)  # every part of the engine plays it
-    engine.timers.schedule = engine.holds.schedule = engine.schedule
-    engine.workdirs.update(working_dirs(list(engine.schedule.entries), engine.config.launch_dir))
-    engine.emit(EventType.SCHEDULE_APPENDED, batch=batch_id, **append_answer(record))
-    if engine.config.host_ask is None:
-        skip_host_entries(engine.emit, entries)
-    for entry in resume_entries(entries):
-        engine.resume(resume_id=f"schedule-entry-{entry.index}", entry=entry.index)
-    engine.appended()
-    return append_answer(record)
+    return entries, record
 
 
 async def appended_answer(
-    event: Event, engine: Engine, resources: Resources, allowed_classes: Optional[Iterable[str]]
+    event: Event, append: AppendFn, resources: Resources, allowed_classes: Optional[Iterable[str]]
 ) -> Dict[str, Any]:
     """Apply one ``schedule_append`` event: decode and check the batch (sha256, size, the
-    restricted loader and validation), fetch the VM-resource files it drops, append it to
-    ``engine``. Returns the ``result`` data to answer with (never raises for bad input: a
-    refusal is an error result that says why, and nothing is appended)."""
+    restricted loader and validation), fetch the VM-resource files it drops, ``append`` it
+    (:meth:`vmr_handler.agent.engine.engine.Engine.append`). Returns the ``result`` data to
+    answer with (never raises for bad input: a refusal is an error result that says why, and
+    nothing is appended)."""
     data = event.data
     try:
         raw = base64.b64decode(str(data.get("data_b64", "")), validate=True)
@@ -254,7 +207,7 @@ async def appended_answer(
         resources.announced.update({str(k): v for k, v in announced.items() if isinstance(v, dict)})
         await resources.fetch_all(batch)
     try:
-        outcome = engine.append(event.id, batch, raw)
+        outcome = append(event.id, batch, raw)
     except (AppendRefused, JournalError) as exc:
         return result_data(event.id, False, str(exc))
     first, count = outcome["first_index"], outcome["count"]

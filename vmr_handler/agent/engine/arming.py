@@ -14,11 +14,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
-from vmr_handler.agent.state.journal import Journal
-from vmr_handler.core.clock import Clock, Timer
+from vmr_handler.agent.engine.shared import EngineState
+from vmr_handler.core.clock import Timer
 from vmr_handler.core.errors import JournalError
 from vmr_handler.core.events import EventType
-from vmr_handler.core.schedule.model import EntryKind, Schedule, ScheduleEntry
+from vmr_handler.core.schedule.model import EntryKind, ScheduleEntry
 from vmr_handler.core.timeline import Plan, PlannedEntry
 
 #: ``fire(fire_at, entries)``: start the entries due at experiment second ``fire_at``.
@@ -30,26 +30,20 @@ class PositiveTimers:
     """The armed timers of positive time.
 
     Args:
-        schedule: the schedule (entries by index, pause durations).
-        journal: entry states, start time, passed milestones (saved when one passes).
-        clock: the clock the timers are armed on.
-        emit: ``emit(EventType, **data)``: pause/break events.
+        state: what the engine's parts share: the schedule (entries by index, pause
+            durations), the journal (entry states, start time, passed milestones, saved when one
+            passes), the clock the timers are armed on; pause/break events go to its reports; it
+            wakes the engine when its main loop should look again; on_host entries are armed
+            too when its config has a ``host_ask`` (a host runs them: the connected agent).
         fire: called at each group's instant.
-        wake: called when the engine's main loop should look again.
-        run_host: arm on_host entries too (a host runs them: the connected agent).
 
     Attributes:
         plan: the plan armed last (None before positive time).
         pending: ``("entry"|"hold"|"hold_end", index)`` of every armed, not yet run, timer.
     """
 
-    schedule: Schedule
-    journal: Journal
-    clock: Clock
-    emit: Callable[..., object]
+    state: EngineState
     fire: FireFn
-    wake: Callable[[], None]
-    run_host: bool = False
     plan: Optional[Plan] = field(default=None, init=False)
     pending: Set[Tuple[str, int]] = field(default_factory=set, init=False)
     _timers: List[Timer] = field(default_factory=list, init=False)
@@ -65,28 +59,29 @@ class PositiveTimers:
         self.cancel()
         self.pending = set()
         self.plan = plan
-        start = self.journal.start_time
+        start = self.state.journal.start_time
         assert start is not None
+        run_host = self.state.config.host_ask is not None
         groups: Dict[float, List[ScheduleEntry]] = {}
         for p in plan.entries:
             if p.fire_at is None or math.isinf(p.fire_at):
                 continue
-            entry = self.schedule.entries[p.index]
-            fires = p.kind is EntryKind.POSITIVE or (self.run_host and p.kind is EntryKind.HOST)
-            if fires and self.journal.entry_state(p.index) is None:
+            entry = self.state.schedule.entries[p.index]
+            fires = p.kind is EntryKind.POSITIVE or (run_host and p.kind is EntryKind.HOST)
+            if fires and self.state.journal.entry_state(p.index) is None:
                 groups.setdefault(p.fire_at, []).append(entry)
             elif p.kind in (EntryKind.PAUSE, EntryKind.BREAK):
                 milestones = [("hold", p.fire_at)]
                 if p.kind is EntryKind.PAUSE:
                     milestones.append(("hold_end", p.fire_at + (entry.pause_duration or 0.0)))
                 for what, at in milestones:
-                    if not self.journal.hold_passed(what, p.index):
+                    if not self.state.journal.hold_passed(what, p.index):
                         self.pending.add((what, p.index))
-                        self._timers.append(self.clock.call_at(start + at, self._milestone, what, p))
+                        self._timers.append(self.state.clock.call_at(start + at, self._milestone, what, p))
         for fire_at, entries in groups.items():
             self.pending.update(("entry", e.index) for e in entries)
-            self._timers.append(self.clock.call_at(start + fire_at, self._fire_group, fire_at, entries))
-        self.wake()
+            self._timers.append(self.state.clock.call_at(start + fire_at, self._fire_group, fire_at, entries))
+        self.state.wake()
 
     def _fire_group(self, fire_at: float, entries: List[ScheduleEntry]) -> None:
         for entry in entries:
@@ -96,28 +91,30 @@ class PositiveTimers:
     def _milestone(self, what: str, p: PlannedEntry) -> None:
         """Timer callback: a pause/break takes effect (``hold``) or a pause ends (``hold_end``)."""
         self.pending.discard((what, p.index))
-        self.journal.mark_hold(what, p.index)
+        self.state.journal.mark_hold(what, p.index)
         with contextlib.suppress(JournalError):
-            self.journal.save()
-        duration = self.schedule.entries[p.index].pause_duration or 0.0
+            self.state.journal.save()
+        duration = self.state.schedule.entries[p.index].pause_duration or 0.0
         assert p.fire_at is not None
         if what == "hold_end":
-            self.emit(EventType.PAUSE_ENDED, index=p.index, at=p.fire_at + duration, duration=duration)
+            self.state.emit(EventType.PAUSE_ENDED, index=p.index, at=p.fire_at + duration, duration=duration)
         elif p.kind is EntryKind.BREAK:
-            self.emit(
+            self.state.emit(
                 EventType.BREAK_STARTED, index=p.index, at=p.fire_at, details="schedule held until RESUME"
             )
         else:
             until = p.fire_at + duration
-            self.emit(EventType.PAUSE_STARTED, index=p.index, at=p.fire_at, duration=duration, until=until)
-        self.wake()
+            self.state.emit(
+                EventType.PAUSE_STARTED, index=p.index, at=p.fire_at, duration=duration, until=until
+            )
+        self.state.wake()
 
     def upcoming(self, plan: Plan, start: float, now: float, limit: int = 5) -> List[Dict[str, float]]:
         """The next ``limit`` unfired positive entries of ``plan``: index, ``fire_at`` (experiment
         seconds) and ``in`` (seconds from reference UTC ``now``, start time ``start``)."""
         upcoming: List[Dict[str, float]] = []
         for p in plan.positive_firings():
-            if self.journal.entry_state(p.index) is None and p.fire_at is not None:
+            if self.state.journal.entry_state(p.index) is None and p.fire_at is not None:
                 upcoming.append({"index": p.index, "fire_at": p.fire_at, "in": start + p.fire_at - now})
             if len(upcoming) == limit:
                 break
@@ -134,7 +131,7 @@ class PositiveTimers:
                 continue
             if p.kind is EntryKind.BREAK and plan.blocked_by == p.index:
                 return {"index": p.index, "kind": "break", "at": p.fire_at}
-            duration = self.schedule.entries[p.index].pause_duration or 0.0
+            duration = self.state.schedule.entries[p.index].pause_duration or 0.0
             if p.kind is EntryKind.PAUSE and now < p.fire_at + duration:
                 return {"index": p.index, "kind": "pause", "at": p.fire_at, "until": p.fire_at + duration}
         return None

@@ -29,34 +29,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any, Callable, Dict, List, Optional, Set
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from vmr_handler.agent.engine._reminders import remind
 from vmr_handler.agent.engine._resumes import record_resume
 from vmr_handler.agent.engine._stageplay import StagePlay
-from vmr_handler.agent.engine.appends import append_batch, restore
+from vmr_handler.agent.engine.appends import answered, keep_appended, restore, resume_entries
 from vmr_handler.agent.engine.arming import PositiveTimers
 from vmr_handler.agent.engine.config import DEFAULT_REBOOT_COMMAND, EngineConfig
-from vmr_handler.agent.engine.entries import EntryLauncher, LaunchContext, Prepared
+from vmr_handler.agent.engine.entries import EntryLauncher, Prepared
 from vmr_handler.agent.engine.holds import InitialHolds
-from vmr_handler.agent.engine.placement import DataPlacement
 from vmr_handler.agent.engine.ports import Processes
+from vmr_handler.agent.engine.shared import EngineState, stops_here
 from vmr_handler.agent.engine.stages import StageRunner
 from vmr_handler.agent.engine.status import (
     announce,
+    append_answer,
     completion,
     engine_status,
     entry_counts,
+    skip_host_entries,
     waiting_status,
 )
-from vmr_handler.agent.machine.bundle import child_environment
 from vmr_handler.agent.machine.executor import SystemProcesses
-from vmr_handler.agent.state.journal import Journal, SyncSoon
+from vmr_handler.agent.state.journal import Journal
 from vmr_handler.agent.state.reporthold import ReportHold, hold_of
 from vmr_handler.core.clock import Clock, SystemClock
-from vmr_handler.core.errors import JournalError
-from vmr_handler.core.events import Event, EventFactory, EventType
-from vmr_handler.core.schedule.commands import find_shell, working_dirs
+from vmr_handler.core.errors import AppendRefused, JournalError
+from vmr_handler.core.events import Event, EventType
+from vmr_handler.core.schedule.appended import extended
+from vmr_handler.core.schedule.commands import working_dirs
 from vmr_handler.core.schedule.model import EntryKind, Schedule, ScheduleEntry
 from vmr_handler.core.timeline import Plan, build_plan
 
@@ -92,10 +94,6 @@ def open_engine(
     return Engine(schedule, config, sink, clock or SystemClock(), SystemProcesses(), journal)
 
 
-class _Stopped(Exception):
-    """Raised inside the engine when a stop was requested."""
-
-
 class Engine:
     """Drives one schedule on this machine.
 
@@ -125,53 +123,49 @@ class Engine:
         processes: Processes,
         journal: Journal,
     ) -> None:
-        self.schedule = schedule
         self.config = config
-        self.clock = clock
-        self.reports = hold_of(sink, clock, config.report_hold)
-        self.events = EventFactory(self.clock.time)
-        self.journal = journal
-        self.processes = processes
-        self.workdirs = working_dirs(list(schedule.entries), config.launch_dir)
-        self.shell = config.shell or find_shell()
-        self._env = child_environment(config.env)
-        self.data = DataPlacement(self.workdirs, config.resources_dir, self.emit, journal, clock.time)
-        self.stages = schedule.stage_times()
-        self.phase = "starting"
-        self._stop = asyncio.Event()
-        self._wake = asyncio.Event()  # set on RESUME / entry end / failure
-        self._stop_reason = ""
-        self._syncer = SyncSoon(self.journal)
+        self.state = state = EngineState(
+            schedule, config, journal, clock, processes, hold_of(sink, clock, config.report_hold)
+        )
         #: Set once the reference clock can be trusted (at once in local mode; after the first
         #: clock sync with the host otherwise): positive time waits for it.
         self.clock_ready = asyncio.Event()
         if config.local_start:
             self.clock_ready.set()
-        self.entries = EntryLauncher(
-            LaunchContext(
-                journal, clock, processes, self.emit, self._syncer.changed, self._wake.set, self.workdirs,
-                self.data, self.shell, self._env, config.local_start, self.reports.room,
-                self.reports.reported,
-            )
-        )  # fmt: skip
-        self.stage_runner = StageRunner(
-            self.entries, journal, clock, processes, self.emit, self.workdirs, config.reboot_command,
-            self._persist, config.host_ask,
-        )  # fmt: skip
-        self.holds = InitialHolds(
-            schedule, journal, clock, self.emit, self._set_phase, self._wait_woken, self._sleep_until_utc,
-            self._persist,
-        )  # fmt: skip
-        self.timers = PositiveTimers(
-            schedule, journal, clock, self.emit, self._fire_group, self._wake.set, config.host_ask is not None
-        )
+        self.entries = EntryLauncher(state)
+        self.stage_runner = StageRunner(state, self.entries)
+        self.holds = InitialHolds(state)
+        self.timers = PositiveTimers(state, fire=self._fire_group)
+        self.stageplay = StagePlay(state, self.stage_runner, stop=self.stop)
         self._tasks: Set[asyncio.Task[Any]] = set()
-        self.stageplay = StagePlay(
-            self.stage_runner, journal, lambda: self.schedule, self.reports.wait_room, self._check_stop,
-            self._persist, (lambda: self.phase, self._set_phase), self.stop, self._wake.set,
-        )  # fmt: skip
         self._started_reported = False
         self._completed = False
+
+    # ------------------------------------------------------------------ what it shares with its parts
+    @property
+    def schedule(self) -> Schedule:
+        """The schedule played now (appended entries included)."""
+        return self.state.schedule
+
+    @property
+    def phase(self) -> str:
+        """Where the engine is (``status``'s ``phase``)."""
+        return self.state.phase
+
+    @property
+    def journal(self) -> Journal:
+        """This schedule's journal."""
+        return self.state.journal
+
+    @property
+    def clock(self) -> Clock:
+        """The reference clock."""
+        return self.state.clock
+
+    @property
+    def reports(self) -> ReportHold:
+        """Where every event goes (held while it cannot be written)."""
+        return self.state.reports
 
     @property
     def current_stage(self) -> Optional[int]:
@@ -182,16 +176,15 @@ class Engine:
     def _failure(self) -> Optional[str]:
         return self.entries.failure
 
+    @property
+    def stages(self) -> Tuple[float, ...]:
+        """Start times of the schedule's own negative stages."""
+        return self.state.stages
+
     # ------------------------------------------------------------------ reporting
     def emit(self, type_: EventType, **data: Any) -> Event:
         """Make an event and hand it to the sink (held and retried when it fails; never raises)."""
-        event = self.events.make(type_, **data)
-        self.reports(event)
-        return event
-
-    async def _persist(self) -> None:
-        """Snapshot the journal, waiting out a full disk (raises _Stopped on a stop)."""
-        await self._syncer.save_durably(lambda s: self._sleep_until_utc(self.clock.time() + s))
+        return self.state.emit(type_, **data)
 
     # ------------------------------------------------------------------ inputs
     def resume(
@@ -206,13 +199,11 @@ class Engine:
                 (its first outcome is returned, with ``"repeated": True``).
             entry: index of the stored RESUME entry this RESUME comes from, if any.
         """
-        outcome, plan = record_resume(
-            self.journal, self.clock, self.schedule, self.emit, self._syncer.save_soon, at, resume_id, entry
-        )
+        outcome, plan = record_resume(self.state, at, resume_id, entry)
         if plan is not None:
             if self.timers.plan is not None:
                 self.timers.arm(plan)
-            self._wake.set()
+            self.state.wake()
         return outcome
 
     def plan(self) -> Plan:
@@ -220,35 +211,58 @@ class Engine:
         return build_plan(self.schedule.entries, self.journal.resumes, self.journal.resume_visibility)
 
     def append(self, batch_id: str, batch: Schedule, raw: bytes) -> Dict[str, Any]:
-        """Append a batch of entries to the running schedule, once per ``batch_id``:
-        :func:`vmr_handler.agent.engine.appends.append_batch` documents it.
+        """Append a batch of entries to the running schedule (``vmr-host schedule add``).
+
+        The batch is kept and journaled before this returns, once per ``batch_id`` (a repeated
+        id returns the first answer with ``"repeated": True``; :mod:`vmr_handler.agent.engine.appends`).
+        Its entries are numbered after the schedule's; negative ones run as stages of their
+        own, in order, once the current stage ended; positive ones fire at start + their
+        pause-shifted time (at once when that has passed, lateness reported); pauses and breaks
+        apply from now on (:mod:`vmr_handler.core.schedule.appended`); its stored RESUMEs are
+        applied.
+
+        Args:
+            batch_id: the host's id of the batch (the ``schedule_append`` event id).
+            batch: the batch, loaded and validated as a schedule of its own.
+            raw: its bytes (kept in ``<state>/appends/``).
+
+        Returns:
+            ``{"first_index", "count", "stages": [[number, start_time, [index...]]...], "moved"}``.
 
         Raises:
             AppendRefused: the VM failed or the agent is stopping.
             JournalError: the batch cannot be kept (nothing was appended).
         """
-        return append_batch(self, batch_id, batch, raw)
+        repeated = answered(self.journal, batch_id)
+        if repeated is not None:
+            return repeated
+        if self.entries.failure is not None:
+            raise AppendRefused(f"the VM failed ({self.entries.failure}); nothing appended")
+        if self.stopping:
+            raise AppendRefused("the agent is stopping; nothing appended")
+        entries, record = keep_appended(self.state, batch_id, batch, raw)
+        state = self.state
+        state.schedule = extended(state.schedule, entries)  # every part of the engine plays it
+        state.workdirs.update(working_dirs(list(state.schedule.entries), self.config.launch_dir))
+        self.emit(EventType.SCHEDULE_APPENDED, batch=batch_id, **append_answer(record))
+        if self.config.host_ask is None:
+            skip_host_entries(self.emit, entries)
+        for entry in resume_entries(entries):
+            self.resume(resume_id=f"schedule-entry-{entry.index}", entry=entry.index)
+        if self.timers.plan is not None:  # re-arm positive time, run appended stages, look again
+            self.timers.arm(self.plan())
+        self.stageplay.kick()
+        state.wake()
+        return append_answer(record)
 
     @property
     def stopping(self) -> bool:
         """True once :meth:`stop` was called."""
-        return self._stop.is_set()
-
-    def appended(self) -> None:
-        """Entries were appended (:func:`~vmr_handler.agent.engine.appends.append_batch`): re-arm
-        positive time from the new plan, run appended stages, look again."""
-        if self.timers.plan is not None:
-            self.timers.arm(self.plan())
-        self.stageplay.kick()
-        self._wake.set()
+        return self.state.stopping
 
     def stop(self, reason: str = "stop requested") -> None:
         """Ask the engine to stop: timers cancelled, process trees terminated, journal flushed."""
-        if not self._stop.is_set():
-            log.info("stopping: %s", reason)
-            self._stop_reason = reason
-            self._stop.set()
-            self._wake.set()
+        if self.state.request_stop(reason):
             self.reports.stop_waiting(STOP_GRACE)
             task = asyncio.ensure_future(self.entries.kill_running())
             self._tasks.add(task)
@@ -278,37 +292,37 @@ class Engine:
     async def _play(self) -> int:
         announce(self.emit, self.schedule, self.journal, self.config.host_ask is None)
         self._recover()
+        state = self.state
         try:
-            await self._persist()
-            await self._preload()
-            self._stored_resumes()
-            await self.holds.run()
-            outcome = await self.stageplay.run_all(list(self.stages))
-            if outcome != "ok":
-                return EXIT_OK if outcome == "reboot" else self._fail_exit()
-            await self._configured()
-            await self._positive_phase()
-            await self._persist()  # complete only once the journal says so (a full disk waits)
-            while self.config.stay and self._failure is None and not self._stop.is_set():
-                self._complete()  # then wait for appended entries (or a RESUME re-arming some)
-                await self._more_work()
+            with stops_here():
+                await state.persist()
+                await self._preload()
+                self._stored_resumes()
+                await self.holds.run()
+                outcome = await self.stageplay.run_all()
+                if outcome != "ok":
+                    return EXIT_OK if outcome == "reboot" else self._fail_exit()
+                await self._configured()
                 await self._positive_phase()
-                await self._persist()
-        except _Stopped:
-            pass
+                await state.persist()  # complete only once the journal says so (a full disk waits)
+                while self.config.stay and self._failure is None and not state.stopping:
+                    self._complete()  # then wait for appended entries (or a RESUME re-arming some)
+                    await self._more_work()
+                    await self._positive_phase()
+                    await state.persist()
         finally:
             await self._shutdown()
         if self._failure is not None:
             return self._fail_exit()
-        if self._stop.is_set():
+        if state.stopping:
             if not self._completed:
-                self.emit(EventType.AGENT_STOPPED, reason=self._stop_reason)
+                self.emit(EventType.AGENT_STOPPED, reason=state.stop_reason)
             return EXIT_OK
         self._complete()
         return EXIT_OK
 
     def _complete(self) -> None:
-        self.phase = "complete"
+        self.state.phase = "complete"
         self._completed = True
         counts = entry_counts(self.journal, self.schedule.entries)
         self.emit(EventType.SCHEDULE_COMPLETE, **completion(counts))
@@ -322,12 +336,12 @@ class Engine:
     async def _more_work(self) -> None:
         """Wait (after the schedule completed) until entries are appended or re-armed."""
         while not self._busy():
-            await self._wait_woken()
+            await self.state.wait_woken()
         self._completed = False
-        self.phase = "positive"
+        self.state.phase = "positive"
 
     def _fail_exit(self) -> int:
-        self.phase = "failed"
+        self.state.phase = "failed"
         return EXIT_FAILED
 
     def _recover(self) -> None:
@@ -335,35 +349,14 @@ class Engine:
         self.entries.recover(list(self.schedule.entries))
         self.stage_runner.recover()
 
-    def _set_phase(self, phase: str) -> None:
-        self.phase = phase
-
-    def _check_stop(self) -> None:
-        if self._stop.is_set():
-            raise _Stopped()
-
-    async def _sleep_until_utc(self, utc: float) -> None:
-        """Sleep until reference UTC ``utc`` unless stopped (then raise _Stopped)."""
-        while True:
-            self._check_stop()
-            if self.clock.time() >= utc:
-                return
-            self._wake.clear()
-            await self.clock.wait(self._wake, utc)
-
-    async def _wait_woken(self) -> None:
-        self._wake.clear()
-        await self._wake.wait()
-        self._check_stop()
-
     # ------------------------------------------------------------------ phase 0: data, stored RESUMEs
     async def _preload(self) -> None:
         """Place every entry's data before anything runs (:mod:`vmr_handler.agent.engine.placement`)."""
-        self.phase = "placing data"
-        if await self.data.preload(
+        self.state.phase = "placing data"
+        if await self.state.data.preload(
             list(self.schedule.entries), lambda i: self.journal.entry_state(i) is not None
         ):
-            await self._persist()
+            await self.state.persist()
 
     def _stored_resumes(self) -> None:
         """Apply the schedule's stored RESUME entries (``firewheel vm resume``; SPEC section 3), once."""
@@ -373,10 +366,11 @@ class Engine:
 
     # ------------------------------------------------------------------ phase 3: barrier
     async def _configured(self) -> None:
+        state = self.state
         if self.journal.configured_at is None:
             self.journal.configured_at = self.clock.time()
-            await self._persist()
-        self.phase = "configured"
+            await state.persist()
+        state.phase = "configured"
         configured_at = self.journal.configured_at
         assert configured_at is not None
         self.emit(EventType.CONFIGURED, at=configured_at, stages=len(self.stages))
@@ -389,7 +383,7 @@ class Engine:
             )
         elif self.journal.start_time is None and self.config.local_start:
             self.journal.start_time = configured_at + self.config.start_buffer
-            await self._persist()
+            await state.persist()
             self.emit(
                 EventType.START_TIME_SET,
                 start_time=self.journal.start_time,
@@ -397,14 +391,14 @@ class Engine:
                 buffer=self.config.start_buffer,
                 details="experiment start = configured + start buffer",
             )
-        self.phase = "configured, waiting at the barrier"
+        state.phase = "configured, waiting at the barrier"
         while self.journal.start_time is None or not self.clock_ready.is_set():
-            await self._wait_woken()  # set_start_time() / set_clock_ready() wake us
+            await state.wait_woken()  # set_start_time() / set_clock_ready() wake us
 
     def set_clock_ready(self) -> None:
         """The reference clock is synchronised: positive time may be timed on it."""
         self.clock_ready.set()
-        self._wake.set()
+        self.state.wake()
 
     def set_start_time(self, start: float) -> bool:
         """The host's experiment start time (reference UTC seconds) arrived.
@@ -418,56 +412,57 @@ class Engine:
                 log.error("refused a different experiment start time %.6f (already %.6f)", start, current)
             return False
         self.journal.start_time = start
-        self._syncer.save_soon()  # a full disk: kept in memory, retried (the host sends it again)
+        self.state.syncer.save_soon()  # a full disk: kept in memory, retried (the host sends it again)
         self.emit(
             EventType.START_TIME_SET,
             start_time=start,
             source="host",
             details="experiment start time from the host barrier",
         )
-        self._wake.set()
+        self.state.wake()
         return True
 
     def clock_changed(self) -> None:
         """The reference-clock offset changed: re-arm positive-time timers on the new clock."""
-        self.events.clock_changed()
+        self.state.events.clock_changed()
         if self.timers.plan is not None:
             self.timers.arm(self.timers.plan)
 
     # ------------------------------------------------------------------ phase 4: positive time
     async def _positive_phase(self) -> None:
+        state = self.state
         start = self.journal.start_time
         assert start is not None
-        self.phase = "waiting for start" if not self._started_reported else "positive"
+        state.phase = "waiting for start" if not self._started_reported else "positive"
         self.timers.arm(self.plan())
         while True:
-            self._check_stop()
+            state.check_stop()
             if self._failure is not None:
                 return
             if not self._started_reported and self.clock.time() >= start:
                 self._started_reported = True
-                self.phase = "positive"
+                state.phase = "positive"
                 self.emit(EventType.EXPERIMENT_STARTED, start_time=start, late=self.clock.time() - start)
             plan = self.timers.plan
             assert plan is not None
             if self._started_reported and not self._busy() and plan.blocked_by is None:
                 return
-            self._wake.clear()
-            await self.clock.wait(self._wake, None if self._started_reported else start)
+            state.woken.clear()
+            await self.clock.wait(state.woken, None if self._started_reported else start)
 
     def _fire_group(self, fire_at: float, entries: List[ScheduleEntry]) -> None:
         """Timer callback: fire every entry scheduled at experiment time ``fire_at``."""
-        if self._stop.is_set() or self._failure is not None:
+        if self.stopping or self._failure is not None:
             return
         start = self.journal.start_time
         assert start is not None
         host = [e for e in entries if e.on_host and self.journal.entry_state(e.index) is None]
         prepared = self.entries.prepare_due([e for e in entries if not e.on_host])
         if not prepared and not host:
-            self._wake.set()
+            self.state.wake()
             return
         launch = self._launch(prepared, host, start + fire_at)
-        task = asyncio.ensure_future(self.reports.when_room(self._stop, launch))
+        task = asyncio.ensure_future(self.reports.when_room(self.state.stop_requested, launch))
         self._tasks.add(task)
 
         def done(t: asyncio.Task[Any]) -> None:
@@ -475,7 +470,7 @@ class Engine:
             if not t.cancelled() and t.exception() is not None:
                 log.error("firing entries at %s failed: %r", fire_at, t.exception())
                 self.entries.failure = f"internal error firing entries at {fire_at}: {t.exception()!r}"
-            self._wake.set()
+            self.state.wake()
 
         task.add_done_callback(done)
 
@@ -486,14 +481,14 @@ class Engine:
 
     # ------------------------------------------------------------------ shutdown
     async def _shutdown(self) -> None:
-        self.data.stop()
+        self.state.data.stop()
         self.timers.cancel()
         await self.stageplay.cancel()
         await self.entries.kill_running()
         await self.entries.journaled()  # entry_failed marks (at a stop: STOP_GRACE at most)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._syncer.cancel()
+        self.state.syncer.cancel()
         with contextlib.suppress(JournalError):
             self.journal.save()
         with contextlib.suppress(JournalError, OSError):

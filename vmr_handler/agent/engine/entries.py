@@ -21,8 +21,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Set
 
-from vmr_handler.agent.engine.placement import DataPlacement
-from vmr_handler.agent.engine.ports import OutputCallback, Process, Processes
+from vmr_handler.agent.engine.ports import OutputCallback, Process
+from vmr_handler.agent.engine.shared import EngineState
 from vmr_handler.agent.machine.executor import (
     NOT_EXECUTABLE_EXIT_CODE,
     NOT_FOUND_EXIT_CODE,
@@ -31,8 +31,7 @@ from vmr_handler.agent.machine.executor import (
     ProcessResult,
     shell_command,
 )
-from vmr_handler.agent.state.journal import DONE, FAILED, RUNNING, Journal
-from vmr_handler.core.clock import Clock
+from vmr_handler.agent.state.journal import DONE, FAILED, RUNNING
 from vmr_handler.core.errors import EntryError
 from vmr_handler.core.events import Event, EventType, encode_output
 from vmr_handler.core.schedule.commands import command_line, first_word, program_missing, target_path
@@ -67,59 +66,22 @@ class Prepared:
     line: str = ""  # the command line, as the reference writes it
 
 
-@dataclass
-class LaunchContext:
-    """What the launcher shares with the engine.
-
-    Attributes:
-        journal: the engine's journal (entry states).
-        clock: the reference clock (spawn instants, durations).
-        processes: the process port.
-        emit: ``emit(EventType, **data) -> Event``.
-        journal_changed: called after entry states were appended (the engine fsyncs soon).
-        wake: called when the engine's main loop should look again (an entry ended, a failure).
-        workdirs: working dir per entry index.
-        data: the data placement (preloaded drops; ``ensure`` before a start).
-        shell: the shell that runs command lines.
-        env: the entries' environment (None: the agent's own).
-        local: local mode (no host: transfers are recorded only).
-        room: None while reports can be written, else a future done when they can again
-            (:meth:`~vmr_handler.agent.state.reporthold.ReportHold.room`): an entry's output waits
-            for it (back-pressure).
-        reported: None when every report made so far is written, else an awaitable that is
-            True once it is, False when the agent stopped first
-            (:meth:`~vmr_handler.agent.state.reporthold.ReportHold.reported`): an entry is journaled
-            done only then.
-    """
-
-    journal: Journal
-    clock: Clock
-    processes: Processes
-    emit: Emit
-    journal_changed: Callable[[], None]
-    wake: Callable[[], None]
-    workdirs: Dict[int, str]
-    data: DataPlacement
-    shell: str
-    env: Optional[Dict[str, str]]
-    local: bool
-    room: Callable[[], Optional[Awaitable[None]]] = lambda: None
-    reported: Callable[[], Optional[Awaitable[bool]]] = lambda: None
-
-
 class EntryLauncher:
     """Prepares, starts and follows entries; holds the running ones and the VM's failure.
 
     Args:
-        ctx: the :class:`LaunchContext` shared with the engine.
+        state: what the engine's parts share (:class:`~vmr_handler.agent.engine.shared.EngineState`):
+            the journal, the clock, the process port, the working dirs, the data placement, the
+            reports (an entry's output waits while they are held, back-pressure; its end is
+            journaled once they are written).
 
     Attributes:
         running: entry index -> :class:`Running`, while its process runs.
         failure: why the VM failed (a placement error without ``ignore_failure``), or None.
     """
 
-    def __init__(self, ctx: LaunchContext) -> None:
-        self.ctx = ctx
+    def __init__(self, state: EngineState) -> None:
+        self.state = state
         self.running: Dict[int, Running] = {}
         self.failure: Optional[str] = None
         self._marking: Set[asyncio.Future[None]] = set()  # entry_failed marks waiting for reports
@@ -134,7 +96,7 @@ class EntryLauncher:
         """Report a placement/start failure; a placement failure fails the VM unless ignore_failure
         (SPEC section 5: only data that cannot be placed fails the VM)."""
         fatal = can_fail_vm and not entry.ignore_failure
-        self.ctx.emit(
+        self.state.emit(
             EventType.ENTRY_FAILED,
             index=entry.index,
             executable=entry.executable,
@@ -145,14 +107,14 @@ class EntryLauncher:
         if fatal:
             self.failure = f"{entry.label}: {exc}"
             # the event names the entry in its own fields: the cause is said once
-            self.ctx.emit(
+            self.state.emit(
                 EventType.VM_FAILED,
                 index=entry.index,
                 executable=entry.executable,
                 status="error",
                 details=str(exc),
             )
-            self.ctx.wake()
+            self.state.wake()
         else:
             later = self._journal_done(entry.index, FAILED)
             if later is not None:
@@ -162,7 +124,7 @@ class EntryLauncher:
 
     def _marked(self, task: asyncio.Future[None]) -> None:
         self._marking.discard(task)
-        self.ctx.wake()
+        self.state.wake()
 
     async def journaled(self) -> None:
         """Wait until the entry_failed marks waiting for their reports are journaled (or were
@@ -178,12 +140,12 @@ class EntryLauncher:
         written: at once when it is (None is returned: the sink works), else an awaitable that
         does it then. Meanwhile the journal says ``running`` with ``reports_held``: a crash
         runs the entry again. When the agent stops first it stays so (logged)."""
-        wait = self.ctx.reported()
+        wait = self.state.reports.reported()
         if wait is None:
             self._mark_done(index, state, exit_code)
             return None
-        self.ctx.journal.mark_reports_held(index, exit_code)
-        self.ctx.journal_changed()
+        self.state.journal.mark_reports_held(index, exit_code)
+        self.state.journal_changed()
         return self._journal_done_later(wait, index, state, exit_code)
 
     async def _journal_done_later(
@@ -199,24 +161,24 @@ class EntryLauncher:
             )
 
     def _mark_done(self, index: int, state: str, exit_code: Optional[int]) -> None:
-        self.ctx.journal.mark_done(index, state, exit_code)
-        self.ctx.journal_changed()
+        self.state.journal.mark_done(index, state, exit_code)
+        self.state.journal_changed()
 
     # ------------------------------------------------------------------ prepare
     def prepare(self, entry: ScheduleEntry) -> Optional[Prepared]:
         """Place the entry's data unless already in place, and build its command; None if the
         data could not be placed (already reported)."""
-        workdir = self.ctx.workdirs[entry.index]
+        workdir = self.state.workdirs[entry.index]
         try:
-            self.ctx.data.ensure(entry)
+            self.state.data.ensure(entry)
             line = command_line(entry, workdir) if entry.executable else ""
         except EntryError as exc:
             self.entry_failed(entry, exc)
             return None
-        argv = shell_command(self.ctx.shell, workdir, line) if entry.executable else None
+        argv = shell_command(self.state.shell, workdir, line) if entry.executable else None
         for item in entry.data:
             if isinstance(item, TransferOut):
-                self.ctx.emit(
+                self.state.emit(
                     EventType.TRANSFER_REGISTERED,
                     index=entry.index,
                     location=item.location,
@@ -224,7 +186,7 @@ class EntryLauncher:
                     interval=item.interval,
                     destination=item.destination,
                     details="local mode: recorded only, no host to transfer to"
-                    if self.ctx.local
+                    if self.state.config.local_start
                     else "sent to the host once, or every interval seconds when it changed",
                 )
         return Prepared(entry, workdir, argv, line)
@@ -233,7 +195,7 @@ class EntryLauncher:
         """:meth:`prepare` each of ``entries`` that has not run (the journal has no state for it)."""
         prepared = []
         for entry in entries:
-            if self.ctx.journal.entry_state(entry.index) is None:
+            if self.state.journal.entry_state(entry.index) is None:
                 item = self.prepare(entry)
                 if item is not None:
                     prepared.append(item)
@@ -251,8 +213,8 @@ class EntryLauncher:
                 or None in a negative stage.
         """
         for item in prepared:
-            self.ctx.journal.mark_running(item.entry.index)  # one append each, before the spawn
-        self.ctx.journal_changed()
+            self.state.journal.mark_running(item.entry.index)  # one append each, before the spawn
+        self.state.journal_changed()
         started = await asyncio.gather(*(self._start(item, scheduled) for item in prepared))
         results: Dict[int, Optional[ProcessResult]] = {}
         waits = [self._finish(item, run) for item, run in zip(prepared, started)]
@@ -268,7 +230,7 @@ class EntryLauncher:
             seq[stream] += 1
             if stream == "stderr" and piece.strip():
                 tail["last"] = piece[-400:]
-            self.ctx.emit(
+            self.state.emit(
                 EventType.OUTPUT,
                 index=entry.index,
                 stream=stream,
@@ -277,7 +239,7 @@ class EntryLauncher:
                 eol=eol,
                 **encode_output(piece),
             )
-            return self.ctx.room()  # the pump waits on it before reading more
+            return self.state.reports.room()  # the pump waits on it before reading more
 
         return on_output
 
@@ -286,23 +248,23 @@ class EntryLauncher:
         if item.argv is None:
             return None
         tail: Dict[str, bytes] = {}
-        process = self.ctx.processes.process(self._output_reporter(entry, tail))
+        process = self.state.processes.process(self._output_reporter(entry, tail))
         # the fork happens synchronously inside start() before its first suspension, so this
         # is when this entry's process starts (gather() runs every start up to there first)
-        spawned_at = self.ctx.clock.time()
+        spawned_at = self.state.clock.time()
         try:
-            pid = await process.start(item.argv, item.workdir, self.ctx.env)
+            pid = await process.start(item.argv, item.workdir, self.state.env)
         except EntryError as exc:
             self.entry_failed(entry, exc, can_fail_vm=False)
             return None
-        running = Running(entry, process, self.ctx.clock.monotonic(), stderr_tail=tail)
+        running = Running(entry, process, self.state.clock.monotonic(), stderr_tail=tail)
         self.running[entry.index] = running
-        self.ctx.journal.mark_running(entry.index, pid, process.create_time)  # pid: cleanup after a crash
-        self.ctx.journal_changed()
+        self.state.journal.mark_running(entry.index, pid, process.create_time)  # pid: cleanup after a crash
+        self.state.journal_changed()
         extra: Dict[str, Any] = {}
         if scheduled is not None:
             extra = {"scheduled": scheduled, "spawned_at": spawned_at, "lateness": spawned_at - scheduled}
-        self.ctx.emit(
+        self.state.emit(
             EventType.ENTRY_STARTED,
             index=entry.index,
             executable=entry.executable,
@@ -310,7 +272,7 @@ class EntryLauncher:
             start_time=entry.start_time,
             working_dir=item.workdir,
             command=item.line,
-            shell=self.ctx.shell,
+            shell=self.state.shell,
             **extra,
         )
         return running
@@ -318,8 +280,8 @@ class EntryLauncher:
     async def _data_only_done(self, item: Prepared) -> None:
         entry = item.entry
         # (launch_all journaled it running before the start: a data-only entry ends here)
-        if item.argv is None and self.ctx.journal.entry_state(entry.index) in (None, RUNNING):
-            self.ctx.emit(
+        if item.argv is None and self.state.journal.entry_state(entry.index) in (None, RUNNING):
+            self.state.emit(
                 EventType.ENTRY_EXITED,
                 index=entry.index,
                 executable=None,
@@ -347,7 +309,7 @@ class EntryLauncher:
         }
         if running.killed:
             # terminated by our own stop: left "running" in the journal so a restart runs it again
-            self.ctx.emit(
+            self.state.emit(
                 EventType.ENTRY_INTERRUPTED,
                 **ended,
                 details="terminated because the agent stopped; runs again when the agent restarts",
@@ -368,7 +330,7 @@ class EntryLauncher:
             details += "; reboot requested" + (
                 " (reported only in positive time)" if entry.start_time > 0 else ""
             )
-        self.ctx.emit(
+        self.state.emit(
             EventType.ENTRY_EXITED,
             **ended,
             duration=result.duration,
@@ -379,7 +341,7 @@ class EntryLauncher:
         later = self._journal_done(entry.index, DONE, result.exit_code)  # done once reported
         if later is not None:
             await later
-        self.ctx.wake()
+        self.state.wake()
         return result
 
     def _not_run(self, item: Prepared, running: Running, code: int) -> str:
@@ -393,7 +355,7 @@ class EntryLauncher:
                     f": {word!r} is not executable (mode {mode}); a drop keeps its executable flag here, "
                     "where FIREWHEEL makes every dropped file executable (docs/firewheel.md)"
                 )
-        elif program_missing(word, item.workdir, (self.ctx.env or os.environ).get("PATH")):
+        elif program_missing(word, item.workdir, (self.state.env or os.environ).get("PATH")):
             return f": {word!r} was not found (no such file, not on the PATH); the schedule goes on"
         last = running.stderr_tail.get("last", b"").decode("utf-8", "replace").strip()
         return f" (the shell's code for {_SHELL_CODES[code]!r})" + (f": {last}" if last else "")
@@ -411,13 +373,13 @@ class EntryLauncher:
     def recover(self, schedule_entries: List[ScheduleEntry]) -> None:
         """Entries the journal says were running when the agent stopped: terminate what is left
         of their process trees, report them interrupted, and let them run again."""
-        for index, rec in self.ctx.journal.running_entries().items():
+        for index, rec in self.state.journal.running_entries().items():
             if schedule_entries[index].on_host:  # the host ran it: asked again, it answers once
-                self.ctx.journal.forget(index)
+                self.state.journal.forget(index)
                 continue
             pid = rec.get("pid")
-            killed = self.ctx.processes.kill_leftover(int(pid), rec.get("create_time"), 3.0) if pid else []
-            self.ctx.emit(
+            killed = self.state.processes.kill_leftover(int(pid), rec.get("create_time"), 3.0) if pid else []
+            self.state.emit(
                 EventType.ENTRY_INTERRUPTED,
                 index=index,
                 executable=schedule_entries[index].executable,
@@ -427,11 +389,11 @@ class EntryLauncher:
                 if rec.get("reports_held")
                 else "was running when the agent stopped; runs again",
             )
-            self.ctx.journal.forget(index)
+            self.state.journal.forget(index)
 
     def status(self) -> List[Dict[str, Any]]:
         """The running entries for ``vmr-handler status``: index, executable, pid, seconds running."""
-        mono = self.ctx.clock.monotonic()
+        mono = self.state.clock.monotonic()
         return [
             {
                 "index": r.entry.index,

@@ -13,14 +13,12 @@ import contextlib
 import logging
 import os
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Dict, List, Optional
+from typing import List, Optional
 
-from vmr_handler.agent.engine.entries import Emit, EntryLauncher, Prepared
-from vmr_handler.agent.engine.hostcalls import HostAsk, run_on_host
-from vmr_handler.agent.engine.ports import Processes
+from vmr_handler.agent.engine.entries import EntryLauncher, Prepared
+from vmr_handler.agent.engine.hostcalls import run_on_host
+from vmr_handler.agent.engine.shared import EngineState
 from vmr_handler.agent.machine.executor import REBOOT_EXIT_CODE, REBOOT_FILE
-from vmr_handler.agent.state.journal import Journal
-from vmr_handler.core.clock import Clock
 from vmr_handler.core.events import EventType
 from vmr_handler.core.schedule.model import ScheduleEntry
 
@@ -32,56 +30,41 @@ class StageRunner:
     """Runs stages through the engine's :class:`~vmr_handler.agent.engine.entries.EntryLauncher`.
 
     Args:
+        state: what the engine's parts share (the journal's reboot requests, the clock for
+            durations, the process port that reboots, the working dirs' ``reboot`` files, the
+            reboot command and ``host_ask`` of its config: has the host run a stage's on_host
+            entries, :mod:`vmr_handler.agent.engine.hostcalls`; None: they are reported skipped).
         entries: the launcher (prepare, start together, the VM's failure).
-        journal: the engine's journal (reboot requests).
-        clock: durations of stages.
-        processes: runs the reboot command.
-        emit: ``emit(EventType, **data)``.
-        workdirs: working dir per entry index (``reboot`` files).
-        reboot_command: the shell command that reboots the machine.
-        persist: saves the journal durably (waits out a full disk; raises when the engine stops).
-        host_ask: has the host run a stage's on_host entries (:mod:`vmr_handler.agent.engine.hostcalls`);
-            None: they are not run (reported skipped).
     """
 
+    state: EngineState
     entries: EntryLauncher
-    journal: Journal
-    clock: Clock
-    processes: Processes
-    emit: Emit
-    workdirs: Dict[int, str]
-    reboot_command: str
-    persist: Callable[[], Awaitable[None]]
-    host_ask: Optional[HostAsk] = None
 
     def recover(self) -> None:
         """After a reboot the requesters run again: their ``reboot`` files and journal states go."""
-        reboot = self.journal.reboot
+        reboot = self.state.journal.reboot
         if reboot:
             for index in reboot.get("requesters", []):
-                path = os.path.join(self.workdirs[index], REBOOT_FILE)
+                path = os.path.join(self.state.workdirs[index], REBOOT_FILE)
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
-                self.journal.forget(index)
-            self.journal.reboot = None
+                self.state.journal.forget(index)
+            self.state.journal.reboot = None
 
-    async def run(
-        self, number: int, start_time: float, entries: List[ScheduleEntry], check_stop: Callable[[], None]
-    ) -> str:
+    async def run(self, number: int, start_time: float, entries: List[ScheduleEntry]) -> str:
         """Run one stage's unfinished entries together; carry out a reboot request.
 
         Args:
             number: the stage's number (0 = the earliest negative start_time).
             start_time: the stage's (negative) start_time.
             entries: every entry of the stage (finished ones are skipped).
-            check_stop: raises when the engine is stopping (called after the entries ended).
 
         Returns:
             ``ok``, ``reboot`` (the reboot command was run) or ``failed`` (the VM failed).
         """
-        todo = [e for e in entries if self.journal.entry_state(e.index) is None]
-        t0 = self.clock.monotonic()
-        self.emit(
+        todo = [e for e in entries if self.state.journal.entry_state(e.index) is None]
+        t0 = self.state.clock.monotonic()
+        self.state.emit(
             EventType.STAGE_STARTED, stage=number, start_time=start_time, entries=[e.index for e in todo]
         )
         prepared: List[Prepared] = []
@@ -98,7 +81,7 @@ class StageRunner:
         results, _answers = await asyncio.gather(
             self.entries.launch_all(prepared, scheduled=None), self.on_host(on_host, None)
         )  # the stage ends when the host answered for its on_host entries too
-        check_stop()
+        self.state.check_stop()  # raises when the engine is stopping
         if self.entries.failure is not None:
             return "failed"
         requesters = [
@@ -107,32 +90,32 @@ class StageRunner:
             if result is not None
             and (
                 result.exit_code == REBOOT_EXIT_CODE
-                or os.path.exists(os.path.join(self.workdirs[index], REBOOT_FILE))
+                or os.path.exists(os.path.join(self.state.workdirs[index], REBOOT_FILE))
             )
         ]
-        self.emit(
+        self.state.emit(
             EventType.STAGE_FINISHED,
             stage=number,
             start_time=start_time,
-            duration=self.clock.monotonic() - t0,
+            duration=self.state.clock.monotonic() - t0,
         )
         if not requesters:
             return "ok"
-        self.journal.reboot = {"stage": number, "requesters": requesters}
-        await self.persist()  # on disk before the reboot, or the stage would run again
-        self.emit(
+        self.state.journal.reboot = {"stage": number, "requesters": requesters}
+        await self.state.persist()  # on disk before the reboot, or the stage would run again
+        self.state.emit(
             EventType.REBOOT_REQUESTED,
             stage=number,
             requesters=requesters,
-            command=self.reboot_command,
+            command=self.state.config.reboot_command,
         )
-        log.warning("rebooting: %s", self.reboot_command)
-        await self.processes.reboot(self.reboot_command, self.entries.ctx.env)
+        log.warning("rebooting: %s", self.state.config.reboot_command)
+        await self.state.processes.reboot(self.state.config.reboot_command, self.state.env)
         return "reboot"
 
     async def on_host(self, entries: List[ScheduleEntry], scheduled: Optional[float]) -> None:
         """Have the host run on_host entries (a stage's, or those due at host UTC ``scheduled``)
         and wait for its answers; nothing without a host."""
-        if entries and self.host_ask is not None:
-            ctx = self.entries.ctx
-            await run_on_host(entries, scheduled, self.host_ask, ctx.journal, ctx.journal_changed, ctx.wake)
+        ask, state = self.state.config.host_ask, self.state
+        if entries and ask is not None:
+            await run_on_host(entries, scheduled, ask, state.journal, state.journal_changed, state.wake)
