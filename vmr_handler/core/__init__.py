@@ -13,6 +13,7 @@ General layout::
     names         the one rule for names; readable: numbers and bytes as people read them
     fsutil        atomic writes, sha256, UTC text; ratelimit: token bucket, repeated remarks
     gcpause       the cyclic GC paused around bulk work; completion: shell completion scripts
+    commandtable  one command table per CLI: help, completion and lazy dispatch
 
 May import: the standard library and third-party libraries only; nothing of ``transports``,
 ``agent`` or ``host``.

@@ -13,9 +13,8 @@ import argparse
 SHELLS = ("bash", "zsh", "tcsh")
 
 
-def add_completion_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], prog: str) -> None:
-    """The ``completion SHELL`` sub-command of ``prog``."""
-    p = sub.add_parser("completion", help=f"print a shell completion script for {prog} (bash, zsh, tcsh)")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of the ``completion SHELL`` command (both CLIs' command tables)."""
     p.add_argument("shell", choices=SHELLS, help="the shell")
 
 

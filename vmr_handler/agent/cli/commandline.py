@@ -1,9 +1,9 @@
 """``vmr-handler`` command line: argparse front end only, no logic of its own.
 
-Commands: ``run --local``, ``plan``, ``check``, ``status``, ``resume``, ``--version``.
-The plain forms of ``status`` and ``resume`` take the lean path
-(:mod:`vmr_handler.agent.cli.control_client`): argparse and logging are imported only
-by the other commands, so this module imports nothing heavy at the top.
+Commands: ``run --local``, ``plan``, ``check``, ``status``, ``resume``, ``completion``, one
+table (:data:`COMMANDS`) for help, completion and dispatch. ``status`` and ``resume`` run
+:mod:`vmr_handler.agent.cli.control_client` with no logging set up: this module imports
+nothing heavy at the top, each command imports what it needs when it runs.
 Exit codes: 0 success; 1 the VM failed (run) or the agent could not be reached
 (status/resume); 2 bad usage or a schedule that cannot be used.
 """
@@ -15,8 +15,16 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
-from vmr_handler import __version__
-from vmr_handler.agent.cli.control_client import DEFAULT_STATE_DIR, ControlCommand, number_text, run_control
+from vmr_handler.agent.cli.control_client import DEFAULT_STATE_DIR, number_text
+from vmr_handler.core.commandtable import (
+    ALL,
+    Command,
+    build_parser,
+    command_word,
+    completion_command,
+    resolve,
+    top_parser,
+)
 from vmr_handler.core.errors import ControlError, JournalError, ScheduleError, UsageError, VmrError
 
 if TYPE_CHECKING:  # imported where used: `--version`, `status` and `resume` start quickly
@@ -41,24 +49,35 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _parser() -> argparse.ArgumentParser:
-    """The ``vmr-handler`` argument parser: global flags, then one sub-parser per command."""
-    import argparse
+_CLI = "vmr_handler.agent.cli."
+_CONTROL = _CLI + "control_client:"
 
-    parser = argparse.ArgumentParser(
-        prog="vmr-handler",
-        description="Plays this VM's part of an experiment: stages, start barrier, timed entries, "
-        "pause/break/RESUME.",
+#: Every ``vmr-handler`` command, in the order ``vmr-handler --help`` lists them
+#: (:mod:`vmr_handler.core.commandtable`).
+COMMANDS: Dict[str, Command] = {
+    "run": Command("play a schedule on this machine",
+                   _CLI + "commandline:add_run", _CLI + "commandline:cmd_run"),
+    "plan": Command("print when every entry fires (pure timeline, nothing runs)",
+                    _CLI + "commandline:add_plan", _CLI + "commandline:cmd_plan"),
+    "check": Command("validate a schedule (exit 2 with the errors); warn about programs not found here "
+                     "and shell syntax errors in command lines",
+                     _CLI + "commandline:add_check", _CLI + "commandline:cmd_check"),
+    "status": Command("show where the running agent is",
+                      _CONTROL + "add_status", _CONTROL + "run", lean=True),
+    "resume": Command("send RESUME to the running agent",
+                      _CONTROL + "add_resume", _CONTROL + "run", lean=True),
+    "completion": completion_command("vmr-handler", _CLI + "commandline:run_completion"),
+}  # fmt: skip
+
+
+def _parser(only: Optional[str] = ALL) -> argparse.ArgumentParser:
+    """The ``vmr-handler`` argument parser: global flags, then one sub-command per
+    :data:`COMMANDS` row (only ``only``'s arguments added; every command's by default)."""
+    parser = top_parser(
+        "vmr-handler",
+        "Plays this VM's part of an experiment: stages, start barrier, timed entries, pause/break/RESUME.",
     )
-    parser.add_argument("--version", action="version", version=f"vmr-handler {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in _SUBCOMMAND_PARSERS:
-        add(sub)
-    from vmr_handler.core.completion import add_completion_parser
-
-    add_completion_parser(sub, "vmr-handler")
-    return parser
+    return build_parser(parser, COMMANDS, only)
 
 
 def _add_allow_class(p: argparse.ArgumentParser) -> None:
@@ -72,9 +91,8 @@ def _add_allow_class(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_run(run: argparse.ArgumentParser) -> None:
     """``run``: connection flags, the MQTT group, then local-run flags (this order is the help's)."""
-    run = sub.add_parser("run", help="play a schedule on this machine")
     _add_run_connection_options(run)
     _add_mqtt_options(run.add_argument_group("MQTT transport (docs/mqtt.md)"))
     _add_run_local_options(run)
@@ -169,9 +187,8 @@ def _add_run_local_options(run: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_plan(plan: argparse.ArgumentParser) -> None:
     """``plan SCHEDULE [--resume SECONDS]... [--json] [--launch-dir DIR]``."""
-    plan = sub.add_parser("plan", help="print when every entry fires (pure timeline, nothing runs)")
     plan.add_argument("schedule")
     plan.add_argument(
         "--resume",
@@ -191,39 +208,11 @@ def _add_plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     _add_allow_class(plan)
 
 
-def _add_check_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_check(check: argparse.ArgumentParser) -> None:
     """``check SCHEDULE [--strict]``."""
-    check = sub.add_parser(
-        "check",
-        help="validate a schedule (exit 2 with the errors); warn about programs not found here "
-        "and shell syntax errors in command lines",
-    )
     check.add_argument("schedule")
     check.add_argument("--strict", action="store_true", help="warnings are errors (exit 2)")
     _add_allow_class(check)
-
-
-def _add_control_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``status`` and ``resume``: requests to the running agent's control socket."""
-    for name, text in (
-        ("status", "show where the running agent is"),
-        ("resume", "send RESUME to the running agent"),
-    ):
-        p = sub.add_parser(name, help=text)
-        p.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
-        p.add_argument("--json", action="store_true", help="print the raw JSON reply")
-        if name == "status":
-            p.add_argument("--wait", action="store_true",
-                           help="ask until the schedule is complete (exit 0) or failed (exit 1)")  # fmt: skip
-
-
-#: One function per sub-command (or pair), in the order the help lists them.
-_SUBCOMMAND_PARSERS = (
-    _add_run_parser,
-    _add_plan_parser,
-    _add_check_parser,
-    _add_control_parsers,
-)
 
 
 # ---------------------------------------------------------------------------- plan
@@ -474,17 +463,12 @@ def _mqtt_options(args: argparse.Namespace, settings: Dict[str, Any], vm_name: s
     return options_from(merged, "agent settings (flags, fw_cfg, config file)")
 
 
-def _completion_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+def run_completion(args: argparse.Namespace) -> int:
     """``completion SHELL``: the shell completion script (:mod:`vmr_handler.core.completion`)."""
     from vmr_handler.core.completion import completion_script
 
-    print(completion_script(parser, args.shell))
+    print(completion_script(_parser(), args.shell))
     return 0
-
-
-def cmd_control(args: argparse.Namespace) -> int:
-    """``status``/``resume`` in a form only argparse takes (``-v``, an abbreviated option)."""
-    return run_control(ControlCommand(args.command, args.state_dir, args.json, getattr(args, "wait", False)))
 
 
 def _join_negative_infinity(argv: Sequence[str]) -> List[str]:
@@ -501,36 +485,25 @@ def _join_negative_infinity(argv: Sequence[str]) -> List[str]:
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the ``vmr-handler`` console script. Returns the exit code."""
     words = sys.argv[1:] if argv is None else argv
-    from vmr_handler.agent.cli.control_client import parse_control
-
-    control = parse_control(words)
-    if control is not None:
-        return run_control(control)
     if words[:1] == ["plan"]:
         from vmr_handler.agent.cli._planout import parse_plan_json, print_plan_json
 
         request = parse_plan_json(words, DEFAULT_LAUNCH_DIR)
         if request is not None:  # the plain `plan --json`: no argparse, no logging
             return _outcome(functools.partial(print_plan_json, request))
-    import logging
-
-    parser = _parser()
+    name = command_word(words, COMMANDS)
+    parser = _parser(name)
     args = parser.parse_args(_join_negative_infinity(words))
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
-    )
-    commands: Dict[str, Callable[[argparse.Namespace], int]] = {
-        "run": cmd_run,
-        "plan": cmd_plan,
-        "check": cmd_check,
-        "status": cmd_control,
-        "resume": cmd_control,
-        "completion": functools.partial(_completion_command, parser),
-    }
-    if args.command is None:
+    if name is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    return _outcome(functools.partial(commands[args.command], args))
+    command = COMMANDS[name]
+    if not command.lean:
+        import logging
+
+        level = logging.DEBUG if args.verbose else logging.WARNING
+        logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    return _outcome(functools.partial(resolve(command.run), args))
 
 
 def _outcome(command: Callable[[], int]) -> int:

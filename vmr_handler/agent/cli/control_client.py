@@ -1,17 +1,18 @@
-"""``vmr-handler status|resume``: the lean path of the control commands.
+"""``vmr-handler status|resume``: the control commands, kept lean.
 
-What these two commands import: the standard library's ``json``/``sys`` and
-:mod:`vmr_handler.core.control` (no argparse, no logging, nothing of the engine). The plain
-forms are parsed by hand by :func:`parse_control`; anything else (``--help``, ``-v``, an
-unknown option) goes to the argparse front end (:mod:`vmr_handler.agent.cli.commandline`), which prints
-the usual help or error. Exit codes: 0 success, 1 the agent could not be reached or answered
-with an error.
+What these two commands import besides the command table
+(:mod:`vmr_handler.agent.cli.commandline`): the standard library's ``argparse``/``json``/``sys``
+and :mod:`vmr_handler.core.control` (no logging, nothing of the engine). Exit codes: 0 success,
+1 the agent could not be reached or answered with an error.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any, Dict, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, NamedTuple
+
+if TYPE_CHECKING:
+    import argparse
 
 #: ``--state-dir`` when none is given.
 DEFAULT_STATE_DIR = "/var/lib/vmr-handler"
@@ -32,27 +33,26 @@ class ControlCommand(NamedTuple):
     wait: bool = False
 
 
-def parse_control(argv: Sequence[str]) -> Optional[ControlCommand]:
-    """``argv`` (without the program name) as a :class:`ControlCommand` when it is exactly
-    ``status|resume [--state-dir DIR | --state-dir=DIR] [--json]`` (``status`` also ``--wait``);
-    else None (the full parser handles it)."""
-    if not argv or argv[0] not in ("status", "resume"):
-        return None
-    state_dir, as_json, wait = DEFAULT_STATE_DIR, False, False
-    words = list(argv[1:])
-    while words:
-        word = words.pop(0)
-        if word == "--json":
-            as_json = True
-        elif word == "--wait" and argv[0] == "status":
-            wait = True
-        elif word.startswith("--state-dir="):
-            state_dir = word[len("--state-dir=") :]
-        elif word == "--state-dir" and words and not words[0].startswith("-"):
-            state_dir = words.pop(0)
-        else:
-            return None
-    return ControlCommand(argv[0], state_dir, as_json, wait)
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
+    p.add_argument("--json", action="store_true", help="print the raw JSON reply")
+
+
+def add_status(p: argparse.ArgumentParser) -> None:
+    """``status [--state-dir DIR] [--json] [--wait]``."""
+    _add_common(p)
+    p.add_argument("--wait", action="store_true",
+                   help="ask until the schedule is complete (exit 0) or failed (exit 1)")  # fmt: skip
+
+
+def add_resume(p: argparse.ArgumentParser) -> None:
+    """``resume [--state-dir DIR] [--json]``."""
+    _add_common(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``status`` or ``resume`` of the parsed arguments: :func:`run_control`."""
+    return run_control(ControlCommand(args.command, args.state_dir, args.json, getattr(args, "wait", False)))
 
 
 def run_control(cmd: ControlCommand) -> int:
@@ -161,4 +161,3 @@ def status_text(result: Dict[str, Any]) -> str:
     if result.get("failure"):
         lines.append(f"FAILED: {result['failure']}")
     return "\n".join(lines)
-

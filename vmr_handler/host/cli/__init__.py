@@ -2,12 +2,15 @@
 
 General layout::
 
-    vmr_host        the ``vmr-host`` console script: the lean path first, then commandline
-    commandline     the full argparse front end: every command
-    control_client  ``status|resume|release``: the lean path (no argparse, no logging)
+    vmr_host        the ``vmr-host`` console script: its one command table (help, completion,
+                    dispatch), each command's module imported only when it runs
+    serve           ``vmr-host serve``: its arguments and the HostConfig they make
+    check           ``vmr-host check DIR``
+    control_client  ``status|resume|release``: the lean commands (no logging, no host config)
+    options         ``--logs`` and its default, for every command
     statustext      the human form of ``status``; _offline: status rebuilt from the logs
     _waiting        ``wait`` and ``status --watch``
-    logs            ``vmr-host logs``
+    logs            ``vmr-host logs`` (and ``report``'s arguments)
     schedule/       ``vmr-host schedule show|add``
     live/           ``vmr-host push|pull|exec``
     mqtt_config/    ``vmr-host mqtt-config``

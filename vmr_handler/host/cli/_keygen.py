@@ -41,6 +41,14 @@ def write_keypair(out: str, force: bool = False) -> Tuple[str, str, str]:
     return private_path, public_path, key_id(load_public_key(public_pem))
 
 
+def add_arguments(keygen: argparse.ArgumentParser) -> None:
+    """``keygen --out DIR [--force]``."""
+    keygen.add_argument(
+        "--out", required=True, metavar="DIR", help="writes DIR/host.key (mode 0600) and DIR/host.pub"
+    )
+    keygen.add_argument("--force", action="store_true", help="replace an existing key pair")
+
+
 def cmd_keygen(args: argparse.Namespace) -> int:
     """The ``keygen`` subcommand (``args.out``, ``args.force``); returns the exit code."""
     try:

@@ -10,12 +10,14 @@ expected VM the barrier has not excluded) reached the phase, 1 as soon as one of
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from vmr_handler.host.cli.control_client import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, control_socket_path
+from vmr_handler.host.cli.options import add_logs
 
 #: The phases ``wait --for`` knows, and whether one VM's status dict has reached it (the
 #: experiment's start time is passed too: ``started`` is the experiment's start on the host's clock).
@@ -31,6 +33,37 @@ PHASES: Dict[str, Callable[[Dict[str, Any], Optional[float], float], bool]] = {
 }
 #: Seconds between two status requests.
 INTERVAL = 0.5
+
+
+def add_arguments(wait: argparse.ArgumentParser) -> None:
+    """``wait --for PHASE [VM...] [--timeout S] [--logs DIR] [--json]``."""
+    wait.add_argument("--for", dest="phase", required=True, choices=list(PHASES), help="the phase")
+    wait.add_argument("vms", nargs="*", metavar="VM", help="default: every expected VM not excluded")
+    wait.add_argument("--timeout", type=float, help="give up after this many seconds (exit 2)")
+    add_logs(wait)
+    wait.add_argument("--json", action="store_true", help="print the outcome as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``vmr-host wait``: :func:`wait_for` of the parsed arguments."""
+    return wait_for(args.logs, args.phase, args.vms, args.timeout, json_out=args.json)
+
+
+def run_status(args: argparse.Namespace) -> int:
+    """``vmr-host status``: redrawn every ``--interval`` seconds with ``--watch``, else asked once
+    (:func:`vmr_handler.host.cli.control_client.run`)."""
+    from vmr_handler.host.cli.control_client import client_command, run
+
+    if not args.watch:
+        return run(args)
+    from vmr_handler.host.cli.statustext import format_status
+
+    command = client_command(args)
+
+    def render(result: Dict[str, Any]) -> str:
+        return format_status(result, command.states, command.vms)
+
+    return watch(render, args.logs, args.interval)
 
 
 def _status(logs: str) -> Dict[str, Any]:

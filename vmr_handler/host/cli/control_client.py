@@ -1,13 +1,10 @@
-"""``vmr-host status|resume|release``: the lean path of the control commands.
+"""``vmr-host status|resume|release``: the control commands, kept lean.
 
 A RESUME is on the critical path of an experiment: from the operator's command to the next
-entry's fork it should take < 100 ms. This module is all those three commands import: the
-standard library's ``json``/``os``/``sys`` and :mod:`vmr_handler.core.control` (no argparse,
-no logging, no host configuration); the argument forms are parsed by hand by
-:func:`parse_client`, and anything else (``--help``, a global flag, an unknown option, a
-mistake) goes to the full ``argparse`` front end (:mod:`vmr_handler.host.cli.commandline`), which
-prints the usual help or error. ``python -X importtime -c "import vmr_handler.host.cli.vmr_host"``
-shows what the path costs.
+entry's fork it should take < 100 ms. This module is all those three commands import besides
+the command table (:mod:`vmr_handler.host.cli.vmr_host`): the standard library's
+``argparse``/``json``/``os``/``sys`` and :mod:`vmr_handler.core.control` (no logging, no host
+configuration). ``benchmarks/bench_cli_start.py`` measures what the path costs.
 
 Exit codes as the rest of ``vmr-host``: 0 success, 1 runtime error (no running host), 2 bad
 usage or a request the host refused.
@@ -15,19 +12,18 @@ usage or a request the host refused.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence
+from typing import Any, Dict, NamedTuple, Sequence
+
+from vmr_handler.host.cli.options import DEFAULT_LOGS, add_logs
 
 EXIT_OK = 0
 EXIT_RUNTIME = 1
 EXIT_USAGE = 2
-#: ``--logs`` when none is given.
-DEFAULT_LOGS = "vmr-logs"
 #: Name of the host control socket inside the logs directory.
 CONTROL_SOCKET = "vmr-host.sock"
-#: The commands this module serves.
-CLIENT_COMMANDS = ("status", "resume", "release")
 
 
 def control_socket_path(logs: str) -> str:
@@ -56,54 +52,61 @@ class ClientCommand(NamedTuple):
     dry_run: bool = False
 
 
-def parse_client(argv: Sequence[str]) -> Optional[ClientCommand]:
-    """``argv`` (without the program name) as a :class:`ClientCommand`, or None when it is not
-    exactly one of the plain forms below (the full parser then handles it)::
+def add_status(status: argparse.ArgumentParser) -> None:
+    """``status [VM...] [--state S]... [--watch [--interval S]] [--logs DIR] [--json]``."""
+    from vmr_handler.host.cli.statustext import FILTERS
 
-        status [--logs DIR] [--json]
-        resume [VM ...] [--all] [--force|--yes] [--dry-run] [--logs DIR] [--json]
-        release [--exclude VM ...] [--logs DIR] [--json]
-
-    ``--logs=DIR`` is accepted too; the VM names of ``resume`` are one run of words, as
-    argparse takes them. Whether ``resume`` has exactly one of VMs/``--all`` is checked by
-    :func:`run_client`, as the full front end does.
-    """
-    if not argv or argv[0] not in CLIENT_COMMANDS:
-        return None
-    command, words = argv[0], list(argv[1:])
-    flags = {"--json": False, "--all": False, "--force": False, "--yes": False, "--dry-run": False}
-    logs = DEFAULT_LOGS
-    vms: List[str] = []
-    exclude: List[str] = []
-    i = 0
-    while i < len(words):
-        word = words[i]
-        i += 1
-        run = _names(words, i)  # the words up to the next option
-        if word in flags and (word == "--json" or command == "resume"):
-            flags[word] = True
-        elif word.startswith("--logs="):
-            logs = word[len("--logs=") :]
-        elif word == "--logs" and run:
-            logs, i = run[0], i + 1
-        elif word == "--exclude" and command == "release" and run and not exclude:
-            exclude, i = run, i + len(run)
-        elif word.startswith("-") or command != "resume" or vms:
-            return None  # help, an unknown option or a misplaced word: the full parser says what
-        else:
-            vms, i = [word, *run], i + len(run)
-    force = flags["--force"] or flags["--yes"]
-    dry = flags["--dry-run"]
-    json_out, everyone = flags["--json"], flags["--all"]
-    return ClientCommand(command, logs, json_out, tuple(vms), everyone, tuple(exclude), (), force, dry)
+    status.add_argument("vms", nargs="*", metavar="VM", help="only these VMs' rows")
+    status.add_argument("--state", action="append", default=[], choices=FILTERS,
+                        help="only VMs in this state (repeatable: any of them)")  # fmt: skip
+    status.add_argument("--watch", action="store_true", help="redraw every --interval seconds until Ctrl-C")
+    status.add_argument("--interval", type=float, default=2.0, help="seconds between redraws (default 2)")
+    add_logs(status)
+    status.add_argument("--json", action="store_true", help="print the full status as JSON")
 
 
-def _names(words: List[str], start: int) -> List[str]:
-    """``words[start:]`` up to the first option (a word starting with ``-``)."""
-    end = start
-    while end < len(words) and not words[end].startswith("-"):
-        end += 1
-    return words[start:end]
+def add_resume(resume: argparse.ArgumentParser) -> None:
+    """``resume (VM... | --all) [--force] [--dry-run] [--logs DIR] [--json]``."""
+    resume.add_argument("vms", nargs="*", metavar="VM")
+    resume.add_argument("--all", action="store_true", help="every VM")
+    resume.add_argument("--force", "--yes", dest="force", action="store_true",
+                        help="send it also to VMs not at a break (ends their next break early)")  # fmt: skip
+    resume.add_argument("--dry-run", action="store_true", help="say whom it would reach; send nothing")
+    add_logs(resume)
+    resume.add_argument("--json", action="store_true")
+
+
+def add_release(release: argparse.ArgumentParser) -> None:
+    """``release [--exclude VM...] [--logs DIR] [--json]``."""
+    release.add_argument(
+        "--exclude",
+        nargs="+",
+        default=[],
+        metavar="VM",
+        help="drop these VMs from the barrier (without: start without everyone still missing)",
+    )
+    add_logs(release)
+    release.add_argument("--json", action="store_true")
+
+
+def client_command(args: argparse.Namespace) -> ClientCommand:
+    """The :class:`ClientCommand` of parsed ``status``/``resume``/``release`` arguments."""
+    return ClientCommand(
+        args.command,
+        args.logs,
+        args.json,
+        tuple(getattr(args, "vms", ())),
+        bool(getattr(args, "all", False)),
+        tuple(getattr(args, "exclude", ())),
+        tuple(getattr(args, "state", ())),
+        bool(getattr(args, "force", False)),
+        bool(getattr(args, "dry_run", False)),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """``resume``/``release`` (and ``status`` without ``--watch``); the exit code."""
+    return run_client(client_command(args))
 
 
 def _payload(cmd: ClientCommand) -> Dict[str, Any]:

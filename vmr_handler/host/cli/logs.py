@@ -9,6 +9,7 @@ without a running ``vmr-host``.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import os
@@ -20,11 +21,34 @@ from vmr_handler.core.errors import UsageError
 from vmr_handler.core.events import Event, describe
 from vmr_handler.core.fsutil import utc_text
 from vmr_handler.core.readable import escaped
+from vmr_handler.host.cli.options import add_logs
 from vmr_handler.host.logs.jsonlread import event_of, records_from
 from vmr_handler.host.logs.text import printable
 
 #: Seconds between two looks at the file with ``-f``.
 FOLLOW_INTERVAL = 0.2
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``logs VM [-f] [--entry N] [--stream stdout|stderr] [--json] [--logs DIR]``."""
+    p.add_argument("vm", metavar="VM")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing what the host appends")
+    p.add_argument("--entry", type=int, metavar="N", help="only schedule entry N")
+    p.add_argument("--stream", choices=("stdout", "stderr"), help="only this output stream")
+    add_logs(p)
+    p.add_argument("--json", action="store_true", help="the stored records, one JSON object per line")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``vmr-host logs``: :func:`show_logs` of the parsed arguments."""
+    return show_logs(args.logs, args.vm, args.follow, args.entry, args.stream, args.json)
+
+
+def add_report_arguments(p: argparse.ArgumentParser) -> None:
+    """``report [--logs DIR] [--out FILE.html]`` (run by :func:`vmr_handler.host.report.files.cmd_report`:
+    the logs as one HTML file)."""
+    add_logs(p)
+    p.add_argument("--out", metavar="FILE.html", help="where to write it (default <logs>/report.html)")
 
 
 def start_time(logs: str) -> Optional[float]:

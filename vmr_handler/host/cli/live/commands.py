@@ -1,4 +1,5 @@
-"""``vmr-host push|pull|exec``: change running VMs, the sub-commands' parsers.
+"""``vmr-host push|pull|exec``: change running VMs, the commands' arguments and runs (rows of
+:data:`vmr_handler.host.cli.vmr_host.COMMANDS`).
 
 Each command is a batch appended to the target VMs' schedules, as ``vmr-host schedule add``
 appends one (:mod:`vmr_handler.host.cli.live.follow`): :mod:`.livepush`, :mod:`.livepull`,
@@ -10,10 +11,8 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Any, List, Optional, Tuple
 
-#: The sub-commands of this module.
-COMMANDS = ("push", "pull", "exec")
+from vmr_handler.host.cli.options import add_logs
 
 
 def _wait(text: str) -> float:
@@ -24,30 +23,41 @@ def _wait(text: str) -> float:
     return value
 
 
-def add_parsers(sub: Any, add_logs: Any) -> None:
-    """``push``, ``pull`` and ``exec`` (``sub``: the ``vmr-host`` sub-parsers; ``add_logs``
-    adds ``--logs``)."""
+_COMMON = "[--timeout S] [--logs DIR] [--json]"
+
+
+def _wait_options(p: argparse.ArgumentParser) -> None:
+    """``--all``, ``--timeout``, ``--logs`` and ``--json`` of ``push`` and ``pull``."""
     from vmr_handler.host.cli.live.pull import DEFAULT_WAIT
 
     wait = f"seconds to wait for every VM (default {DEFAULT_WAIT:g}; the VMs go on after)"
-    common = "[--timeout S] [--logs DIR] [--json]"
-    usage = f"vmr-host push (VM ... | --all) LOCAL DEST [--mode MODE] {common}"
-    push = sub.add_parser("push", help="put a file or directory of this host into running VMs", usage=usage)
+    p.add_argument("--all", action="store_true", help="every VM this host serves")
+    p.add_argument("--timeout", type=_wait, default=DEFAULT_WAIT, metavar="S", help=wait)
+    add_logs(p)
+    p.add_argument("--json", action="store_true", help="print each VM's outcome as JSON")
+
+
+def add_push(push: argparse.ArgumentParser) -> None:
+    """``push (VM ... | --all) LOCAL DEST [--mode MODE]``."""
+    push.usage = f"vmr-host push (VM ... | --all) LOCAL DEST [--mode MODE] {_COMMON}"
     what = "the VMs (or --all), a file or directory here, then its absolute path in the VMs"
     push.add_argument("targets", nargs="+", metavar="[VM ...] LOCAL DEST", help=what)
     push.add_argument("--mode", metavar="MODE", help="octal mode of the files placed (e.g. 0755)")
-    pull = sub.add_parser("pull", help="copy a file or directory out of running VMs (<logs>/transfers/<vm>/)",
-                          usage=f"vmr-host pull (VM ... | --all) PATH [--to DIR] {common}")  # fmt: skip
+    _wait_options(push)
+
+
+def add_pull(pull: argparse.ArgumentParser) -> None:
+    """``pull (VM ... | --all) PATH [--to DIR]``."""
+    pull.usage = f"vmr-host pull (VM ... | --all) PATH [--to DIR] {_COMMON}"
     pull.add_argument("targets", nargs="+", metavar="[VM ...] PATH",
                       help="the VMs (or --all), then an absolute path of a file or directory")  # fmt: skip
     pull.add_argument("--to", metavar="DIR", help="also copy each VM's files to DIR/<vm>/")
-    for p in (push, pull):
-        p.add_argument("--all", action="store_true", help="every VM this host serves")
-        p.add_argument("--timeout", type=_wait, default=DEFAULT_WAIT, metavar="S", help=wait)
-        add_logs(p)
-        p.add_argument("--json", action="store_true", help="print each VM's outcome as JSON")
-    usage = "vmr-host exec (VM ... | --all) [--timeout S] [--logs DIR] -- CMD [ARG ...]"
-    ex = sub.add_parser("exec", help="run a command in running VMs: output and exit code per VM", usage=usage)
+    _wait_options(pull)
+
+
+def add_exec(ex: argparse.ArgumentParser) -> None:
+    """``exec (VM ... | --all) [--timeout S] [--logs DIR] -- CMD [ARG ...]``."""
+    ex.usage = "vmr-host exec (VM ... | --all) [--timeout S] [--logs DIR] -- CMD [ARG ...]"
     ex.add_argument("vms", nargs="*", metavar="VM")
     ex.add_argument("--all", action="store_true", help="every VM this host serves")
     ex.add_argument("--timeout", type=_wait, metavar="S",
@@ -55,26 +65,22 @@ def add_parsers(sub: Any, add_logs: Any) -> None:
     add_logs(ex)
 
 
-def split_command(argv: List[str]) -> Tuple[List[str], Optional[List[str]]]:
-    """``vmr-host`` arguments without the command of ``exec`` (the words after its first
-    ``--``, taken as they are), and that command (None: not ``exec``, or no ``--``)."""
-    command = next((a for a in argv if not a.startswith("-")), None)  # global flags take no value
-    if command != "exec" or "--" not in argv:
-        return argv, None
-    cut = argv.index("--")
-    return argv[:cut], argv[cut + 1 :]
+def run_push(args: argparse.Namespace) -> int:
+    """``push``; the exit code."""
+    from vmr_handler.host.cli.live._push import cmd_push
+
+    return cmd_push(args)
 
 
-def run_live(args: argparse.Namespace, command: Optional[List[str]]) -> int:
-    """Run ``push``, ``pull`` or ``exec`` (``command``: exec's words after ``--``); the exit code."""
-    if args.command == "push":
-        from vmr_handler.host.cli.live._push import cmd_push
+def run_pull(args: argparse.Namespace) -> int:
+    """``pull``; the exit code."""
+    from vmr_handler.host.cli.live.pull import cmd_pull
 
-        return cmd_push(args)
-    if args.command == "pull":
-        from vmr_handler.host.cli.live.pull import cmd_pull
+    return cmd_pull(args)
 
-        return cmd_pull(args)
+
+def run_exec(args: argparse.Namespace) -> int:
+    """``exec`` (``args.rest``: its words after ``--``); the exit code."""
     from vmr_handler.host.cli.live._exec import cmd_exec
 
-    return cmd_exec(args, command)
+    return cmd_exec(args, args.rest)

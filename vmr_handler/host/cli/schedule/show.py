@@ -18,7 +18,7 @@ import json
 import math
 import os
 import sys
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from vmr_handler.core.errors import UsageError
 from vmr_handler.core.fsutil import utc_text
@@ -50,21 +50,26 @@ def write_index(logs: str, specs: Mapping[str, VmSpec]) -> None:
     atomic_write_json(os.path.join(logs, INDEX_FILE), doc)
 
 
-def add_arguments(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser],
-    add_logs: Callable[[argparse.ArgumentParser], None],
-) -> None:
-    """The ``schedule`` command and its ``show`` and ``add`` subcommands (``add_logs``: the
-    CLI's ``--logs``)."""
+def add_arguments(schedule: argparse.ArgumentParser) -> None:
+    """The ``schedule`` command's ``show`` and ``add`` subcommands."""
+    from vmr_handler.host.cli.options import add_logs
     from vmr_handler.host.cli.schedule.add import add_parser
 
-    schedule = sub.add_parser("schedule", help="a VM's schedule, what became of every entry; append entries")
     actions = schedule.add_subparsers(dest="schedule_cmd", metavar="{show,add}", required=True)
     show = actions.add_parser("show", help="the VM's schedule as delivered, each entry's outcome")
     show.add_argument("vm", metavar="VM")
     add_logs(show)
     show.add_argument("--json", action="store_true", help="print one JSON object")
     add_parser(actions, add_logs)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``schedule show`` or ``schedule add``; the exit code."""
+    if args.schedule_cmd == "add":
+        from vmr_handler.host.cli.schedule.add import cmd_schedule_add
+
+        return cmd_schedule_add(args)
+    return cmd_schedule_show(args)
 
 
 def _delivered(logs: str, vm: str) -> Dict[str, Any]:
