@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Optional, Tuple
 
-from vmr_handler.core.errors import ChannelClosed
+from vmr_handler.core.errors import ChannelClosed, InvalidArgument
 from vmr_handler.transports.base import ByteChannel
 
 #: Default bytes one end may hold unread before its peer's writes wait.
@@ -101,10 +101,10 @@ def memory_pair(limit: int = DEFAULT_LIMIT) -> Tuple[MemoryChannel, MemoryChanne
         limit: bytes each end may hold unread before writes to it wait (> 0).
 
     Raises:
-        ValueError: ``limit`` is not positive.
+        InvalidArgument: ``limit`` is not positive.
     """
     if limit <= 0:
-        raise ValueError(f"limit must be > 0 bytes, got {limit}")
+        raise InvalidArgument(f"limit must be > 0 bytes, got {limit}")
     a, b = MemoryChannel(limit), MemoryChannel(limit)
     a.peer, b.peer = b, a
     return a, b

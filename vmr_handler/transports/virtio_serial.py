@@ -18,7 +18,7 @@ import errno
 import os
 import stat
 
-from vmr_handler.core.errors import ChannelClosed
+from vmr_handler.core.errors import ChannelClosed, OsCallFailed
 from vmr_handler.transports.base import ByteChannel
 from vmr_handler.transports.stream import UnixChannel
 
@@ -131,7 +131,7 @@ async def open_channel(spec: str) -> ByteChannel:
     if spec.startswith("unix:"):
         return await UnixChannel.connect(spec[len("unix:") :])
     if os.path.exists(spec) and not stat.S_ISCHR(os.stat(spec).st_mode):
-        raise OSError(errno.ENODEV, f"{spec} is not a character device (use unix:PATH for a socket)")
+        raise OsCallFailed(errno.ENODEV, f"{spec} is not a character device (use unix:PATH for a socket)")
     return await CharDeviceChannel.open(spec)
 
 

@@ -39,6 +39,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from vmr_handler.core.errors import OsCallFailed
+
 #: The file whose ``flock`` says "this unpacked copy is in use" (held by the agent process).
 LOCK_NAME = ".vmr-handler.lock"
 #: What makes an unpacked directory one of this program's: its distribution metadata,
@@ -112,7 +114,7 @@ def watch_bootloader(exit_signal: int = signal.SIGTERM) -> bool:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, int(exit_signal), 0, 0, 0) != 0:
         code = ctypes.get_errno()
-        raise OSError(code, f"prctl(PR_SET_PDEATHSIG): {os.strerror(code)}")
+        raise OsCallFailed(code, f"prctl(PR_SET_PDEATHSIG): {os.strerror(code)}")
     if os.getppid() != parent:  # the bootloader died before the watch was set
         os.kill(os.getpid(), exit_signal)
     return True

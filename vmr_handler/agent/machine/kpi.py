@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Mapping, Optional, Protocol, Set, Tuple
 
 from vmr_handler.core.clock import Clock
-from vmr_handler.core.errors import UsageError
+from vmr_handler.core.errors import OsCallFailed, UsageError
 from vmr_handler.core.events import EventType
 from vmr_handler.core.payloads import KPI_NET_FIELDS, MAX_KPI_INTERFACES, MIN_KPI_INTERVAL
 
@@ -115,7 +115,7 @@ class PsutilProbe:
         """
         io = self._ps.disk_io_counters()
         if io is None:
-            raise OSError("no disk I/O counters on this machine")
+            raise OsCallFailed("no disk I/O counters on this machine")
         return io.read_bytes, io.write_bytes
 
     def net(self) -> Dict[str, Tuple[int, int, int, int]]:

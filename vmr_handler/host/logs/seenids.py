@@ -27,6 +27,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
+from vmr_handler.core.errors import InvalidArgument, SavedStateError
+
 #: longest prefix taken as an agent run's (longer ids count as "other")
 MAX_PREFIX = 64
 
@@ -49,7 +51,7 @@ class SeenLimits:
 
     def __post_init__(self) -> None:
         if self.window < 8 or self.window % 8 or min(self.runs, self.prefixes, self.others) < 1:
-            raise ValueError(f"bad de-duplication limits: {self}")
+            raise InvalidArgument(f"bad de-duplication limits: {self}")
 
 
 def split_id(event_id: str) -> Optional[Tuple[str, int]]:
@@ -197,21 +199,21 @@ class SeenIds:
         """Replace the content with a :meth:`dump` (made with the same ``window``).
 
         Raises:
-            ValueError: ``data`` is not such a dump.
+            SavedStateError: ``data`` is not such a dump.
         """
         try:
             if data["window"] != self.limits.window:
-                raise ValueError(f"window {data['window']} is not {self.limits.window}")
+                raise SavedStateError(f"window {data['window']} is not {self.limits.window}")
             runs: OrderedDict[str, _Run] = OrderedDict()
             for prefix, top, ring in data["runs"]:
                 raw = bytearray(base64.b64decode(ring, validate=True)) if ring is not None else None
                 if (raw is not None and len(raw) != self.limits.window // 8) or not isinstance(top, int):
-                    raise ValueError(f"bad run {prefix!r}")
+                    raise SavedStateError(f"bad run {prefix!r}")
                 runs[str(prefix)] = _Run(top, raw)
             others = OrderedDict((str(i), None) for i in data["others"])
             forgotten = int(data["forgotten"])
         except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"not a de-duplication dump: {exc}") from exc
+            raise SavedStateError(f"not a de-duplication dump: {exc}") from exc
         self._runs, self._others, self.forgotten = runs, others, forgotten
         self._last = ""
         live = sum(r.ring is not None for r in runs.values())

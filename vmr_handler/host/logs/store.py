@@ -33,6 +33,7 @@ import logging
 import os
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
+from vmr_handler.core.errors import SavedStateError
 from vmr_handler.core.events import Event, ReadableLines, describe, json_safe
 from vmr_handler.core.fsutil import append_whole, atomic_write, utc_text
 from vmr_handler.host.logs.appendfiles import AppendFiles
@@ -89,7 +90,7 @@ class ExperimentStore:
         """The saved state, or ``{}`` when there is none.
 
         Raises:
-            ValueError: the file exists but is not a JSON object (never silently replaced:
+            SavedStateError: the file exists but is not a JSON object (never silently replaced:
                 the start time it may hold must not change).
         """
         try:
@@ -98,9 +99,9 @@ class ExperimentStore:
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as exc:
-            raise ValueError(f"cannot read {self.path}: {exc}") from exc
+            raise SavedStateError(f"cannot read {self.path}: {exc}") from exc
         if not isinstance(data, dict):
-            raise ValueError(f"{self.path} does not hold a JSON object")
+            raise SavedStateError(f"{self.path} does not hold a JSON object")
         return data
 
     def save(self, data: Dict[str, Any]) -> None:

@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Protocol, Tuple, Type, TypeVar
 
+from vmr_handler.core.errors import SavedStateError
 from vmr_handler.core.events import Event
 from vmr_handler.core.payloads import (
     AgentStarted,
@@ -114,7 +115,7 @@ def _kpi_snapshot(data: Any) -> Tuple[Optional[Dict[str, Any]], List[_Sample]]:
     """The KPI members of a :meth:`VmState.snapshot` (none in a checkpoint of an older host).
 
     Raises:
-        ValueError: they are not what a snapshot holds.
+        SavedStateError: they are not what a snapshot holds.
     """
     kpi, history = data.get("kpi"), data.get("kpi_history", [])
     good = isinstance(history, list) and all(
@@ -124,7 +125,7 @@ def _kpi_snapshot(data: Any) -> Tuple[Optional[Dict[str, Any]], List[_Sample]]:
         for s in history
     )
     if (kpi is not None and not isinstance(kpi, dict)) or not good:
-        raise ValueError("not a VM state snapshot: bad kpi or kpi_history")
+        raise SavedStateError("not a VM state snapshot: bad kpi or kpi_history")
     return kpi, [tuple(s) for s in history[-KPI_HISTORY:]]
 
 
@@ -414,21 +415,21 @@ class VmState:
         """Take a :meth:`snapshot` back (nothing changes when it is bad); the host is not told.
 
         Raises:
-            ValueError: ``data`` is not a snapshot.
+            SavedStateError: ``data`` is not a snapshot.
         """
         try:
             values = {k: data[k] for k in REPLAYED}
             running = {int(i): float(t) for i, t in data["running"]}
         except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"not a VM state snapshot: {exc!r}") from exc
+            raise SavedStateError(f"not a VM state snapshot: {exc!r}") from exc
         if values["schedule_state"] not in ("pending", "accepted", "rejected") or not isinstance(
             values["failure_history"], list
         ):
-            raise ValueError("not a VM state snapshot: bad schedule_state or failure_history")
+            raise SavedStateError("not a VM state snapshot: bad schedule_state or failure_history")
         kpi, history = _kpi_snapshot(data)
         completion = data.get("completion")  # absent from an older host's checkpoint
         if completion is not None and not isinstance(completion, dict):
-            raise ValueError("not a VM state snapshot: bad completion")
+            raise SavedStateError("not a VM state snapshot: bad completion")
         self.completion = completion
         for k, v in values.items():
             setattr(self, k, v)

@@ -17,6 +17,7 @@ import functools
 import importlib.resources
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from vmr_handler.core.errors import InternalError
 from vmr_handler.core.fsutil import utc_text
 from vmr_handler.host.report.chart import COLLAPSE_OVER, fragment, order
 from vmr_handler.host.report.experiment import Facts
@@ -121,7 +122,7 @@ def render_html(
     )
     script = static_text("timeline.js")
     if "</script" in script.lower():  # inlined: it must not end its own element
-        raise ValueError("static/timeline.js holds '</script'")
+        raise InternalError("static/timeline.js holds '</script'")
     return "\n".join(
         [
             "<!DOCTYPE html>",

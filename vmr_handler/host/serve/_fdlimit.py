@@ -23,7 +23,7 @@ import resource
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from vmr_handler.core.errors import HostSetupError
+from vmr_handler.core.errors import HostSetupError, InvalidArgument
 from vmr_handler.host.logs.appendfiles import READABLE_OPEN
 
 log = logging.getLogger("vmr_handler.host")
@@ -57,12 +57,12 @@ def fd_needs(vms: int, mode: str, http_per_vm: int = 0) -> FdNeeds:
     passing, so counted in ``wanted`` only).
 
     Raises:
-        ValueError: an unknown ``mode`` or a negative count.
+        InvalidArgument: an unknown ``mode`` or a negative count.
     """
     if mode not in CHANNEL_FDS:
-        raise ValueError(f"unknown channel mode {mode!r} (expected one of {sorted(CHANNEL_FDS)})")
+        raise InvalidArgument(f"unknown channel mode {mode!r} (expected one of {sorted(CHANNEL_FDS)})")
     if vms < 0 or http_per_vm < 0:
-        raise ValueError(f"counts must be >= 0, got vms={vms}, http_per_vm={http_per_vm}")
+        raise InvalidArgument(f"counts must be >= 0, got vms={vms}, http_per_vm={http_per_vm}")
     required = BASE + (LOG_FDS + CHANNEL_FDS[mode]) * vms
     channel = {"listen": " + socket and connection", "connect": " + connection", "mqtt": ""}[mode]
     why = f"{vms} VMs over {mode}: its .jsonl{channel} per VM + {BASE}"

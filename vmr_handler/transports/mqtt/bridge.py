@@ -12,7 +12,7 @@ import ssl
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
-from vmr_handler.core.errors import ChannelClosed, MqttError
+from vmr_handler.core.errors import ChannelClosed, ConnectFailed, MqttError
 from vmr_handler.transports.mqtt.options import MqttOptions, parse_broker
 
 log = logging.getLogger("vmr_handler.transports.mqtt")
@@ -227,7 +227,7 @@ class PahoBridge:
 
         Raises:
             MqttError: the broker refused (bad credentials, not authorised) or TLS failed.
-            OSError: the broker cannot be reached (the caller retries with backoff).
+            ConnectFailed: the broker cannot be reached (the caller retries with backoff).
         """
         connect = functools.partial(
             self.client.connect,
@@ -251,16 +251,17 @@ class PahoBridge:
             raise MqttError(f"broker {self.url}: TLS failed: {exc}") from exc
         except asyncio.TimeoutError as exc:
             self.close()
-            raise OSError(f"no answer from broker {self.url} in {self.options.connect_timeout:g} s") from exc
+            wait = self.options.connect_timeout
+            raise ConnectFailed(f"no answer from broker {self.url} in {wait:g} s") from exc
         except ChannelClosed as exc:
             self.close()
-            raise OSError(str(exc)) from exc
+            raise ConnectFailed(str(exc)) from exc
         except MqttError:
             self.close()
             raise
         except (OSError, ValueError) as exc:
             self.close()
-            raise OSError(f"cannot reach broker {self.url}: {exc}") from exc
+            raise ConnectFailed(f"cannot reach broker {self.url}: {exc}") from exc
 
     async def publish(
         self, topic: str, payload: bytes, qos: int = 1, retain: bool = False, expiry: Optional[int] = None

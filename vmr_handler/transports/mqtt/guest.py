@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from vmr_handler.core.errors import ChannelClosed
+from vmr_handler.core.errors import ChannelClosed, ConnectFailed
 from vmr_handler.transports.base import ByteChannel
 from vmr_handler.transports.mqtt.bridge import PahoBridge
 from vmr_handler.transports.mqtt.options import MqttOptions, check_name
@@ -51,7 +51,7 @@ class MqttChannel(ByteChannel):
 
         Raises:
             MqttError: refused for good (credentials, TLS, names).
-            OSError: the broker is not reachable now.
+            ConnectFailed: the broker is not reachable now.
         """
         topics = Topics(check_name("experiment", options.experiment), check_name("VM name", vm))
         bridge = PahoBridge(
@@ -68,7 +68,7 @@ class MqttChannel(ByteChannel):
             )
         except ChannelClosed as exc:  # lost right after CONNACK: a retry like any failed connect
             bridge.close()
-            raise OSError(str(exc)) from exc
+            raise ConnectFailed(str(exc)) from exc
         return channel
 
     async def read(self) -> bytes:

@@ -21,7 +21,7 @@ from collections import deque
 from typing import Callable, Deque, Optional
 
 from vmr_handler.core.clock import Clock, SystemClock
-from vmr_handler.core.errors import ChannelClosed
+from vmr_handler.core.errors import ChannelClosed, LinkLost
 from vmr_handler.core.ratelimit import TokenBucket
 from vmr_handler.host.serve.session.session import VmSession
 from vmr_handler.transports.base import ByteChannel
@@ -116,12 +116,12 @@ class ChannelLink:
         """Wait until what was queued so far is written, then while over the download budget.
 
         Raises:
-            ConnectionResetError: the link is or gets closed before those bytes are written.
+            LinkLost: the link is or gets closed before those bytes are written.
         """
         target = self._queued_total
         while self._written_total < target or self._closed:
             if self._closed:
-                raise ConnectionResetError(str(self._failure) if self._failure else "link closed")
+                raise LinkLost(str(self._failure) if self._failure else "link closed")
             self._progress.clear()
             await self._progress.wait()
         if self._budget is not None:

@@ -38,28 +38,28 @@ def parse_http_options(
         debug_rate: ``--http-debug-rate`` bytes per second, > 0.
 
     Raises:
-        ValueError: a malformed value, a key without a certificate, a wildcard bind address
+        UsageError: a malformed value, a key without a certificate, a wildcard bind address
             without ``url``, or a ``url`` that is not ``http[s]://``; the message names the flag.
     """
     host, sep, port_text = bind.rpartition(":")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ValueError(f"--http {bind!r}: expected HOST:PORT with a port 1-65535")
+        raise UsageError(f"--http {bind!r}: expected HOST:PORT with a port 1-65535")
     if key_file and not cert_file:
-        raise ValueError("--http-key needs --http-cert")
+        raise UsageError("--http-key needs --http-cert")
     for flag, path in (("--http-cert", cert_file), ("--http-key", key_file)):
         if path and not os.path.isfile(path):
-            raise ValueError(f"{flag} {path}: no such file")
+            raise UsageError(f"{flag} {path}: no such file")
     if debug_rate is not None and not debug_rate > 0:
-        raise ValueError("--http-debug-rate must be > 0 bytes per second")
+        raise UsageError("--http-debug-rate must be > 0 bytes per second")
     scheme = "https" if cert_file else "http"
     if url is None:
         if host in ("0.0.0.0", "::", ""):
-            raise ValueError(f"--http {bind}: binds every interface; give --http-url (how agents reach it)")
+            raise UsageError(f"--http {bind}: binds every interface; give --http-url (how agents reach it)")
         url = f"{scheme}://{'[' + host + ']' if ':' in host else host}:{port_text}"
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
-        raise ValueError(f"--http-url {url!r}: expected http[s]://HOST[:PORT][/PREFIX]")
+        raise UsageError(f"--http-url {url!r}: expected http[s]://HOST[:PORT][/PREFIX]")
     return HttpOptions(host, int(port_text), url.rstrip("/"), cert_file, key_file, debug_rate)
 
 
@@ -73,12 +73,7 @@ def http_options(args: argparse.Namespace) -> Optional[HttpOptions]:
         if args.http_url or args.http_cert or args.http_key:
             raise UsageError("--http-url/--http-cert/--http-key need --http HOST:PORT")
         return None
-    try:
-        return parse_http_options(
-            args.http, args.http_url, args.http_cert, args.http_key, args.http_debug_rate
-        )
-    except ValueError as exc:
-        raise UsageError(str(exc)) from exc
+    return parse_http_options(args.http, args.http_url, args.http_cert, args.http_key, args.http_debug_rate)
 
 
 def load_tokens(logs: str, vms: Any) -> Dict[str, str]:
@@ -102,7 +97,8 @@ def load_tokens(logs: str, vms: Any) -> Dict[str, str]:
             doc = json.load(fh)
         raw = doc.get("tokens") if isinstance(doc, dict) else None
         if not isinstance(raw, dict) or not all(isinstance(v, str) and v for v in raw.values()):
-            raise ValueError('expected {"version": 1, "tokens": {"<vm>": "<token>"}}')
+            shape = '{"version": 1, "tokens": {"<vm>": "<token>"}}'
+            raise HostSetupError(f"cannot use {path}: expected {shape}")
         tokens = {str(k): v for k, v in raw.items()}
         os.chmod(path, 0o600)
     except FileNotFoundError:

@@ -32,7 +32,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, 
 
 from vmr_handler import __version__
 from vmr_handler.core.clock import Clock, SystemClock
-from vmr_handler.core.errors import PayloadError
+from vmr_handler.core.errors import PayloadError, SavedStateError
 from vmr_handler.core.events import Event
 from vmr_handler.core.payloads import Ack, ClockReq, Hello, HostEntryRequest
 from vmr_handler.core.ratelimit import TokenBucket, worth_logging
@@ -159,13 +159,13 @@ def restore_session(vm: str, state: VmState, counters: Counters, told: ToldHost,
     and tell the experiment (through ``told``) what the replay would have told it.
 
     Raises:
-        ValueError: ``data`` is not a snapshot (nothing changed).
+        SavedStateError: ``data`` is not a snapshot (nothing changed).
     """
     try:
         malformed = int(data["malformed_payloads"])
         saved = ToldHost.parse(data)
     except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"not a session snapshot: {exc!r}") from exc
+        raise SavedStateError(f"not a session snapshot: {exc!r}") from exc
     state.restore(data["vm"])
     counters.malformed_payloads = malformed
     if state.configured_at is not None:
