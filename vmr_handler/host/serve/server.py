@@ -104,7 +104,6 @@ class HostServer:
         )  # on_host entries, reached by the sessions through the experiment
         self.experiment = Experiment(config, self.sessions, self.clock, appends, self.host_entries)
         self.channels = channels(config, self.experiment)
-        self.readable = AppendFiles()  # every VM's readable .log, a bounded number open at once
         self.http: Optional[ResourceHttp] = None  # with --http
         self._opened = False
         self._tasks: List[asyncio.Task[None]] = []
@@ -165,7 +164,8 @@ class HostServer:
         http_per_vm = self.limits.resource_streams if cfg.http is not None else 0
         needs = fd_needs(len(cfg.vms), self.mode, http_per_vm)
         soft, _hard = ensure_fd_limit(needs)  # before any log is opened
-        self.readable.limit = readable_pool(soft, needs, len(cfg.vms))
+        #: every VM's readable .log, as many open at once as the open-files limit leaves room for
+        self.readable = AppendFiles(readable_pool(soft, needs, len(cfg.vms)))
         try:
             os.makedirs(cfg.logs, mode=0o750, exist_ok=True)
             self._lock_logs()
@@ -176,23 +176,32 @@ class HostServer:
             raise HostSetupError(f"cannot prepare {cfg.logs}: {exc}") from exc
         except ValueError as exc:
             raise HostSetupError(f"cannot restore the experiment state: {exc}") from exc
+        limits = self.limits
+        transfers = {
+            name: TransferStore(cfg.logs, name, limits.transfer_file, limits.transfer_total)
+            for name in cfg.vms
+        }  # each VM's: its session's, and the HTTP(S) uploads' (the same store as transfer_chunk)
         if cfg.http is not None:  # tokens now: the schedule events carry them
-            streams = self.limits.resource_streams
-            self.http = ResourceHttp(cfg.http, cfg.vms, self.resources, cfg.logs, streams)
+            streams = limits.resource_streams
+            self.http = ResourceHttp(cfg.http, cfg.vms, self.resources, cfg.logs, streams, transfers)
         resource_info = self._resource_info()
         self.experiment.loading = True
         try:
             for name, spec in sorted(cfg.vms.items()):
-                self._open_session(name, spec, resource_info.get(name, {}))
+                self._open_session(name, spec, resource_info.get(name, {}), transfers[name])
         finally:
             self.experiment.loading = False
-        if self.http is not None:  # uploads over HTTP(S) go to the same stores as transfer_chunk
-            self.http.transfers = {name: s.transfers for name, s in self.sessions.items()}
         self.host_entries.open()  # on_host entries that ran when vmr-host died: interrupted
         self.experiment.replayed()
         self._opened = True
 
-    def _open_session(self, name: str, spec: VmSpec, resource_info: Mapping[str, Mapping[str, Any]]) -> None:
+    def _open_session(
+        self,
+        name: str,
+        spec: VmSpec,
+        resource_info: Mapping[str, Mapping[str, Any]],
+        transfers: TransferStore,
+    ) -> None:
         """Make ``name``'s session, open its transfer store and replay its log into it.
 
         Raises:
@@ -203,9 +212,6 @@ class HostServer:
             self.config.logs, name, limits.log_quota, limits.seen_limits(), limits.checkpoint_every,
             readable_files=self.readable,
         )  # fmt: skip
-        transfers = TransferStore(
-            self.config.logs, name, self.limits.transfer_file, self.limits.transfer_total
-        )
         session = VmSession(
             spec,
             name in self.config.expected,

@@ -37,18 +37,23 @@ class UploadRequests(HttpApp):
     Args:
         options, vms, logs, streams: as :class:`~vmr_handler.host.serve.http.common.HttpApp`
             (``streams``: concurrent uploads per VM).
-
-    Attributes:
-        transfers: every VM's transfer store; set by the host once they exist (before the
-            server starts). A VM without one is answered 503.
+        transfers: every VM's transfer store (opened by the host before the server starts);
+            a VM without one is answered 503.
 
     Raises:
         HostSetupError: the token file cannot be used (exit 1).
     """
 
-    def __init__(self, options: HttpOptions, vms: Mapping[str, VmSpec], logs: str, streams: int) -> None:
+    def __init__(
+        self,
+        options: HttpOptions,
+        vms: Mapping[str, VmSpec],
+        logs: str,
+        streams: int,
+        transfers: Mapping[str, TransferStore],
+    ) -> None:
         super().__init__(options, vms, logs, streams)
-        self.transfers: Dict[str, TransferStore] = {}
+        self.transfers = transfers
         self._uploading: Dict[str, int] = {}
 
     def _upload(self, h: BaseHTTPRequestHandler, vm: str, location: str, head: bool) -> None:

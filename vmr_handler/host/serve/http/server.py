@@ -75,6 +75,7 @@ from vmr_handler import __version__
 from vmr_handler.core.errors import HostSetupError, ResourceMissing, ResourceRefused
 from vmr_handler.host.serve.config import HttpOptions, VmSpec
 from vmr_handler.host.serve.files.resources import ResourceStore
+from vmr_handler.host.serve.files.transfers import TransferStore
 from vmr_handler.host.serve.http._uploads import UploadRequests
 from vmr_handler.host.serve.http.common import (
     CHUNK,
@@ -192,19 +193,22 @@ class ResourceHttp(UploadRequests):
         logs: the logs directory (``http-tokens.json``).
         streams: concurrent downloads per VM (``Limits.resource_streams``), and as many
             concurrent uploads.
-
-    Attributes:
-        transfers: every VM's transfer store, for uploads; set by the host once they exist
-            (before :meth:`start`). A VM without one is answered 503.
+        transfers: every VM's transfer store, for uploads (a VM without one is answered 503).
 
     Raises:
         HostSetupError: the token file cannot be used (exit 1).
     """
 
     def __init__(
-        self, options: HttpOptions, vms: Mapping[str, VmSpec], store: ResourceStore, logs: str, streams: int
+        self,
+        options: HttpOptions,
+        vms: Mapping[str, VmSpec],
+        store: ResourceStore,
+        logs: str,
+        streams: int,
+        transfers: Mapping[str, TransferStore],
     ) -> None:
-        super().__init__(options, vms, logs, streams)
+        super().__init__(options, vms, logs, streams, transfers)
         self.store = store
         #: threads open at most: every VM's downloads plus a keep-alive connection each
         self.max_connections = max(64, (2 * streams + 2) * len(self.vms))
