@@ -16,8 +16,9 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from vmr_handler.host.cli.control_client import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, control_socket_path
+from vmr_handler.host.cli.control_client import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
 from vmr_handler.host.cli.options import add_logs
+from vmr_handler.host.logs.logsdir import control_socket_path
 
 #: The phases ``wait --for`` knows, and whether one VM's status dict has reached it (the
 #: experiment's start time is passed too: ``started`` is the experiment's start on the host's clock).

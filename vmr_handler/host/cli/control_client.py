@@ -13,28 +13,15 @@ usage or a request the host refused.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any, Dict, NamedTuple, Sequence
 
 from vmr_handler.host.cli.options import DEFAULT_LOGS, add_logs
+from vmr_handler.host.logs.logsdir import control_socket_path
 
 EXIT_OK = 0
 EXIT_RUNTIME = 1
 EXIT_USAGE = 2
-#: Name of the host control socket inside the logs directory.
-CONTROL_SOCKET = "vmr-host.sock"
-
-
-def control_socket_path(logs: str) -> str:
-    """Path of the host control socket for logs directory ``logs``.
-
-    Raises:
-        ControlError: the path is too long for a unix socket.
-    """
-    from vmr_handler.core.control import checked_socket_path
-
-    return checked_socket_path(os.path.join(logs, CONTROL_SOCKET), "--logs")
 
 
 class ClientCommand(NamedTuple):

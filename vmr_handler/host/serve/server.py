@@ -31,9 +31,8 @@ from vmr_handler import __version__
 from vmr_handler.core.clock import Clock, SystemClock
 from vmr_handler.core.control import ControlServer
 from vmr_handler.core.errors import ControlError, HostSetupError, ResourceRefused, ResourcesMissing
-from vmr_handler.host.cli.control_client import control_socket_path
-from vmr_handler.host.cli.schedule.show import write_index
 from vmr_handler.host.logs.appendfiles import AppendFiles
+from vmr_handler.host.logs.logsdir import control_socket_path, write_index
 from vmr_handler.host.logs.store import VmLog
 from vmr_handler.host.serve._fdlimit import ensure_fd_limit, fd_needs, readable_pool
 from vmr_handler.host.serve.channels.factory import Channels, channel_mode

@@ -21,7 +21,8 @@ from typing import Any, Dict, List
 from vmr_handler.core.errors import UsageError
 from vmr_handler.core.readable import few_names
 from vmr_handler.core.schedule.appended import read_batch
-from vmr_handler.host.cli.control_client import EXIT_OK, control_socket_path
+from vmr_handler.host.cli.control_client import EXIT_OK
+from vmr_handler.host.logs.logsdir import control_socket_path
 
 
 def add_parser(actions: Any, add_logs: Any) -> None:

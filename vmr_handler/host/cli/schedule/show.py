@@ -2,11 +2,12 @@
 became of every entry, from the logs directory alone, with or without a
 running host.
 
-``vmr-host serve`` writes ``<logs>/schedules.json`` when it starts (:func:`write_index`: each
-VM's schedule file, format and sha256); ``schedule show`` loads that file with the same
-restricted loader, refuses it when it changed since (the digest differs: it would show another
-schedule), plans it with the RESUMEs the VM received (``core/timeline.build_plan``) and folds
-the VM's ``<vm>.jsonl`` (``report/fold.py``) for each entry's runs, pauses and breaks.
+``vmr-host serve`` writes ``<logs>/schedules.json`` when it starts
+(:func:`~vmr_handler.host.logs.logsdir.write_index`: each VM's schedule file, format and
+sha256); ``schedule show`` loads that file with the same restricted loader, refuses it when it
+changed since (the digest differs: it would show another schedule), plans it with the RESUMEs
+the VM received (``core/timeline.build_plan``) and folds the VM's ``<vm>.jsonl``
+(``report/fold.py``) for each entry's runs, pauses and breaks.
 """
 
 from __future__ import annotations
@@ -25,29 +26,13 @@ from vmr_handler.core.fsutil import utc_text
 from vmr_handler.core.readable import duration, number
 from vmr_handler.host.cli.logs import log_path, start_time
 from vmr_handler.host.cli.statustext import when
-from vmr_handler.host.logs.store import atomic_write_json
+from vmr_handler.host.logs.logsdir import INDEX_FILE
 from vmr_handler.host.report.facts import EntryRun, Span
 from vmr_handler.host.report.files import read_jsonl
 from vmr_handler.host.report.fold import VmTimeline
-from vmr_handler.host.serve.config import VmSpec
 
-INDEX_FILE = "schedules.json"
 #: Where an entry's command line is shown to run (the agent's default ``--launch-dir``).
 LAUNCH_DIR = "/var/launch"
-
-
-def write_index(logs: str, specs: Mapping[str, VmSpec]) -> None:
-    """Write ``<logs>/schedules.json``: VM -> ``{"path", "format", "sha256"}`` of the schedule
-    this host delivers (read by :func:`cmd_schedule_show`).
-
-    Raises:
-        OSError: it cannot be written.
-    """
-    doc = {
-        name: {"path": os.path.abspath(s.schedule_path), "format": s.format, "sha256": s.digest}
-        for name, s in sorted(specs.items())
-    }
-    atomic_write_json(os.path.join(logs, INDEX_FILE), doc)
 
 
 def add_arguments(schedule: argparse.ArgumentParser) -> None:
