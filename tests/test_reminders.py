@@ -77,6 +77,6 @@ def test_the_reminders_look_at_a_cheap_status_that_never_builds_a_plan(monkeypat
         raise AssertionError("waiting_status built a plan")
 
     monkeypatch.setattr(engine_mod, "build_plan", boom)
-    status = engine_mod.waiting_status(FakeEngine())  # type: ignore[arg-type]
+    status = engine_mod.Engine.waiting_status(FakeEngine())  # type: ignore[arg-type]
     assert status == {"phase": AT_BARRIER, "configured_at": 1795490376.3, "blocked_by_break": None}
     assert Reminder.situation(status) == ("barrier", 1795490376.3)

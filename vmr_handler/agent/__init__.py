@@ -7,7 +7,7 @@ General layout (import rule: ``cli > connected > engine > state | machine``)::
     connected/  the agent under vmr-host: agent (ConnectedAgent, run_connected), link
                 (HostLink), _stamps, resources, transfers, httpfetch
     engine/     the engine and its parts: engine, shared, config, status, entries, stages, holds,
-                arming, appends, placement, hostcalls, ports, _stageplay, _resumes, _reminders
+                arming, appends, placement, hostcalls, ports, _stageplay, _reminders
     state/      what survives a crash or a lost host: journal, outbox, reporthold
     machine/    the machine it runs on: executor, bundle (the frozen run time), kpi
 

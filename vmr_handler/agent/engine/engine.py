@@ -14,14 +14,20 @@ Phases, in order, each resumable from the journal:
    recomputes the plan (pure :func:`~vmr_handler.core.timeline.build_plan`) and re-arms the
    timers.
 
-Inputs: RESUME (:meth:`Engine.resume`), stop (:meth:`Engine.stop`). Outputs: events to a
-sink callable. The engine never knows which transport carries them.
+Inputs: RESUME (:meth:`Engine.resume`), appended batches (:meth:`Engine.append`), the host's
+start time and clock (:meth:`Engine.set_start_time`, :meth:`Engine.set_clock_ready`,
+:meth:`Engine.clock_changed`), stop (:meth:`Engine.stop`). Outputs: events to a sink callable
+and :meth:`Engine.status`. The engine never knows which transport carries them.
 
-Parts are passed in (:mod:`vmr_handler.agent.engine.ports`): the clock (a
+The machine's parts are passed in (:mod:`vmr_handler.agent.engine.ports`): the clock (a
 :class:`~vmr_handler.core.clock.FakeClock` in tests), the process port, the journal and the
-sink. Running entries is :mod:`vmr_handler.agent.engine.entries`, the stages and reboots
-:mod:`vmr_handler.agent.engine.stages`, the ``-inf`` holds :mod:`vmr_handler.agent.engine.holds`, and the
-positive-time timers :mod:`vmr_handler.agent.engine.arming`.
+sink. The engine puts them in one :class:`~vmr_handler.agent.engine.shared.EngineState` with
+the schedule and its phase, and gives that to each of its parts by name: running entries
+(:mod:`vmr_handler.agent.engine.entries`), the stages and reboots
+(:mod:`vmr_handler.agent.engine.stages`, in order by :mod:`vmr_handler.agent.engine._stageplay`),
+the ``-inf`` holds (:mod:`vmr_handler.agent.engine.holds`) and the positive-time timers
+(:mod:`vmr_handler.agent.engine.arming`). Only the engine changes the shared schedule: a RESUME
+and an appended batch are applied here, and re-arm the parts.
 """
 
 from __future__ import annotations
@@ -29,10 +35,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
+from vmr_handler import __version__
 from vmr_handler.agent.engine._reminders import remind
-from vmr_handler.agent.engine._resumes import record_resume
 from vmr_handler.agent.engine._stageplay import StagePlay
 from vmr_handler.agent.engine.appends import answered, keep_appended, restore, resume_entries
 from vmr_handler.agent.engine.arming import PositiveTimers
@@ -46,10 +53,8 @@ from vmr_handler.agent.engine.status import (
     announce,
     append_answer,
     completion,
-    engine_status,
     entry_counts,
     skip_host_entries,
-    waiting_status,
 )
 from vmr_handler.agent.machine.executor import SystemProcesses
 from vmr_handler.agent.state.journal import Journal
@@ -199,11 +204,34 @@ class Engine:
                 (its first outcome is returned, with ``"repeated": True``).
             entry: index of the stored RESUME entry this RESUME comes from, if any.
         """
-        outcome, plan = record_resume(self.state, at, resume_id, entry)
-        if plan is not None:
-            if self.timers.plan is not None:
-                self.timers.arm(plan)
-            self.state.wake()
+        journal = self.journal
+        if resume_id is not None:
+            first = journal.applied_resume(resume_id)
+            if first is not None:
+                return {**first, "repeated": True}
+        start = journal.start_time
+        if at is None:
+            at = -math.inf if start is None else self.clock.time() - start
+        # the RESUME remembers how many entries the schedule had: it never ends a break appended
+        # after it (:func:`~vmr_handler.core.timeline.build_plan`)
+        journal.add_resume(at, len(self.schedule.entries))
+        plan = self.plan()
+        ended = plan.resumes[-1].ended_break
+        outcome = {"at": at, "ended_break": ended, "ignored": ended is None}
+        if resume_id is not None:
+            journal.record_resume_id(resume_id, dict(outcome))
+        self.state.syncer.save_soon()  # the RESUME and its id in one atomic write (or kept, retried)
+        origin = {} if entry is None else {"index": entry, "origin": "schedule entry"}
+        self.emit(
+            EventType.RESUME_RECEIVED,
+            **origin,
+            **outcome,
+            status="success",
+            details=f"ended break at entry {ended}" if ended is not None else "no active break: ignored",
+        )
+        if self.timers.plan is not None:
+            self.timers.arm(plan)
+        self.state.wake()
         return outcome
 
     def plan(self) -> Plan:
@@ -270,8 +298,47 @@ class Engine:
 
     # ------------------------------------------------------------------ status
     def status(self) -> Dict[str, Any]:
-        """Where the engine is, as a JSON-safe dict (``vmr-handler status``; :func:`engine_status`)."""
-        return engine_status(self)
+        """Where the engine is, as a JSON-safe dict (``vmr-handler status``): phase, stages,
+        start time, holds, what runs next and now, a failure, how its entries ended, reports
+        held because they cannot be written."""
+        journal, timers = self.journal, self.timers
+        now = self.clock.time()
+        start = journal.start_time
+        plan = timers.plan or self.plan()
+        hold = self.holds.current or timers.active_hold(plan, None if start is None else now - start)
+        # a break holds the VM only once its time has come; before, it is the next break
+        held = hold["index"] if hold is not None and hold.get("kind") == "break" else None
+        return {
+            "version": __version__,
+            "phase": self.phase,
+            "stage": self.current_stage,
+            "stages": len(self.stages),
+            "stages_done": journal.stages_done,
+            "configured_at": journal.configured_at,
+            "start_time": start,
+            "experiment_time": None if start is None else now - start,
+            "active_pause": hold,
+            "blocked_by_break": held,
+            "next_break": plan.blocked_by if held is None else None,
+            "resumes": journal.resumes,
+            "next_entries": [] if start is None else timers.upcoming(plan, start, now),
+            "running": self.entries.status(),
+            "failure": self.entries.failure,
+            "entries": entry_counts(journal, self.schedule.entries),
+            "held_reports": len(self.reports),
+        }
+
+    def waiting_status(self) -> Dict[str, Any]:
+        """What the reminders (:mod:`vmr_handler.agent.engine._reminders`) look at once a second:
+        the phase, when it was configured, the break holding it. Cheap: never builds a plan (a
+        schedule of 100 000 entries would cost ~0.1 s a second at the barrier)."""
+        start = self.journal.start_time
+        plan = self.timers.plan
+        hold = self.holds.current
+        if hold is None and plan is not None and plan.blocked_by is not None and start is not None:
+            hold = self.timers.active_hold(plan, self.clock.time() - start)  # only with a break ahead
+        held = hold["index"] if hold is not None and hold.get("kind") == "break" else None
+        return {"phase": self.phase, "configured_at": self.journal.configured_at, "blocked_by_break": held}
 
     # ------------------------------------------------------------------ main
     async def run(self) -> int:
@@ -280,7 +347,7 @@ class Engine:
         Returns EXIT_OK also after a reboot request was carried out and after a stop.
         """
         done = asyncio.Event()
-        reminders = asyncio.ensure_future(remind(lambda: waiting_status(self), self.clock, done))
+        reminders = asyncio.ensure_future(remind(self.waiting_status, self.clock, done))
         try:
             rc = await self._play()
         finally:
@@ -290,7 +357,7 @@ class Engine:
         return rc
 
     async def _play(self) -> int:
-        announce(self.emit, self.schedule, self.journal, self.config.host_ask is None)
+        announce(self.state)
         self._recover()
         state = self.state
         try:

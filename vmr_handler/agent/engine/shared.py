@@ -6,9 +6,10 @@ The engine (:mod:`vmr_handler.agent.engine.engine`) makes one and gives it to ev
 :class:`~vmr_handler.agent.engine._stageplay.StagePlay`,
 :class:`~vmr_handler.agent.engine.holds.InitialHolds`,
 :class:`~vmr_handler.agent.engine.arming.PositiveTimers`). A part reads the schedule, the
-journal, the clock... here at each use and keeps no copy of them; only the engine changes what
-is shared (the schedule when a batch is appended, the phase as it plays it), and the parts
-report, wake the engine, save the journal and check for a stop through it.
+journal, the clock... here at each use and keeps no copy of them. Only the engine replaces the
+schedule and adds working dirs (a batch appended); the engine and the part that plays a phase
+set ``phase``. The parts report, wake the engine, save the journal and check for a stop
+through it.
 """
 
 from __future__ import annotations

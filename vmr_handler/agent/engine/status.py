@@ -1,9 +1,8 @@
-"""What the engine says of itself: its first events (:func:`announce`) and its status
-(:func:`engine_status` for ``vmr-handler status``, :func:`waiting_status` for the reminders).
-
-Split from :mod:`vmr_handler.agent.engine.engine`; pure reads of an engine's state (``engine`` is an
-:class:`~vmr_handler.agent.engine.engine.Engine`, typed ``Any`` here so that this module, which the
-engine imports, does not import it back).
+"""What the engine says of itself, built from what it holds: its first events
+(:func:`announce`, :func:`skip_host_entries`), how its entries ended (:func:`entry_counts`, in
+``schedule_complete`` and in :meth:`~vmr_handler.agent.engine.engine.Engine.status`;
+:func:`completion`, the data of ``schedule_complete``) and where an appended batch's entries
+went (:func:`append_answer`).
 """
 
 from __future__ import annotations
@@ -12,15 +11,17 @@ import os
 from typing import Any, Callable, Dict, Iterable, Sequence
 
 from vmr_handler import __version__
+from vmr_handler.agent.engine.shared import EngineState
 from vmr_handler.agent.machine.executor import REBOOT_EXIT_CODE
 from vmr_handler.agent.state.journal import DONE, FAILED, Journal
 from vmr_handler.core.events import Event, EventType
-from vmr_handler.core.schedule.model import Schedule, ScheduleEntry
+from vmr_handler.core.schedule.model import ScheduleEntry
 
 
-def announce(emit: Callable[..., Event], schedule: Schedule, journal: Journal, no_host: bool = True) -> None:
+def announce(state: EngineState) -> None:
     """The engine's first events: agent started, schedule loaded, its warnings, a journal reset,
-    the on_host entries nobody runs (``no_host``: local mode; else the host runs them)."""
+    the on_host entries nobody runs (local mode, no ``host_ask``; else the host runs them)."""
+    emit, schedule, journal = state.emit, state.schedule, state.journal
     emit(
         EventType.AGENT_STARTED,
         version=__version__,
@@ -42,7 +43,7 @@ def announce(emit: Callable[..., Event], schedule: Schedule, journal: Journal, n
             moved_to=journal.reset_from,
             details="journal belonged to another schedule; starting fresh",
         )
-    if no_host:
+    if state.config.host_ask is None:
         skip_host_entries(emit, schedule.entries)
 
 
@@ -108,48 +109,4 @@ def append_answer(record: Dict[str, Any]) -> Dict[str, Any]:
         "count": record["count"],
         "stages": record["stages"],
         "moved": record["moved"],
-    }
-
-
-def waiting_status(engine: Any) -> Dict[str, Any]:
-    """What the reminders (:mod:`vmr_handler.agent.engine._reminders`) look at once a second: the phase,
-    when it was configured, the break holding it. Cheap: never builds a plan (a schedule of
-    100 000 entries would cost ~0.1 s a second at the barrier)."""
-    start = engine.journal.start_time
-    plan = engine.timers.plan
-    hold = engine.holds.current
-    if hold is None and plan is not None and plan.blocked_by is not None and start is not None:
-        hold = engine.timers.active_hold(plan, engine.clock.time() - start)  # only with a break ahead
-    held = hold["index"] if hold is not None and hold.get("kind") == "break" else None
-    return {"phase": engine.phase, "configured_at": engine.journal.configured_at, "blocked_by_break": held}
-
-
-def engine_status(engine: Any) -> Dict[str, Any]:
-    """What :meth:`Engine.status` shows: phase, stages, start time, holds, what runs next and
-    now, a failure, reports held because they cannot be written."""
-    now = engine.clock.time()
-    journal, timers = engine.journal, engine.timers
-    start = journal.start_time
-    plan = timers.plan or engine.plan()
-    hold = engine.holds.current or timers.active_hold(plan, None if start is None else now - start)
-    # a break holds the VM only once its time has come; before, it is the next break
-    held = hold["index"] if hold is not None and hold.get("kind") == "break" else None
-    return {
-        "version": __version__,
-        "phase": engine.phase,
-        "stage": engine.current_stage,
-        "stages": len(engine.stages),
-        "stages_done": journal.stages_done,
-        "configured_at": journal.configured_at,
-        "start_time": start,
-        "experiment_time": None if start is None else now - start,
-        "active_pause": hold,
-        "blocked_by_break": held,
-        "next_break": plan.blocked_by if held is None else None,
-        "resumes": journal.resumes,
-        "next_entries": [] if start is None else timers.upcoming(plan, start, now),
-        "running": engine.entries.status(),
-        "failure": engine.entries.failure,
-        "entries": entry_counts(engine.journal, engine.schedule.entries),
-        "held_reports": len(engine.reports),
     }
