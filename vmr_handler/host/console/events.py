@@ -11,6 +11,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Deque, Dict, FrozenSet, List, Optional
 
+from vmr_handler.core.errors import RequestRefused
 from vmr_handler.host.logs.jsonlread import records_from
 
 #: Most records one page holds (``limit`` above it is cut to it).
@@ -41,11 +42,11 @@ class EventQuery:
         """From the URL query ``after``, ``limit``, ``type`` (comma separated), ``entry``, ``tail``.
 
         Raises:
-            ValueError: a value that is not a count, or an unknown parameter (the message names it).
+            RequestRefused: a value that is not a count, or an unknown parameter (the message names it).
         """
         unknown = sorted(set(query) - {"after", "limit", "type", "entry", "tail", "token"})
         if unknown:
-            raise ValueError(
+            raise RequestRefused(
                 f"unknown query parameter(s): {', '.join(unknown)} (use after, limit, type, entry, tail)"
             )
 
@@ -54,7 +55,7 @@ class EventQuery:
             if text is None:
                 return default
             if not text.isdigit():
-                raise ValueError(f"{name}={text!r}: expected a whole number >= 0")
+                raise RequestRefused(f"{name}={text!r}: expected a whole number >= 0")
             return int(text)
 
         tail = query.get("tail")

@@ -14,6 +14,7 @@ import asyncio
 import logging
 from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
+from vmr_handler.core.errors import InternalError
 from vmr_handler.core.events import Event
 from vmr_handler.host.console.metrics import ConsoleMetrics
 from vmr_handler.host.console.stream import Hub, Message
@@ -88,10 +89,10 @@ class LiveExperiment:
         thread never sees the timeline change. One at a time.
 
         Raises:
-            RuntimeError: the timeline is already being read (the caller serialises reads).
+            InternalError: the timeline is already being read (the caller serialises reads).
         """
         if self._waiting is not None:
-            raise RuntimeError("the live timeline is already being read")
+            raise InternalError("the live timeline is already being read")
         self._waiting = []
         try:
             return await asyncio.to_thread(read, self.timeline)

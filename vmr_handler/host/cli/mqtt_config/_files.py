@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence
 
+from vmr_handler.core.errors import InvalidArgument, OsCallFailed
 from vmr_handler.host.cli.mqtt_config.layout import MqttLayout
 from vmr_handler.transports.mqtt.topics import VM_TOPICS, experiment_topics, topic, vm_shared_topics
 
@@ -155,7 +156,7 @@ def render_passwd(credentials: Dict[str, str], tool: Optional[str]) -> bytes:
     password on any command line). Without it, :func:`hash_password` hashes them.
 
     Raises:
-        ValueError: a username or password contains ``:`` or a line break (the file's
+        InvalidArgument: a username or password contains ``:`` or a line break (the file's
             separators: ``mosquitto_passwd -U`` would hash only part of such a password).
         OSError: ``mosquitto_passwd`` failed (its message) or the temp file failed.
     """
@@ -164,7 +165,7 @@ def render_passwd(credentials: Dict[str, str], tool: Optional[str]) -> bytes:
 
     for user, password in credentials.items():
         if any(sep in text for text in (user, password) for sep in ":\r\n"):
-            raise ValueError(f"user {user!r}: ':' or a line break in a password-file entry")
+            raise InvalidArgument(f"user {user!r}: ':' or a line break in a password-file entry")
     if tool is None:
         return "".join(f"{u}:{hash_password(p)}\n" for u, p in credentials.items()).encode()
     fd, path = tempfile.mkstemp(prefix="vmr-passwd-")  # mode 0600
@@ -173,7 +174,8 @@ def render_passwd(credentials: Dict[str, str], tool: Optional[str]) -> bytes:
             fh.write("".join(f"{u}:{p}\n" for u, p in credentials.items()))
         done = subprocess.run([tool, "-U", path], capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if done.returncode != 0:
-            raise OSError(f"{tool} -U failed ({done.returncode}): {(done.stderr or done.stdout).strip()}")
+            said = (done.stderr or done.stdout).strip()
+            raise OsCallFailed(f"{tool} -U failed ({done.returncode}): {said}")
         with open(path, "rb") as fh:
             return fh.read()
     finally:

@@ -24,6 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Protocol, Tuple
 
+from vmr_handler.core.errors import SavedStateError
 from vmr_handler.core.events import Event
 from vmr_handler.core.fsutil import atomic_write
 from vmr_handler.core.wire.protocol import SCHEDULE_APPEND
@@ -73,14 +74,14 @@ class AppendRecord:
         """Inverse of :meth:`to_dict`.
 
         Raises:
-            ValueError: a member is missing or of the wrong type.
+            SavedStateError: a member is missing or of the wrong type.
         """
         try:
             record = cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
         except TypeError as exc:
-            raise ValueError(f"bad append record: {exc}") from exc
+            raise SavedStateError(f"bad append record: {exc}") from exc
         if not isinstance(record.targets, list) or not isinstance(record.answered, dict):
-            raise ValueError("bad append record: targets must be a list, answered a mapping")
+            raise SavedStateError("bad append record: targets must be a list, answered a mapping")
         return record
 
 
@@ -91,7 +92,7 @@ class AppendBook:
         logs: the logs directory.
 
     Raises:
-        ValueError: ``appends.json`` exists but cannot be read (the host refuses to start
+        SavedStateError: ``appends.json`` exists but cannot be read (the host refuses to start
             rather than forget batches it promised).
     """
 
@@ -106,9 +107,9 @@ class AppendBook:
         except FileNotFoundError:
             return
         except (OSError, ValueError) as exc:
-            raise ValueError(f"{self.path} cannot be read: {exc}") from exc
+            raise SavedStateError(f"{self.path} cannot be read: {exc}") from exc
         if not isinstance(saved, list):
-            raise ValueError(f"{self.path} must hold a list of append records")
+            raise SavedStateError(f"{self.path} must hold a list of append records")
         self.records = [AppendRecord.from_dict(r) for r in saved]
 
     def save(self) -> None:

@@ -28,7 +28,7 @@ import bisect
 import math
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
-from vmr_handler.core.errors import BarrierError
+from vmr_handler.core.errors import BarrierError, InvalidArgument, SavedStateError
 from vmr_handler.core.readable import few_names
 
 
@@ -46,12 +46,12 @@ class Barrier:
         buffer: seconds between the last configured VM and the start (finite, >= 0).
 
     Raises:
-        ValueError: ``buffer`` is negative or not finite.
+        InvalidArgument: ``buffer`` is negative or not finite.
     """
 
     def __init__(self, expected: Iterable[str], buffer: float) -> None:
         if not (isinstance(buffer, (int, float)) and math.isfinite(buffer) and buffer >= 0):
-            raise ValueError(f"start buffer must be a finite number of seconds >= 0, got {buffer!r}")
+            raise InvalidArgument(f"start buffer must be a finite number of seconds >= 0, got {buffer!r}")
         self.expected: Set[str] = set(expected)
         self.buffer = float(buffer)
         #: VM name -> UTC when it was (first) configured; any VM, expected or not.
@@ -114,11 +114,11 @@ class Barrier:
             True when this call set the start time (the caller then announces it).
 
         Raises:
-            ValueError: ``at`` is not a finite number.
+            InvalidArgument: ``at`` is not a finite number.
         """
         t = _finite(at)
         if t is None:
-            raise ValueError(f"configured time must be a finite number, got {at!r}")
+            raise InvalidArgument(f"configured time must be a finite number, got {at!r}")
         if vm in self.configured:
             return False
         self.configured[vm] = t
@@ -172,7 +172,7 @@ class Barrier:
         """
         t = _finite(now)
         if t is None:
-            raise ValueError(f"release time must be a finite number, got {now!r}")
+            raise InvalidArgument(f"release time must be a finite number, got {now!r}")
         if self.start_time is not None:
             raise BarrierError(f"the experiment start time is already set ({self.start_time:.3f} UTC)")
         names = set(exclude)
@@ -201,7 +201,7 @@ class Barrier:
         """
         t = _finite(start_time)
         if t is None:
-            raise ValueError(f"start time must be a finite number, got {start_time!r}")
+            raise InvalidArgument(f"start time must be a finite number, got {start_time!r}")
         if self.start_time is not None and self.start_time != t:
             raise BarrierError(f"start time already set to {self.start_time}, refusing {t}")
         self.start_time = t
@@ -227,21 +227,21 @@ class Barrier:
         start); configured times, exclusions, the release and the start time are kept.
 
         Raises:
-            ValueError: ``data`` is not the shape :meth:`to_dict` writes.
+            SavedStateError: ``data`` is not the shape :meth:`to_dict` writes.
         """
         barrier = cls(expected, buffer)
         configured = data.get("configured", {})
         if not isinstance(configured, Mapping):
-            raise ValueError("'configured' must be an object of VM -> UTC")
+            raise SavedStateError("'configured' must be an object of VM -> UTC")
         for vm, at in configured.items():
             t = _finite(at)
             if not isinstance(vm, str) or t is None:
-                raise ValueError(f"bad configured time for {vm!r}: {at!r}")
+                raise SavedStateError(f"bad configured time for {vm!r}: {at!r}")
             barrier.configured[vm] = t
         for key in ("excluded", "released"):
             names = data.get(key, [])
             if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-                raise ValueError(f"'{key}' must be a list of VM names")
+                raise SavedStateError(f"'{key}' must be a list of VM names")
             getattr(barrier, key).update(names)
         barrier._waiting = None
         released_at = data.get("released_at")
@@ -250,7 +250,7 @@ class Barrier:
         if start is not None:
             t = _finite(start)
             if t is None:
-                raise ValueError(f"bad start_time {start!r}")
+                raise SavedStateError(f"bad start_time {start!r}")
             barrier.start_time = t
         elif barrier.all_configured():
             # every VM had configured but the host stopped before it saved the start

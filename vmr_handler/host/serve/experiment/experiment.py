@@ -20,6 +20,7 @@ from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Pro
 
 from vmr_handler import __version__
 from vmr_handler.core.clock import Clock, SystemClock
+from vmr_handler.core.errors import BarrierError, SavedStateError
 from vmr_handler.core.events import Event
 from vmr_handler.core.names import VM_NAME
 from vmr_handler.core.wire.protocol import RESUME, START_TIME
@@ -83,15 +84,16 @@ class ResumeRecord:
         """Inverse of :meth:`to_dict`.
 
         Raises:
-            ValueError: bad shape.
+            SavedStateError: bad shape.
+            KeyError, TypeError, ValueError: a member is missing or not a number.
         """
         at = float(d["at"])
         if math.isnan(at) or at == math.inf:
-            raise ValueError(f"bad resume time {d['at']!r}")
+            raise SavedStateError(f"bad resume time {d['at']!r}")
         targets = d["targets"]
         answered = d.get("answered", {})
         if not isinstance(targets, list) or not isinstance(answered, dict):
-            raise ValueError("bad resume record")
+            raise SavedStateError("bad resume record")
         return cls(str(d["id"]), at, float(d["issued"]), [str(t) for t in targets], dict(answered))
 
 
@@ -212,14 +214,14 @@ class Experiment(HostEntryPort):
 
         Raises:
             OSError: it cannot be read.
-            ValueError: it holds a bad shape.
+            SavedStateError: it holds a bad shape.
         """
         saved = self.store.load()
         if not saved:
             return
         barrier = saved.get("barrier", {})
         if not isinstance(barrier, Mapping):
-            raise ValueError("'barrier' must be an object")
+            raise SavedStateError("'barrier' must be an object")
         self.run_id = run_of(saved.get("run_id")) or self.run_id  # saved before run ids: a new one
         self.peer_vms = restore_peers(saved.get("peer_vms"), self.config.peers)
         self.barrier = Barrier.from_dict(barrier, self.barrier_expected(), self.config.start_buffer)
@@ -229,11 +231,11 @@ class Experiment(HostEntryPort):
         self.start_set_at = float(set_at) if isinstance(set_at, (int, float)) else None
         resumes = saved.get("resumes", [])
         if not isinstance(resumes, list):
-            raise ValueError("'resumes' must be a list")
+            raise SavedStateError("'resumes' must be a list")
         try:
             self.resumes = [ResumeRecord.from_dict(r) for r in resumes]
         except (KeyError, TypeError) as exc:
-            raise ValueError(f"bad resume record: {exc}") from exc
+            raise SavedStateError(f"bad resume record: {exc}") from exc
         if self.barrier.start_time is not None:
             log.info("restored experiment start time %.3f", self.barrier.start_time)
 
@@ -511,11 +513,11 @@ class Experiment(HostEntryPort):
         empty); the start is set and sent when nobody else is missing.
 
         Raises:
-            ValueError: this host is a member (the coordinator releases).
+            BarrierError: this host is a member (the coordinator releases).
             BarrierError: the start is already set, or a name is not an expected VM.
         """
         if self.config.role == "member":
-            raise ValueError("this host is a member: release the barrier on the coordinator host")
+            raise BarrierError("this host is a member: release the barrier on the coordinator host")
         start = self.barrier.release(self.clock.time(), exclude)
         if start is not None:
             self._start_was_set()
@@ -563,7 +565,7 @@ def restore_peers(saved: Any, peers: Collection[str]) -> Dict[str, List[str]]:
     them before their retained announcements arrive again).
 
     Raises:
-        ValueError: ``saved`` is not such a mapping.
+        SavedStateError: ``saved`` is not such a mapping.
     """
     if saved is None:
         return {}
@@ -571,5 +573,5 @@ def restore_peers(saved: Any, peers: Collection[str]) -> Dict[str, List[str]]:
         isinstance(vms, list) and all(isinstance(v, str) and VM_NAME.match(v) for v in vms)
         for vms in saved.values()
     ):
-        raise ValueError("'peer_vms' must map host ids to lists of VM names")
+        raise SavedStateError("'peer_vms' must map host ids to lists of VM names")
     return {str(p): sorted(vms) for p, vms in saved.items() if p in peers}

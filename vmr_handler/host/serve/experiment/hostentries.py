@@ -41,7 +41,13 @@ import stat
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-from vmr_handler.core.errors import EntryError, HostSetupError, ResourceRefused, ScheduleError
+from vmr_handler.core.errors import (
+    EntryError,
+    HostSetupError,
+    ResourceRefused,
+    SavedStateError,
+    ScheduleError,
+)
 from vmr_handler.core.events import Event, EventType, encode_output
 from vmr_handler.core.processes import ProcessResult, ProcessRunner, kill_tree
 from vmr_handler.core.schedule.appended import batch_entries
@@ -163,10 +169,10 @@ class Outcome:
         """An outcome saved by :func:`asdict`.
 
         Raises:
-            ValueError, TypeError: ``data`` is not one.
+            SavedStateError, TypeError: ``data`` is not one.
         """
         if not isinstance(data, dict) or data.get("state") not in (RUNNING, ENDED, INTERRUPTED):
-            raise ValueError(f"not an on_host entry outcome: {data!r:.200}")
+            raise SavedStateError(f"not an on_host entry outcome: {data!r:.200}")
         return cls(**data)
 
 
