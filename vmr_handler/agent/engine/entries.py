@@ -134,25 +134,25 @@ class EntryLauncher:
 
     # ------------------------------------------------------------------ done means reported
     def _journal_done(
-        self, index: int, state: str, exit_code: Optional[int] = None
+        self, index: int, end: str, exit_code: Optional[int] = None
     ) -> Optional[Awaitable[None]]:
-        """Journal ``index`` ended (``state``, ``exit_code``) once every report made so far is
+        """Journal ``index`` ended (``end``: done or failed, ``exit_code``) once every report made so far is
         written: at once when it is (None is returned: the sink works), else an awaitable that
         does it then. Meanwhile the journal says ``running`` with ``reports_held``: a crash
         runs the entry again. When the agent stops first it stays so (logged)."""
         wait = self.state.reports.reported()
         if wait is None:
-            self._mark_done(index, state, exit_code)
+            self._mark_done(index, end, exit_code)
             return None
         self.state.journal.mark_reports_held(index, exit_code)
         self.state.journal_changed()
-        return self._journal_done_later(wait, index, state, exit_code)
+        return self._journal_done_later(wait, index, end, exit_code)
 
     async def _journal_done_later(
-        self, wait: Awaitable[bool], index: int, state: str, exit_code: Optional[int]
+        self, wait: Awaitable[bool], index: int, end: str, exit_code: Optional[int]
     ) -> None:
         if await wait:
-            self._mark_done(index, state, exit_code)
+            self._mark_done(index, end, exit_code)
         else:
             log.warning(
                 "entry %d: its reports were not written before the agent stopped: it runs again "
@@ -160,8 +160,8 @@ class EntryLauncher:
                 index,
             )
 
-    def _mark_done(self, index: int, state: str, exit_code: Optional[int]) -> None:
-        self.state.journal.mark_done(index, state, exit_code)
+    def _mark_done(self, index: int, end: str, exit_code: Optional[int]) -> None:
+        self.state.journal.mark_done(index, end, exit_code)
         self.state.journal_changed()
 
     # ------------------------------------------------------------------ prepare

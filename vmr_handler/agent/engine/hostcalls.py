@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional
 
-from vmr_handler.agent.state.journal import DONE, Journal
+from vmr_handler.agent.engine.shared import EngineState
+from vmr_handler.agent.state.journal import DONE
 from vmr_handler.core.errors import ChannelClosed
 from vmr_handler.core.schedule.model import ScheduleEntry
 from vmr_handler.core.wire import protocol as P
@@ -29,26 +30,23 @@ LOST_POLL = 1.0
 
 
 async def run_on_host(
-    entries: List[ScheduleEntry],
-    scheduled: Optional[float],
-    ask: HostAsk,
-    journal: Journal,
-    changed: Callable[[], None],
-    wake: Callable[[], None],
+    state: EngineState, ask: HostAsk, entries: List[ScheduleEntry], scheduled: Optional[float]
 ) -> Dict[int, Mapping[str, Any]]:
-    """Have the host run ``entries`` together and wait until it answered for each; each is
-    journaled running before it is asked for and done (with its exit code) after. Returns the
+    """Have the host run ``entries`` together (``ask``, due at host UTC ``scheduled``) and wait
+    until it answered for each; each is journaled running in the engine's journal before it is
+    asked for and done (with its exit code) after, then the engine is woken. Returns the
     answers by index."""
+    journal = state.journal
     for entry in entries:
         journal.mark_running(entry.index)
-    changed()
+    state.journal_changed()
     answers = await asyncio.gather(*(ask(e.index, scheduled) for e in entries))
     for entry, answer in zip(entries, answers):
         code = answer.get("exit_code")
         exit_code = code if isinstance(code, int) and not isinstance(code, bool) else None
         journal.mark_done(entry.index, DONE, exit_code)
-    changed()
-    wake()
+    state.journal_changed()
+    state.wake()
     return {e.index: a for e, a in zip(entries, answers)}
 
 

@@ -116,6 +116,6 @@ class StageRunner:
     async def on_host(self, entries: List[ScheduleEntry], scheduled: Optional[float]) -> None:
         """Have the host run on_host entries (a stage's, or those due at host UTC ``scheduled``)
         and wait for its answers; nothing without a host."""
-        ask, state = self.state.config.host_ask, self.state
+        ask = self.state.config.host_ask
         if entries and ask is not None:
-            await run_on_host(entries, scheduled, ask, state.journal, state.journal_changed, state.wake)
+            await run_on_host(self.state, ask, entries, scheduled)
