@@ -12,7 +12,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from vmr_handler.core.errors import UsageError
+from vmr_handler.core.errors import InternalError, RequestRefused, UsageError
 from vmr_handler.host.console import events as ev
 from vmr_handler.host.console.options import console_options, experiment_name
 from vmr_handler.host.console.stream import Hub, sse
@@ -90,7 +90,7 @@ def test_a_monster_line_is_skipped_not_read_whole(tmp_path: Path, monkeypatch: p
     ],
 )
 def test_bad_queries_are_named(query: Dict[str, str], text: str) -> None:
-    with pytest.raises(ValueError, match=None) as err:
+    with pytest.raises(RequestRefused, match=None) as err:
         ev.EventQuery.parse(query)
     assert text in str(err.value)
 
@@ -193,7 +193,7 @@ def test_live_timeline_folds_the_logs_then_holds_reports_while_a_thread_reads_it
         await asyncio.sleep(0.05)
         h.report("vm1", "entry_started", index=3, start_time=3, scheduled=T0 + 3)  # held
         assert [r.index for r in live.timeline.vms["vm1"].runs] == [1, 2] and sub.queue.qsize() == 0
-        with pytest.raises(RuntimeError, match="already being read"):
+        with pytest.raises(InternalError, match="already being read"):
             await live.read_held(read)
         gate.set()
         assert await task == 1 and seen == [2]

@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from tests.hostenv import WAIT
+from vmr_handler.core.errors import InvalidArgument
 from vmr_handler.host.serve._fdlimit import fd_needs
 
 pytestmark = pytest.mark.faults
@@ -138,5 +139,5 @@ def test_fd_needs_by_mode() -> None:
     assert readable_pool(needs.wanted - 4_000, needs, 5_000) == 1_000
     assert readable_pool(needs.required, needs, 5_000) == 256  # the shared files counted in BASE
     assert readable_pool(-1, needs, 5_000) == 5_000
-    with pytest.raises(ValueError, match="unknown channel mode 'tcp'"):
+    with pytest.raises(InvalidArgument, match="unknown channel mode 'tcp'"):
         fd_needs(1, "tcp")

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from vmr_handler.core.errors import InvalidArgument, SavedStateError
 from vmr_handler.host.serve.experiment.barrier import Barrier, BarrierError
 
 
@@ -103,11 +104,11 @@ def test_buffer_zero_and_bad_values():
     b = Barrier(["a"], buffer=0)
     b.configure("a", 7.25)
     assert b.start_time == 7.25
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidArgument):
         Barrier(["a"], buffer=-1)
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidArgument):
         Barrier(["a"], buffer=math.inf)
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidArgument):
         Barrier(["a"], buffer=1).configure("a", math.nan)
 
 
@@ -138,7 +139,7 @@ def test_restore_completes_a_start_that_was_not_saved():
     [{"configured": []}, {"configured": {"a": "x"}}, {"excluded": "a"}, {"start_time": "soon"}],
 )
 def test_restore_rejects_a_bad_shape(bad):
-    with pytest.raises(ValueError):
+    with pytest.raises(SavedStateError):
         Barrier.from_dict(bad, ["a"], 1)
 
 

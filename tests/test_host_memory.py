@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from tests.fakeagent import SIMPLE, FakeAgent, Host
+from vmr_handler.core.errors import SavedStateError
 from vmr_handler.core.events import Event
 from vmr_handler.core.wire.protocol import encode_message
 from vmr_handler.host.logs.seenids import SeenIds, SeenLimits, split_id
@@ -99,7 +100,7 @@ def test_seen_ids_dump_and_load_round_trip():
         {"window": 64, "runs": [], "others": [], "forgotten": 0},
         {"window": 128, "runs": [["x", 1, "!!"]]},
     ):
-        with pytest.raises(ValueError):
+        with pytest.raises(SavedStateError):
             SeenIds(limits).load(bad)
 
 

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from tests.hostfakes import make_session
-from vmr_handler.core.errors import ChannelClosed
+from vmr_handler.core.errors import ChannelClosed, LinkLost
 from vmr_handler.core.events import Event
 from vmr_handler.core.ratelimit import TokenBucket
 from vmr_handler.core.wire.protocol import FrameDecoder, encode_message
@@ -253,7 +253,7 @@ def test_drain_waits_for_the_peer_then_fails_once_closed() -> None:
         await asyncio.wait_for(draining, WAIT)
         link.send_bytes(b"y" * 20_000)  # over the limit at once: dropped, not queued
         assert overflows == [1] and link.closed
-        with pytest.raises(ConnectionResetError):
+        with pytest.raises(LinkLost):
             await link.drain()
         with pytest.raises(ChannelClosed):
             await asyncio.wait_for(agent_end.read(), WAIT)

@@ -26,7 +26,7 @@ from tests.hostfakes import FakeExperiment, make_session
 from tests.test_payloads import _Link
 from vmr_handler.agent.machine.kpi import READINGS, KpiSampler, PsutilProbe, check_interval
 from vmr_handler.core.clock import FakeClock
-from vmr_handler.core.errors import PayloadError, UsageError
+from vmr_handler.core.errors import PayloadError, SavedStateError, UsageError
 from vmr_handler.core.events import Event, EventType, describe
 from vmr_handler.core.payloads import KPI_NET_FIELDS, MAX_KPI_INTERFACES, Kpi, parse_payload
 from vmr_handler.core.readable import kpi_brief, kpi_text, size
@@ -363,7 +363,7 @@ def test_the_host_keeps_the_latest_sample_and_a_bounded_series() -> None:
     third.restore(older)
     assert third.kpi is None and not third.kpi_history
     for bad in ({"kpi": [1]}, {"kpi_history": "x"}, {"kpi_history": [[1, 2]]}, {"kpi_history": [["a"] * 8]}):
-        with pytest.raises(ValueError, match="bad kpi or kpi_history"):
+        with pytest.raises(SavedStateError, match="bad kpi or kpi_history"):
             _state().restore(dict(state.snapshot(), **bad))
 
 

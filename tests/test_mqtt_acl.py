@@ -31,6 +31,7 @@ import yaml
 from paho.mqtt.enums import CallbackAPIVersion
 
 from tests.broker import Broker, free_port
+from vmr_handler.core.errors import InvalidArgument
 from vmr_handler.host.cli.mqtt_config import _files as mqttfiles
 from vmr_handler.host.cli.mqtt_config import _tls as mqtttls
 from vmr_handler.transports.mqtt import topics
@@ -507,7 +508,7 @@ def test_hashlib_hash_equals_mosquitto_passwd(tmp_path: Path) -> None:
     _, iterations, salt, _ = made.split(":", 1)[1].split("$")[1:]
     assert made == "u:" + mqttfiles.hash_password("pa ss!w0rd", base64.b64decode(salt), int(iterations))
     for bad in ({"u": "pass:word"}, {"u": "two\nlines"}, {"u:x": "pw"}):
-        with pytest.raises(ValueError, match="line break in a password-file entry"):
+        with pytest.raises(InvalidArgument, match="line break in a password-file entry"):
             mqttfiles.render_passwd(bad, tool=MOSQUITTO_PASSWD)
 
 

@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from vmr_handler.core.errors import InvalidArgument
 from vmr_handler.core.events import Event
 from vmr_handler.core.wire import protocol as P
 from vmr_handler.core.wire.signing import (
@@ -255,9 +256,9 @@ def test_an_unusable_memory_file_is_named(tmp_path: Path, content: bytes) -> Non
 
 
 def test_bad_limits() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidArgument):
         verifier(max_age=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidArgument):
         verifier(max_ids=0)
 
 

@@ -18,7 +18,7 @@ from typing import AsyncIterator, Awaitable, Callable, Dict, Iterator, List, Tup
 import pytest
 
 from tests.broker import Broker
-from vmr_handler.core.errors import ChannelClosed
+from vmr_handler.core.errors import ChannelClosed, InvalidArgument
 from vmr_handler.transports.base import ByteChannel
 from vmr_handler.transports.memory import memory_pair
 from vmr_handler.transports.mqtt.bridge import PahoBridge
@@ -288,7 +288,7 @@ def test_memory_pair_holds_writes_back_at_its_limit_and_reads_what_is_left_after
             await host.read()
         with pytest.raises(ChannelClosed):
             await host.write(b"to nobody")
-        with pytest.raises(ValueError):
+        with pytest.raises(InvalidArgument):
             memory_pair(limit=0)
 
     asyncio.run(main())
