@@ -468,7 +468,7 @@ def test_acks_wait_for_the_fsync_of_what_they_acknowledge(tmp_path, monkeypatch,
 
 
 def test_readable_logs_of_many_vms_share_a_bounded_number_of_open_files(tmp_path):
-    # 10 000 VMs held 20 000 log files open: the readable .log now goes through a
+    # 10 000 VMs must not hold 20 000 log files open: the readable .log goes through a
     # pool of at most `limit` open files; every line still lands in its own VM's file, in order
     from vmr_handler.host.logs.appendfiles import AppendFiles
 
