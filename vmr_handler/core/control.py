@@ -70,7 +70,8 @@ class ControlServer:
 
     Args:
         state_dir: where the socket lives.
-        handlers: ``{"status": fn, "resume": fn}``; each takes the request dict and returns a result dict.
+        handlers: ``{"status": fn, "resume": fn}``; each takes the request dict and returns a result
+            dict, or raises ``RequestRefused`` (answered ``{"status": "error", "details": why}``).
         path: the socket's path instead of ``<state_dir>/control.sock`` (``vmr-host`` uses
             ``<logs>/vmr-host.sock``).
     """
@@ -115,7 +116,10 @@ class ControlServer:
         try:
             line = await asyncio.wait_for(reader.readline(), 10)
             try:
-                request = json.loads(line.decode("utf-8"))
+                try:
+                    request = json.loads(line.decode("utf-8"))
+                except json.JSONDecodeError as exc:
+                    raise RequestRefused(str(exc)) from exc
                 if not isinstance(request, dict):
                     raise RequestRefused("request must be a JSON object")
                 handler = self._handlers.get(str(request.get("cmd")))
@@ -124,7 +128,7 @@ class ControlServer:
                         f"unknown command {request.get('cmd')!r}; known: {sorted(self._handlers)}"
                     )
                 reply: Dict[str, Any] = {"status": "success", "result": handler(request)}
-            except (ValueError, UnicodeDecodeError) as exc:
+            except (RequestRefused, UnicodeDecodeError) as exc:  # a refused request; anything else is a bug
                 reply = {"status": "error", "details": str(exc)}
             writer.write(json.dumps(json_safe(reply)).encode() + b"\n")
             await writer.drain()

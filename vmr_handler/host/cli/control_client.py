@@ -53,25 +53,20 @@ def add_status(status: argparse.ArgumentParser) -> None:
 
 
 def add_resume(resume: argparse.ArgumentParser) -> None:
-    """``resume (VM... | --all) [--force] [--dry-run] [--logs DIR] [--json]``."""
-    resume.add_argument("vms", nargs="*", metavar="VM")
-    resume.add_argument("--all", action="store_true", help="every VM")
-    resume.add_argument("--force", "--yes", dest="force", action="store_true",
-                        help="send it also to VMs not at a break (ends their next break early)")  # fmt: skip
-    resume.add_argument("--dry-run", action="store_true", help="say whom it would reach; send nothing")
+    """``resume (VM... | --all) [--force] [--dry-run] [--logs DIR] [--json]``: the request's
+    fields as declared (:mod:`vmr_handler.host.control.commands`), then the CLI's own."""
+    from vmr_handler.host.control.commands import COMMANDS, add_arguments
+
+    add_arguments(resume, COMMANDS["resume"])
     add_logs(resume)
     resume.add_argument("--json", action="store_true")
 
 
 def add_release(release: argparse.ArgumentParser) -> None:
-    """``release [--exclude VM...] [--logs DIR] [--json]``."""
-    release.add_argument(
-        "--exclude",
-        nargs="+",
-        default=[],
-        metavar="VM",
-        help="drop these VMs from the barrier (without: start without everyone still missing)",
-    )
+    """``release [--exclude VM...] [--logs DIR] [--json]``: the request's fields as declared."""
+    from vmr_handler.host.control.commands import COMMANDS, add_arguments
+
+    add_arguments(release, COMMANDS["release"])
     add_logs(release)
     release.add_argument("--json", action="store_true")
 
@@ -97,29 +92,28 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _payload(cmd: ClientCommand) -> Dict[str, Any]:
-    """The control request of ``cmd`` (``docs/host.md``).
+    """The control request of ``cmd``, made from its declaration
+    (:func:`vmr_handler.host.control.commands.request_of`).
 
     Raises:
-        ValueError: ``resume`` without VMs and without ``--all``, or with both.
+        UsageError: ``resume`` without VMs and without ``--all``, or with both.
     """
-    if cmd.command == "status":
-        return {"cmd": "status"}
-    if cmd.command == "resume":
-        if bool(cmd.vms) == bool(cmd.all):
-            raise ValueError("resume needs VM names or --all (not both)")
-        whom: Dict[str, Any] = {"all": True} if cmd.all else {"vms": list(cmd.vms)}
-        return {"cmd": "resume", **whom, "force": cmd.force, "dry_run": cmd.dry_run}
-    return {"cmd": "release", "exclude": list(cmd.exclude)}
+    from vmr_handler.core.errors import UsageError
+    from vmr_handler.host.control.commands import COMMANDS, request_of
+
+    if cmd.command == "resume" and bool(cmd.vms) == bool(cmd.all):
+        raise UsageError("resume needs VM names or --all (not both)")
+    return request_of(COMMANDS[cmd.command], cmd._asdict())
 
 
 def run_client(cmd: ClientCommand) -> int:
     """Send ``cmd`` to the running ``vmr-host serve`` (``<logs>/vmr-host.sock``) and print the
     answer (JSON with ``--json``). Returns the exit code; errors are printed on stderr."""
-    from vmr_handler.core.errors import ControlError
+    from vmr_handler.core.errors import ControlError, UsageError
 
     try:
         payload = _payload(cmd)
-    except ValueError as exc:
+    except UsageError as exc:
         print(f"vmr-host: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:

@@ -31,6 +31,7 @@ from vmr_handler.host.console.live import LiveExperiment
 from vmr_handler.host.console.openapi import openapi_document
 from vmr_handler.host.console.stream import KEEPALIVE, sse
 from vmr_handler.host.console.views import vm_detail
+from vmr_handler.host.control.commands import rest_commands
 from vmr_handler.host.report.render import timeline_fragment
 from vmr_handler.host.serve.config import ConsoleOptions
 from vmr_handler.host.serve.control_api import ControlApi
@@ -107,8 +108,7 @@ class Console:
                 get("/api/v1/vms/{vm}/kpi", self.kpi),
                 get("/api/v1/timeline", self.timeline),
                 get("/api/v1/stream", self.stream),
-                post("/api/v1/resume", self.resume),
-                post("/api/v1/release", self.release),
+                *(post(str(c.rest), self._command(c.name)) for c in rest_commands()),
                 get("/metrics", self.metrics),
             ]
         )
@@ -331,13 +331,15 @@ class Console:
             raise ValueError("the body must be a JSON object")
         return body
 
-    async def resume(self, request: web.Request) -> web.StreamResponse:
-        """A RESUME, with the CLI's rules (``vms`` or ``all``, ``force``, ``dry_run``)."""
-        return await self._write(request, "resume", self.control.resume)
+    def _command(self, name: str) -> Handler:
+        """The route of control command ``name`` (``POST`` its declared ``rest`` path,
+        :mod:`vmr_handler.host.control.commands`): the body is the request, checked and answered
+        as the control socket does (e.g. ``resume``: ``vms`` or ``all``, ``force``, ``dry_run``)."""
 
-    async def release(self, request: web.Request) -> web.StreamResponse:
-        """Start without the missing VMs (``exclude``: [] = every VM still missing)."""
-        return await self._write(request, "release", self.control.release)
+        async def write(request: web.Request) -> web.StreamResponse:
+            return await self._write(request, name, self.control.handlers()[name])
+
+        return write
 
     async def _write(
         self, request: web.Request, what: str, act: Callable[[Dict[str, Any]], Dict[str, Any]]

@@ -4,9 +4,10 @@ operators can generate a client or read it in any OpenAPI viewer."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, Sequence, Tuple
 
 from vmr_handler import __version__
+from vmr_handler.host.control.commands import answer_schema, request_schema, rest_commands, schema_name
 
 _VM = {"name": "vm", "in": "path", "required": True, "schema": {"type": "string"}, "description": "VM name"}
 _ERROR = {
@@ -118,15 +119,21 @@ _SCHEMAS: Dict[str, Any] = {
         more={"type": "boolean"},
     ),
     "Kpi": _obj(vm=_STR, latest={"type": "object", "nullable": True}, series={"type": "object"}),
-    "ResumeRequest": _obj(
-        vms=_STRS, all={"type": "boolean"}, force={"type": "boolean"}, dry_run={"type": "boolean"}
-    ),
-    "ResumeAnswer": _obj(
-        id=_STR, at=_NUM, targets=_STRS, sent_now=_STRS, pending=_STRS, at_break={"type": "object"}
-    ),
-    "ReleaseRequest": _obj(exclude=_STRS),
-    "ReleaseAnswer": _obj(start_time=_NUM_NULL, waiting_for=_STRS, excluded=_STRS, released=_STRS),
+    # the control commands' requests and answers: from their declarations (_commands())
 }
+
+
+def _commands() -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """The paths and schemas of the control commands the console serves, from their
+    declarations (:mod:`vmr_handler.host.control.commands`): ``POST`` the route, the request
+    ``<Name>Request`` and the answer ``<Name>Answer``."""
+    paths, schemas = {}, {}
+    for command in rest_commands():
+        name = schema_name(command)
+        paths[str(command.rest)] = _post(command.summary, f"{name}Request", f"{name}Answer")
+        schemas[f"{name}Request"] = request_schema(command)
+        schemas[f"{name}Answer"] = answer_schema(command)
+    return paths, schemas
 
 
 def openapi_document() -> Dict[str, Any]:
@@ -139,11 +146,12 @@ def openapi_document() -> Dict[str, Any]:
         _q("entry", "integer", "keep the records of this entry index only"),
         _q("tail", "integer", "the last N matching records instead of the first"),
     ]
+    command_paths, command_schemas = _commands()
     return {
         "openapi": "3.0.3",
         "info": {"title": "vmr-host console", "version": __version__, "description": "docs/console.md"},
         "components": {
-            "schemas": _SCHEMAS,
+            "schemas": {**_SCHEMAS, **command_schemas},
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
         "security": [{"bearer": []}],
@@ -168,12 +176,7 @@ def openapi_document() -> Dict[str, Any]:
             "/api/v1/stream": _get(
                 "Server-Sent Events: experiment, vm, vm_event, lagged", "", media="text/event-stream"
             ),
-            "/api/v1/resume": _post(
-                "send a RESUME (same rules as vmr-host resume)", "ResumeRequest", "ResumeAnswer"
-            ),
-            "/api/v1/release": _post(
-                "start without missing VMs (same as vmr-host release)", "ReleaseRequest", "ReleaseAnswer"
-            ),
+            **command_paths,
             "/metrics": _get("Prometheus text exposition", "", media="text/plain"),
         },
     }

@@ -12,9 +12,11 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from vmr_handler import __version__
 from vmr_handler.core.control import Handler
+from vmr_handler.core.errors import RequestRefused
 from vmr_handler.core.readable import few_names
 from vmr_handler.core.schedule.appended import read_batch
 from vmr_handler.core.schedule.model import entry_drops
+from vmr_handler.host.control.commands import COMMANDS, ControlCommand, validate
 from vmr_handler.host.serve.experiment.appendbook import issue_batch
 from vmr_handler.host.serve.experiment.experiment import Experiment
 
@@ -44,13 +46,22 @@ class ControlApi:
         self.resource_info = resource_info
 
     def handlers(self) -> Dict[str, Handler]:
-        """Command name -> its handler."""
-        return {
-            "status": self.status,
-            "resume": self.resume,
-            "release": self.release,
-            "schedule_add": self.schedule_add,
-        }
+        """Command name -> its handler: the method of that name of every command declared in
+        :data:`vmr_handler.host.control.commands.COMMANDS`, the request validated against the
+        declaration first (an unknown field or one of the wrong kind refused, defaults filled)."""
+
+        def checked(command: ControlCommand) -> Handler:
+            answer: Handler = getattr(self, command.name)
+
+            def handler(request: Dict[str, Any]) -> Dict[str, Any]:
+                try:
+                    return answer(validate(command, request))
+                except command.refusals as exc:  # declared: the socket answers them as refused
+                    raise RequestRefused(str(exc)) from exc
+
+            return handler
+
+        return {name: checked(command) for name, command in COMMANDS.items()}
 
     def schedule_add(self, request: Dict[str, Any]) -> Dict[str, Any]:
         """``schedule_add`` ``{"vms": [...] | "all": true, "path", "sha256"}``: append the entries
