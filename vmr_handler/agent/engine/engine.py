@@ -130,7 +130,12 @@ class Engine:
     ) -> None:
         self.config = config
         self.state = state = EngineState(
-            schedule, config, journal, clock, processes, hold_of(sink, clock, config.report_hold)
+            schedule=schedule,
+            config=config,
+            journal=journal,
+            clock=clock,
+            processes=processes,
+            reports=hold_of(sink, clock, config.report_hold),
         )
         #: Set once the reference clock can be trusted (at once in local mode; after the first
         #: clock sync with the host otherwise): positive time waits for it.
