@@ -35,7 +35,7 @@ from vmr_handler.host.logs.appendfiles import AppendFiles
 from vmr_handler.host.logs.logsdir import control_socket_path, write_index
 from vmr_handler.host.logs.store import VmLog
 from vmr_handler.host.serve._fdlimit import ensure_fd_limit, fd_needs, readable_pool
-from vmr_handler.host.serve.channels.factory import Channels, channel_mode
+from vmr_handler.host.serve.channels.factory import Channels, broker_publisher, channel_mode
 from vmr_handler.host.serve.config import HostConfig, VmSpec
 from vmr_handler.host.serve.control_api import ControlApi
 from vmr_handler.host.serve.experiment.appendbook import AppendBook
@@ -101,7 +101,9 @@ class HostServer:
             self.resources,
             self.events,
         )  # on_host entries, reached by the sessions through the experiment
-        self.experiment = Experiment(config, self.sessions, self.clock, appends, self.host_entries)
+        self.experiment = Experiment(
+            config, self.sessions, self.clock, appends, self.host_entries, broker_publisher(config)
+        )
         self.channels = channels(config, self.experiment)
         self.http: Optional[ResourceHttp] = None  # with --http
         self._opened = False

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 from vmr_handler.host.serve.channels.streams import StreamChannels
 from vmr_handler.host.serve.config import HostConfig
-from vmr_handler.host.serve.experiment.experiment import Experiment
+from vmr_handler.host.serve.experiment.experiment import Experiment, Publisher
 
 log = logging.getLogger("vmr_handler.host")
 
@@ -48,6 +48,22 @@ def channel_mode(config: HostConfig) -> str:
     return "connect" if config.connect else "listen"
 
 
+def broker_publisher(config: HostConfig) -> Optional[Callable[[Experiment], Publisher]]:
+    """What makes the experiment's :class:`~vmr_handler.host.serve.experiment.experiment.Publisher`:
+    in mqtt mode its broker service (made with the experiment, served by :class:`BrokerChannels`),
+    else None."""
+    options = config.mqtt
+    if options is None:
+        return None
+
+    def make(experiment: Experiment) -> Publisher:
+        from vmr_handler.host.serve.channels.mqtt import MqttService
+
+        return MqttService(experiment, options, config.host_id, clock=experiment.clock)
+
+    return make
+
+
 def open_channels(config: HostConfig, experiment: Experiment) -> Channels:
     """The channels of ``config``'s mode for the VMs of ``experiment.sessions``."""
     if config.mqtt is not None:
@@ -57,16 +73,21 @@ def open_channels(config: HostConfig, experiment: Experiment) -> Channels:
 
 class BrokerChannels:
     """Every VM over one broker connection (:class:`vmr_handler.host.serve.channels.mqtt.MqttService`, which
-    talks to ``experiment`` for the start and the peer hosts; set as its publisher).
+    talks to ``experiment`` for the start and the peer hosts: its publisher, made with it by
+    :func:`broker_publisher`).
 
     Args:
         config: with ``mqtt`` set (the broker options) and ``host_id``.
-        experiment: the experiment and the VMs' sessions.
+        experiment: the experiment and the VMs' sessions, made with its broker publisher.
     """
 
     def __init__(self, config: HostConfig, experiment: Experiment) -> None:
+        from vmr_handler.host.serve.channels.mqtt import MqttService
+
+        assert isinstance(experiment.mqtt, MqttService), "made without broker_publisher(config)"
         self.config = config
         self.experiment = experiment
+        self.service = experiment.mqtt
         self.fatal: Optional[str] = None
         self._task: Optional[asyncio.Task[None]] = None
 
@@ -84,13 +105,7 @@ class BrokerChannels:
     async def start(self, stop: asyncio.Event) -> None:
         """Connect to the broker in the background; if that fails for good, log, set
         :attr:`fatal` and ``stop``."""
-        from vmr_handler.host.serve.channels.mqtt import MqttService
-
-        assert self.config.mqtt is not None
-        x = self.experiment
-        service = MqttService(x, self.config.mqtt, self.config.host_id, clock=x.clock)
-        self.experiment.mqtt = service
-        self._task = asyncio.ensure_future(self._watch(service.run(), stop))
+        self._task = asyncio.ensure_future(self._watch(self.service.run(), stop))
 
     async def close(self) -> None:
         """Cancel the broker connection."""

@@ -155,6 +155,9 @@ class Experiment(HostEntryPort):
         appends: the batches appended to running VMs (default: those kept in ``config.logs``).
         host_entries: the on_host entry runner the sessions reach through :meth:`host_entry`
             (None: this host runs none).
+        publisher: makes, from this experiment, where a split experiment's news go beyond its
+            sessions (:attr:`mqtt`: the broker's service in mqtt mode,
+            :func:`vmr_handler.host.serve.channels.factory.broker_publisher`); None: nowhere.
     """
 
     def __init__(
@@ -164,6 +167,7 @@ class Experiment(HostEntryPort):
         clock: Optional[Clock] = None,
         appends: Optional[AppendBook] = None,
         host_entries: Optional[HostEntryRunner] = None,
+        publisher: Optional[Callable[[Experiment], Publisher]] = None,
     ) -> None:
         self.config = config
         self.sessions = sessions
@@ -183,7 +187,6 @@ class Experiment(HostEntryPort):
         self.loading = False
         #: VMs that failed / completed, for the running counts of the log
         self.outcomes: Dict[str, Set[str]] = {}
-        self.mqtt: Optional[Publisher] = None  # the MqttService in mqtt mode
         #: this host's run id: new with new logs, kept in experiment.json
         self.run_id: str = new_run_id()
         #: called with ``(vm, new reports, host UTC received)`` after a VM's reports are stored
@@ -193,6 +196,8 @@ class Experiment(HostEntryPort):
         self.coordinator_run: Optional[str] = None
         self._stale_noted: Set[Tuple[str, Optional[str]]] = set()  # (peer, run) said ignored
         self._debounced = Debouncer(self.clock)  # experiment.json saves and announcements, per burst
+        #: the MqttService in mqtt mode (made last: it talks back to this experiment)
+        self.mqtt: Optional[Publisher] = publisher(self) if publisher is not None else None
 
     @property
     def kpi_interval(self) -> float:
