@@ -329,3 +329,64 @@ def test_event_times_follow_the_host_clock(tmp_path: Path, offset: float) -> Non
     run(host.clock.advance(offset))
     ev = host.sessions["vm1"].events.make("heartbeat", {})
     assert ev.timestamp == T0 + offset
+
+
+# ---------------------------------------------------------------------------- the server's ticker
+def test_the_server_ticks_its_sessions_on_its_clock(tmp_path: Path) -> None:
+    """``HostServer`` hands its clock to the experiment and the sessions; its ticker wakes every
+    ``min(1, heartbeat / 2, silent_after / 2)`` s of that clock: a heartbeat at the first tick
+    after ``heartbeat`` s of send silence, the peer silent at the first tick after
+    ``silent_after`` s without a frame."""
+    from vmr_handler.host.serve.server import HostServer
+
+    clock = FakeClock(T0)
+    limits = Limits(heartbeat=4.0, silent_after=10.0)  # ticks every second
+    spec = VmSpec("vm1", str(tmp_path / "vm1.yaml"), SCHEDULE, hashlib.sha256(SCHEDULE).hexdigest(), "yaml")
+    config = HostConfig(
+        vms={"vm1": spec},
+        expected=frozenset({"vm1"}),
+        logs=str(tmp_path),
+        channels=str(tmp_path),
+        limits=limits,
+    )
+    server = HostServer(config, lambda config, experiment: None, clock=clock)  # type: ignore[arg-type,return-value]
+    assert server.experiment.clock is clock and server.events.clock is clock
+    vmlog = VmLog(str(tmp_path), "vm1", limits.log_quota)
+    transfers = TransferStore(str(tmp_path), "vm1", limits.transfer_file, limits.transfer_total)
+    session = VmSession(
+        spec,
+        True,
+        limits,
+        vmlog,
+        transfers,
+        server.resources,
+        server.experiment,
+        server.events,
+        {},
+        clock=clock,
+    )
+    transfers.open()
+    vmlog.open(replay=session.apply)
+    server.sessions["vm1"] = session
+    link = KeptLink()
+
+    async def main() -> None:
+        ticker = asyncio.ensure_future(server._ticker())
+        try:
+            await clock.advance(0)
+            assert session.attach(link, clock.time())
+            await clock.advance(3.5)  # ticks at T0+1, +2, +3
+            assert "heartbeat" not in link.types()
+            await clock.advance(0.5)  # the tick at T0+4
+            beats = [now for now, ev in link.events() if ev.type == "heartbeat"]
+            assert beats == [T0 + 4.0] and not session.silent
+            await clock.advance(5.5)
+            assert not session.silent
+            await clock.advance(0.5)  # the tick at T0+10
+            assert session.silent
+            assert [now for now, ev in link.events() if ev.type == "heartbeat"] == [T0 + 4.0, T0 + 8.0]
+        finally:
+            ticker.cancel()
+            await asyncio.gather(ticker, return_exceptions=True)
+
+    run(main())
