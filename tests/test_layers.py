@@ -6,6 +6,8 @@ graph library grimp see every import, lazy ones inside functions included.
 
 from __future__ import annotations
 
+import ast
+import builtins
 import importlib
 import inspect
 import pkgutil
@@ -61,6 +63,49 @@ def test_every_public_exception_derives_from_vmr_error() -> None:
             if obj.__module__.startswith("vmr_handler") and not issubclass(obj, VmrError):
                 outside.append(f"{obj.__module__}.{attr}")
     assert not outside, f"exceptions outside VmrError: {sorted(set(outside))}"
+
+
+#: Builtin exceptions the package may raise itself: the ends of abstract methods and the exit
+#: codes of ``python -m``. argparse's own ``ArgumentTypeError`` (in ``type=`` functions) is not
+#: a builtin, so it passes; every other error raised on purpose is a VmrError subclass (a
+#: subclass may also be a ValueError or an OSError where callers rely on that).
+BUILTINS_ALLOWED = {"NotImplementedError", "SystemExit"}
+BUILTIN_EXCEPTIONS = {
+    name
+    for name, obj in vars(builtins).items()
+    if inspect.isclass(obj) and issubclass(obj, BaseException) and name not in BUILTINS_ALLOWED
+}
+
+
+def _raised_name(node: ast.Raise) -> str:
+    exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+    return exc.id if isinstance(exc, ast.Name) else ""
+
+
+def test_every_error_raised_on_purpose_derives_from_vmr_error() -> None:
+    """No ``raise ValueError(...)`` (or any builtin exception) in the package: errors raised on
+    purpose are VmrError subclasses; re-raising a caught exception (``raise``, ``raise exc``)
+    is fine."""
+    package = REPO / "vmr_handler"
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Raise) and node.exc is not None:
+                name = _raised_name(node)
+                if name in BUILTIN_EXCEPTIONS:
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno}: raise {name}")
+    assert not found, "builtin exceptions raised on purpose (use a VmrError subclass):\n" + "\n".join(found)
+
+
+def test_the_error_tree_names_every_error() -> None:
+    import re
+
+    from vmr_handler.core import errors
+
+    drawn = set(re.findall(r"\+-- (\w+)", errors.__doc__ or ""))
+    classes = {n for n, c in vars(errors).items() if inspect.isclass(c) and issubclass(c, VmrError)}
+    assert classes - {"VmrError"} == drawn
 
 
 # The packages whose __init__ re-exports names of their modules; every other __init__ is a

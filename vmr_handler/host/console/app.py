@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional
 
 from aiohttp import web
 
-from vmr_handler.core.errors import HostSetupError
+from vmr_handler.core.errors import HostSetupError, RequestRefused
 from vmr_handler.core.fsutil import atomic_write
 from vmr_handler.host.console.auth import is_loopback, load_token, refusal
 from vmr_handler.host.console.events import EventQuery, page
@@ -326,9 +326,9 @@ class Console:
         try:
             body = await request.json()
         except (ValueError, UnicodeDecodeError) as exc:
-            raise ValueError(f"the body is not JSON: {exc}") from exc
+            raise RequestRefused(f"the body is not JSON: {exc}") from exc
         if not isinstance(body, dict):
-            raise ValueError("the body must be a JSON object")
+            raise RequestRefused("the body must be a JSON object")
         return body
 
     def _command(self, name: str) -> Handler:

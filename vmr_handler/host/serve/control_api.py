@@ -1,7 +1,8 @@
 """The requests ``vmr-host status|resume|release`` send to the control socket
 ``<logs>/vmr-host.sock`` (:class:`~vmr_handler.core.control.ControlServer`): one handler per
 command (:meth:`ControlApi.handlers`), each taking the request dict and returning the answer
-dict; a ``ValueError`` becomes the error answer.
+dict; a :class:`~vmr_handler.core.errors.RequestRefused`, or a refusal the command declares,
+becomes the error answer.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class ControlApi:
         VMs' running schedules (:mod:`vmr_handler.host.serve.experiment.appendbook`).
 
         Raises:
-            ValueError: bad targets; the file cannot be read, changed since the CLI read it, is
+            RequestRefused: bad targets; the file cannot be read, changed since the CLI read it, is
                 too big, or is not a valid schedule (the loader's message, naming the entry and
                 field); ``ResourcesMissing``: a ``filename`` drop the host does not have (every
                 such file, with the VMs and entries that need it). Nothing is appended.
@@ -78,7 +79,7 @@ class ControlApi:
         path = str(request.get("path"))
         raw, batch = read_batch(path, self.experiment.config.allow_classes)
         if hashlib.sha256(raw).hexdigest() != request.get("sha256"):
-            raise ValueError(f"{path} changed since it was read; run the command again")
+            raise RequestRefused(f"{path} changed since it was read; run the command again")
         drops = entry_drops(batch.entries)
         resources = self.resource_info(targets, drops) if self.resource_info else {vm: {} for vm in targets}
         x = self.experiment
@@ -88,7 +89,7 @@ class ControlApi:
                 x.clock.time(),
             )  # fmt: skip
         except OSError as exc:
-            raise ValueError(f"cannot keep the batch in {x.config.logs}: {exc}") from exc
+            raise RequestRefused(f"cannot keep the batch in {x.config.logs}: {exc}") from exc
         pending = [vm for vm in targets if vm not in sent]
         return {"id": record.id, "entries": len(batch.entries), "targets": targets, "sent_now": sent,
                 "pending": pending}  # fmt: skip
@@ -97,11 +98,11 @@ class ControlApi:
         """The VMs of ``{"vms": [...]}`` or ``{"all": true}``.
 
         Raises:
-            ValueError: neither or both, or an unknown VM.
+            RequestRefused: neither or both, or an unknown VM.
         """
         everyone = request.get("all") is True
         if everyone == ("vms" in request and request["vms"] not in (None, [])):
-            raise ValueError(f"{what} needs VM names or all (not both)")
+            raise RequestRefused(f"{what} needs VM names or all (not both)")
         return sorted(self.experiment.sessions) if everyone else self._names(request.get("vms"), "vms")
 
     def status(self, request: Dict[str, Any]) -> Dict[str, Any]:
@@ -127,10 +128,11 @@ class ControlApi:
     def _names(self, value: Any, what: str) -> List[str]:
         sessions = self.experiment.sessions
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ValueError(f"'{what}' must be a list of VM names")
+            raise RequestRefused(f"'{what}' must be a list of VM names")
         unknown = sorted(set(value) - set(sessions))
         if unknown:
-            raise ValueError(f"unknown VM(s): {', '.join(unknown)} (served: {', '.join(sorted(sessions))})")
+            served = ", ".join(sorted(sessions))
+            raise RequestRefused(f"unknown VM(s): {', '.join(unknown)} (served: {served})")
         return list(dict.fromkeys(value))
 
     def resume(self, request: Dict[str, Any]) -> Dict[str, Any]:
@@ -144,7 +146,7 @@ class ControlApi:
         real RESUME. A request without ``force`` is sent whatever the VMs' state.
 
         Raises:
-            ValueError: neither or both of ``vms``/``all``, an unknown VM, or (``force`` false)
+            RequestRefused: neither or both of ``vms``/``all``, an unknown VM, or (``force`` false)
                 a VM not at a break.
         """
         targets = self._targets(request, "resume")
@@ -155,7 +157,7 @@ class ControlApi:
         if request.get("dry_run") is True:
             return {"dry_run": True, "targets": targets, "at_break": at_break, "not_at_break": not_at_break}
         if not_at_break and request.get("force", True) is False:
-            raise ValueError(
+            raise RequestRefused(
                 f"not at a break: {few_names(not_at_break)}; a RESUME now would end their next break as soon "
                 "as it comes. Send it anyway with --force (or --yes); see whom it reaches with --dry-run"
             )
@@ -174,12 +176,13 @@ class ControlApi:
         VM still missing when the list is empty).
 
         Raises:
-            ValueError: this host is a member, the start is already set, or a name is not an
+            RequestRefused: ``exclude`` is not a list of names.
+            BarrierError: this host is a member, the start is already set, or a name is not an
                 expected VM.
         """
         exclude = request.get("exclude") or []
         if not isinstance(exclude, list) or not all(isinstance(v, str) for v in exclude):
-            raise ValueError("'exclude' must be a list of VM names")
+            raise RequestRefused("'exclude' must be a list of VM names")
         self.experiment.release(exclude)
         b = self.experiment.barrier
         return {

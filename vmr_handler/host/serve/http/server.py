@@ -72,7 +72,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from vmr_handler import __version__
-from vmr_handler.core.errors import HostSetupError, ResourceMissing, ResourceRefused
+from vmr_handler.core.errors import HostSetupError, RangeNotSatisfiable, ResourceMissing, ResourceRefused
 from vmr_handler.host.serve.config import HttpOptions, VmSpec
 from vmr_handler.host.serve.files.resources import ResourceStore
 from vmr_handler.host.serve.files.transfers import TransferStore
@@ -96,7 +96,7 @@ def parse_range(header: Optional[str], size: int) -> Optional[Tuple[int, int]]:
     ranges, a suffix range, malformed).
 
     Raises:
-        ValueError: a single range starting at or past the end (answer 416).
+        RangeNotSatisfiable: a single range starting at or past the end (answer 416).
     """
     if not header or not header.startswith("bytes=") or "," in header:
         return None
@@ -106,7 +106,7 @@ def parse_range(header: Optional[str], size: int) -> Optional[Tuple[int, int]]:
     start = int(first)
     end = min(int(last), size - 1) if last else size - 1
     if start >= size:
-        raise ValueError(f"range start {start} is not before the end of the file ({size} bytes)")
+        raise RangeNotSatisfiable(f"range start {start} is not before the end of the file ({size} bytes)")
     if end < start:
         return None
     return start, end
@@ -349,7 +349,7 @@ class ResourceHttp(UploadRequests):
         header = h.headers.get("Range")
         try:
             rng = parse_range(header, size)
-        except ValueError as exc:
+        except RangeNotSatisfiable as exc:
             self.refusals_of(vm, f"{h.command} {name!r} Range {header!r}: 416 ({exc})")
             self._answer(h, 416, str(exc), {"Content-Range": f"bytes */{size}"})
             return
