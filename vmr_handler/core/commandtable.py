@@ -5,9 +5,9 @@ Each CLI (``vmr-handler``: :mod:`vmr_handler.agent.cli.commandline`, ``vmr-host`
 its one-line summary (what ``--help`` lists), where its arguments are added and where it runs,
 as ``"module:function"`` text. Help, shell completion and dispatch all read the table:
 
-* :func:`build_parser` registers every command with its summary, but imports and fills only the
-  parser of the command being run (or all of them, for completion and tests), so running one
-  command imports only that command's module and what it needs;
+* :func:`build_parser` makes only the parser of the command being run (every command, with its
+  summary, for the help; all of them with their arguments for completion and tests), so
+  running one command imports only that command's module and what it needs;
 * :func:`command_word` finds that command in the words (the global flags take no value);
 * :func:`resolve` imports a ``"module:function"``.
 
@@ -18,7 +18,7 @@ Imports only ``importlib`` (and ``argparse`` types for the checker): the lean co
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 if TYPE_CHECKING:  # the parser is built only when a command is parsed (``plan --json`` skips it)
     import argparse
@@ -27,8 +27,9 @@ if TYPE_CHECKING:  # the parser is built only when a command is parsed (``plan -
 ALL = "*"
 
 
-class Command(NamedTuple):
-    """One row of a command table.
+class Command:
+    """One row of a command table (a plain class: a ``NamedTuple`` costs the lean commands
+    about a millisecond to define).
 
     Attributes:
         summary: the line ``--help`` lists the command with.
@@ -39,11 +40,16 @@ class Command(NamedTuple):
             (``args.rest``, None without ``--``): ``vmr-host exec VM -- CMD ARG``.
     """
 
-    summary: str
-    arguments: str
-    run: str
-    lean: bool = False
-    rest: bool = False
+    __slots__ = ("arguments", "lean", "rest", "run", "summary")
+
+    def __init__(
+        self, summary: str, arguments: str, run: str, lean: bool = False, rest: bool = False
+    ) -> None:
+        self.summary = summary
+        self.arguments = arguments
+        self.run = run
+        self.lean = lean
+        self.rest = rest
 
 
 def resolve(ref: str) -> Callable[..., Any]:
@@ -75,13 +81,46 @@ def completion_command(prog: str, run: str) -> Command:
     return Command(summary, "vmr_handler.core.completion:add_arguments", run, lean=True)
 
 
+def _terminal_columns() -> int:
+    """The terminal's width as ``shutil.get_terminal_size`` says it (``COLUMNS``, else the
+    terminal of stdout, else 80), without importing ``shutil`` (2-3 ms with its compressors)."""
+    import os
+    import sys
+
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns if columns > 0 else 80
+
+
+def formatter_class() -> Any:
+    """argparse's ``HelpFormatter`` given the terminal's width (:func:`_terminal_columns`):
+    argparse makes a formatter for every ``add_argument`` (to check ``nargs``), and the default
+    one imports ``shutil`` to ask the width, a cost the lean commands need not pay."""
+    import argparse
+
+    class Formatter(argparse.HelpFormatter):
+        def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                     width: Optional[int] = None) -> None:  # fmt: skip
+            width = _terminal_columns() - 2 if width is None else width
+            super().__init__(prog, indent_increment, max_help_position, width)
+
+    return Formatter
+
+
 def top_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """The parser of ``prog`` with the global flags both CLIs have: ``--version`` and ``-v``."""
     import argparse
 
     from vmr_handler import __version__
 
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser = argparse.ArgumentParser(prog=prog, description=description, formatter_class=formatter_class())
     parser.add_argument("--version", action="version", version=f"{prog} {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
@@ -90,12 +129,18 @@ def top_parser(prog: str, description: str) -> argparse.ArgumentParser:
 def build_parser(
     parser: argparse.ArgumentParser, table: Dict[str, Command], only: Optional[str]
 ) -> argparse.ArgumentParser:
-    """``parser`` (the global flags already added) with one sub-command per row of ``table``,
-    in the table's order; only the parser of command ``only`` (every one with :data:`ALL`, none
-    with None) gets its arguments, so only that command's module is imported."""
+    """``parser`` (the global flags already added) with the sub-commands of ``table``.
+
+    ``only`` names the command being run: its parser alone is made, with its arguments, so
+    only its module is imported and argparse builds one sub-parser, not one per command (its
+    help, usage and errors are the same). ``None`` (no command named: the help lists every
+    command with its summary) or :data:`ALL` (completion, tests) registers every command, in
+    the table's order, with the arguments of all of them only for :data:`ALL`.
+    """
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, command in table.items():
-        p = sub.add_parser(name, help=command.summary)
-        if only in (ALL, name):
-            resolve(command.arguments)(p)
+        if only in (None, ALL, name):
+            p = sub.add_parser(name, help=command.summary, formatter_class=parser.formatter_class)
+            if only in (ALL, name):
+                resolve(command.arguments)(p)
     return parser

@@ -24,7 +24,7 @@ Refusals: every request can be refused with :class:`~vmr_handler.core.errors.Req
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Tuple, Type
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple, Type
 
 from vmr_handler.core.errors import BarrierError, BatchError, RequestRefused, ResourcesMissing, VmrError
 
@@ -39,8 +39,8 @@ KINDS: Dict[str, Dict[str, Any]] = {
 }
 
 
-class Field(NamedTuple):
-    """One field of a request.
+class Field:
+    """One field of a request (plain classes here: the lean ``vmr-host resume`` imports them).
 
     Attributes:
         name: its key in the request (and the CLI's ``dest``).
@@ -53,16 +53,28 @@ class Field(NamedTuple):
         nargs: a ``names`` field's number of words on the command line.
     """
 
-    name: str
-    kind: str
-    default: Any
-    help: str = ""
-    flags: Optional[Tuple[str, ...]] = None
-    cli_default: Any = None
-    nargs: str = "*"
+    __slots__ = ("cli_default", "default", "flags", "help", "kind", "name", "nargs")
+
+    def __init__(
+        self,
+        name: str,
+        kind: str,
+        default: Any,
+        help: str = "",
+        flags: Optional[Tuple[str, ...]] = None,
+        cli_default: Any = None,
+        nargs: str = "*",
+    ) -> None:
+        self.name = name
+        self.kind = kind
+        self.default = default
+        self.help = help
+        self.flags = flags
+        self.cli_default = cli_default
+        self.nargs = nargs
 
 
-class ControlCommand(NamedTuple):
+class ControlCommand:
     """One control command.
 
     Attributes:
@@ -74,12 +86,23 @@ class ControlCommand(NamedTuple):
         rest: the console's ``POST`` route, None when the console does not serve it.
     """
 
-    name: str
-    summary: str
-    fields: Tuple[Field, ...] = ()
-    answer: Mapping[str, Dict[str, Any]] = {}
-    refusals: Tuple[Type[VmrError], ...] = ()
-    rest: Optional[str] = None
+    __slots__ = ("answer", "fields", "name", "refusals", "rest", "summary")
+
+    def __init__(
+        self,
+        name: str,
+        summary: str,
+        fields: Tuple[Field, ...] = (),
+        answer: Optional[Mapping[str, Dict[str, Any]]] = None,
+        refusals: Tuple[Type[VmrError], ...] = (),
+        rest: Optional[str] = None,
+    ) -> None:
+        self.name = name
+        self.summary = summary
+        self.fields = fields
+        self.answer: Mapping[str, Dict[str, Any]] = answer or {}
+        self.refusals = refusals
+        self.rest = rest
 
 
 _NAMES = KINDS["names"]
@@ -135,7 +158,7 @@ COMMANDS: Dict[str, ControlCommand] = {
             "append the entries of a schedule file on this host to the VMs' running schedules",
             (
                 Field("vms", "names", [], "the VMs (or all)"),
-                _ALL._replace(flags=None),
+                Field("all", "bool", False, "every VM"),
                 Field("path", "text", "", "the schedule file, on this host"),
                 Field("sha256", "text", "", "its sha256 as the client read it"),
             ),
