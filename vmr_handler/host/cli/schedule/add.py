@@ -22,6 +22,7 @@ from vmr_handler.core.errors import UsageError
 from vmr_handler.core.readable import few_names
 from vmr_handler.core.schedule.appended import read_batch
 from vmr_handler.host.cli.control_client import EXIT_OK
+from vmr_handler.host.control.commands import COMMANDS, validate
 from vmr_handler.host.logs.logsdir import control_socket_path
 
 
@@ -86,8 +87,9 @@ def request_add(logs: str, vms: List[str], everyone: bool, path: str) -> Dict[st
         raw, _batch = read_batch(path)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    payload = {"cmd": "schedule_add", "vms": vms, "all": everyone, "path": path,
-               "sha256": hashlib.sha256(raw).hexdigest()}  # fmt: skip
+    digest = hashlib.sha256(raw).hexdigest()
+    request = {"vms": vms, "all": everyone, "path": path, "sha256": digest}
+    payload = validate(COMMANDS["schedule_add"], request)  # the request as declared
     reply = request_at(control_socket_path(logs), payload)
     if reply.get("status") != "success":
         raise UsageError(str(reply.get("details")))
