@@ -355,3 +355,52 @@ def test_a_data_only_entry_reports_its_end_and_is_journaled_done(tmp_path: Path)
         assert target.read_text() == "hello"
 
     run(go())
+
+
+def test_a_stored_resume_reports_the_minus_inf_break_before_ending_it(tmp_path: Path) -> None:
+    # `firewheel vm resume` stored a RESUME at -inf after a -inf break: the agent reports the
+    # break, then the RESUME that ends it (never a RESUME of a break not reported yet); a
+    # second stored RESUME finds no break and is ignored; a restart reports neither again
+    sched = [
+        {"start_time": -math.inf, "pause": True, "pause_duration": ".inf"},
+        {"start_time": -5, "executable": "stage"},
+        {"start_time": -math.inf, "data": [{"resume": True}]},
+        {"start_time": -math.inf, "data": [{"resume": True}]},
+    ]
+
+    async def go() -> None:
+        h = Harness(tmp_path, sched)
+        await h.start()
+        assert await h.finish() == EXIT_OK
+        assert h.processes.started_at("stage") == [T0]
+        held = [(e.type, e.data.get("index"), e.data.get("ended_break")) for e in h.events
+                if e.type in ("break_started", "resume_received")]  # fmt: skip
+        assert held == [("break_started", 0, None), ("resume_received", 2, 0), ("resume_received", 3, None)]
+        assert h.of("resume_received")[1].data["ignored"] is True
+
+    run(go())
+
+
+def test_a_resume_stamped_after_a_break_its_timer_has_not_reached_reports_the_break_first(
+    tmp_path: Path,
+) -> None:
+    # the host's clock is ahead of the agent's timers: a RESUME stamped t=15.5 ends the break at
+    # 15 before the agent's timer for it fired; the break is reported first, and only once
+    sched = [
+        {"start_time": 15, "pause": True, "pause_duration": ".inf"},
+        {"start_time": 30, "executable": "e2"},
+    ]
+
+    async def go() -> None:
+        h = Harness(tmp_path, sched, start_buffer=0.0)
+        await h.start()
+        start = await h.started()
+        await h.clock.advance_to(start + 14.9)
+        assert h.engine.resume(at=15.5)["ended_break"] == 0
+        assert await h.finish() == EXIT_OK
+        assert h.processes.started_at("e2") == [start + 30.5]
+        held = [(e.type, e.data.get("ended_break")) for e in h.events
+                if e.type in ("break_started", "resume_received")]  # fmt: skip
+        assert held == [("break_started", None), ("resume_received", 0)]
+
+    run(go())

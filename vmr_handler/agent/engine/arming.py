@@ -99,15 +99,25 @@ class PositiveTimers:
         if what == "hold_end":
             self.state.emit(EventType.PAUSE_ENDED, index=p.index, at=p.fire_at + duration, duration=duration)
         elif p.kind is EntryKind.BREAK:
-            self.state.emit(
-                EventType.BREAK_STARTED, index=p.index, at=p.fire_at, details="schedule held until RESUME"
-            )
+            self._break_started(p.index, p.fire_at)
         else:
             until = p.fire_at + duration
             self.state.emit(
                 EventType.PAUSE_STARTED, index=p.index, at=p.fire_at, duration=duration, until=until
             )
         self.state.wake()
+
+    def break_reached(self, index: int, at: float) -> None:
+        """The positive-time break ``index`` (in effect at experiment second ``at``) is ended by a
+        RESUME stamped at or after ``at`` before its timer fired (the host's clock runs ahead of
+        this one): report it started now, before the RESUME's report, and never again."""
+        if not self.state.journal.hold_passed("hold", index):
+            self.pending.discard(("hold", index))
+            self.state.journal.mark_hold("hold", index)
+            self._break_started(index, at)
+
+    def _break_started(self, index: int, at: float) -> None:
+        self.state.emit(EventType.BREAK_STARTED, index=index, at=at, details="schedule held until RESUME")
 
     def upcoming(self, plan: Plan, start: float, now: float, limit: int = 5) -> List[Dict[str, float]]:
         """The next ``limit`` unfired positive entries of ``plan``: index, ``fire_at`` (experiment

@@ -225,6 +225,8 @@ class Engine:
         outcome = {"at": at, "ended_break": ended, "ignored": ended is None}
         if resume_id is not None:
             journal.record_resume_id(resume_id, dict(outcome))
+        if ended is not None:
+            self._break_reached(plan, ended)  # a break is reported before the RESUME that ends it
         self.state.syncer.save_soon()  # the RESUME and its id in one atomic write (or kept, retried)
         origin = {} if entry is None else {"index": entry, "origin": "schedule entry"}
         self.emit(
@@ -238,6 +240,18 @@ class Engine:
             self.timers.arm(plan)
         self.state.wake()
         return outcome
+
+    def _break_reached(self, plan: Plan, index: int) -> None:
+        """Report break ``index`` started if the agent had not reached it yet: the RESUME ending
+        it arrived first (a stored one, or one stamped after the break's time while its timer
+        had not fired). Each view of the host folds the break, then its end."""
+        entry = self.schedule.entries[index]
+        if entry.start_time == -math.inf:
+            self.holds.report(entry)
+            return
+        at = next((p.fire_at for p in plan.entries if p.index == index), None)
+        if at is not None:
+            self.timers.break_reached(index, at)
 
     def plan(self) -> Plan:
         """The plan of the schedule (appended entries included) with the RESUMEs received."""

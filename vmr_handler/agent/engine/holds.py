@@ -3,13 +3,19 @@
 A ``-inf`` break holds the whole schedule, stages included, until a RESUME; a ``-inf`` pause
 holds it for its duration from when the agent first met it (journaled, so a restart does not
 start the pause again). Each is passed once, in schedule order.
+
+A break is reported (``break_started``) before the RESUME that ends it: a RESUME stamped
+``-inf`` that arrives before the agent reached the break (a stored ``firewheel vm resume``
+entry, applied when the schedule is loaded) has the engine report the break first
+(:meth:`InitialHolds.report`), and the break, once reached, is not reported again
+(SPEC section 4: a RESUME ends the active break; a ``-inf`` break holds from the start).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Set
 
 from vmr_handler.agent.engine.shared import EngineState
 from vmr_handler.core.events import EventType
@@ -28,10 +34,12 @@ class InitialHolds:
 
     Attributes:
         current: the hold being waited out, for status (``{"index", "kind", "at", "until"}``).
+        reported: the ``-inf`` breaks reported started in this run of the agent.
     """
 
     state: EngineState
     current: Optional[Dict[str, Any]] = field(default=None, init=False)
+    reported: Set[int] = field(default_factory=set, init=False)
 
     async def run(self) -> None:
         """Wait out every ``-inf`` pause and break the journal has not seen passed, in order."""
@@ -47,21 +55,33 @@ class InitialHolds:
             self.state.journal.mark_initial_done(entry.index)
             await self.state.persist()
 
-    async def _break(self, entry: ScheduleEntry) -> None:
-        self.state.phase = "break"
-        self.current = {"index": entry.index, "kind": "break", "at": "-inf"}
+    def report(self, entry: ScheduleEntry) -> None:
+        """Report the ``-inf`` break ``entry`` started (``break_started``), once per agent run."""
+        if entry.index in self.reported:
+            return
+        self.reported.add(entry.index)
         self.state.emit(
             EventType.BREAK_STARTED,
             index=entry.index,
             at=-math.inf,
             details="break at -inf: holding everything until RESUME",
         )
-        # earlier -inf breaks are already resumed, so only this one can block here
+
+    async def _break(self, entry: ScheduleEntry) -> None:
         state = self.state
         journal = state.journal
-        while build_plan(state.schedule.entries, journal.resumes, journal.resume_visibility).blocked_by == (
-            entry.index
-        ):
+
+        def holding() -> bool:
+            # earlier -inf breaks are already resumed, so only this one can block here
+            plan = build_plan(state.schedule.entries, journal.resumes, journal.resume_visibility)
+            return plan.blocked_by == entry.index
+
+        if not holding():
+            return  # a RESUME received before (a stored one, or before a restart) ended it and said so
+        state.phase = "break"
+        self.current = {"index": entry.index, "kind": "break", "at": "-inf"}
+        self.report(entry)
+        while holding():
             await state.wait_woken()
 
     async def _pause(self, entry: ScheduleEntry) -> None:
