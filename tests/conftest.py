@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from typing import Iterator, List
 
 import pytest
 
 from tests.agent import Agent
+
+# every vmr-host command reads its logs directory from VMR_LOGS when given no --logs: the tests
+# (and the commands they start) never take the one of the shell that runs them
+os.environ.pop("VMR_LOGS", None)
 
 
 @pytest.fixture

@@ -186,7 +186,8 @@ def test_follow_answers_output_pieces_and_its_wait_on_a_fake_clock(tmp_path: Pat
     assert now[0] == pytest.approx(102.0)  # gave up after its wait, not before
     assert out.getvalue() == "a: hello\\x1b[2J\n"  # one line from two pieces, the escape shown
     assert err.getvalue() == "a: \\xff\n"  # a byte that is not UTF-8, escaped
-    assert followers["a"].problem == "not finished within 2 s (it goes on in the VM: vmr-host logs a)"
+    see = f"vmr-host logs a --logs {tmp_path}"  # a command that runs as printed, from anywhere
+    assert followers["a"].problem == f"not finished within 2 s (it goes on in the VM: {see})"
     assert followers["b"].problem == "refused by the VM: the VM failed (entry 2)"
     assert followers["c"].problem is not None and followers["c"].problem.startswith("no answer within 2 s")
 

@@ -83,7 +83,7 @@ def test_schedule_show_follows_a_real_vm(env: HostEnv) -> None:
 def test_schedule_show_refuses_what_it_cannot_show(env: HostEnv) -> None:
     env.start_host("--expect", "vm1")
     res = _show(env, "vm9")
-    assert res.returncode == 2 and "no schedule of VM 'vm9'" in res.stderr and "vm1, vm2" in res.stderr
+    assert res.returncode == 2 and "unknown VM vm9 (this host's VMs: vm1, vm2)" in res.stderr, res.stderr
     (env.schedules / "vm1.yaml").write_text(yaml.safe_dump(SCHEDULE[:2]))
     res = _show(env, "vm1")
     assert res.returncode == 2 and "changed since the host delivered it to vm1" in res.stderr, res.stderr

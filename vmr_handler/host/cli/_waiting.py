@@ -5,7 +5,10 @@ again (every ``interval`` seconds), like ``kubectl wait --for`` and ``kubectl ge
 
 ``wait --for PHASE [VM...] [--timeout S]`` exits 0 when every VM named (default: every
 expected VM the barrier has not excluded) reached the phase, 1 as soon as one of them failed
-(it never will), 2 on the timeout (and for bad usage), saying who it still waits for.
+(it never will), 2 on the timeout (and for bad usage, a VM the host does not know), saying who
+it still waits for. It says at once on stderr what it waits for; with ``--timeout`` it also
+waits that long for a host that does not answer yet (one starting: ``serve ... &`` then
+``wait``), without it a host that does not answer is an error at once (exit 1).
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ def add_arguments(wait: argparse.ArgumentParser) -> None:
     """``wait --for PHASE [VM...] [--timeout S] [--logs DIR] [--json]``."""
     wait.add_argument("--for", dest="phase", required=True, choices=list(PHASES), help="the phase")
     wait.add_argument("vms", nargs="*", metavar="VM", help="default: every expected VM not excluded")
-    wait.add_argument("--timeout", type=float, help="give up after this many seconds (exit 2)")
+    wait.add_argument(
+        "--timeout", type=float, help="give up after S seconds (exit 2); waits for a host starting too"
+    )
     add_logs(wait)
     wait.add_argument("--json", action="store_true", help="print the outcome as JSON")
 
@@ -57,26 +62,43 @@ def run_status(args: argparse.Namespace) -> int:
 
     if not args.watch:
         return run(args)
-    from vmr_handler.host.cli.statustext import format_status
+    from vmr_handler.host.cli.options import check_known
+    from vmr_handler.host.cli.statustext import format_status, known_vms
 
     command = client_command(args)
 
     def render(result: Dict[str, Any]) -> str:
+        check_known(command.vms, known_vms(result))
+        if command.json:
+            return json.dumps(result)
         return format_status(result, command.states, command.vms)
 
-    return watch(render, args.logs, args.interval)
+    return watch(render, args.logs, args.interval, stream=command.json)
 
 
-def _status(logs: str) -> Dict[str, Any]:
-    """The running host's ``status`` result.
+def _status(logs: str, until: Optional[float] = None) -> Dict[str, Any]:
+    """The running host's ``status`` result; asked again every :data:`INTERVAL` until the
+    monotonic time ``until`` while no host answers (None: asked once).
 
     Raises:
-        ControlError: no host answers on the socket, or it refused the request.
+        ControlError: no host answers on the socket (by ``until``), or it refused the request.
     """
     from vmr_handler.core.control import request_at
     from vmr_handler.core.errors import ControlError
 
-    reply = request_at(control_socket_path(logs), {"cmd": "status"})
+    path = control_socket_path(logs)
+    said = False
+    while True:
+        try:
+            reply = request_at(path, {"cmd": "status"})
+            break
+        except ControlError as exc:
+            if until is None or time.monotonic() >= until:
+                raise
+            if not said:
+                print(f"vmr-host: {exc}; waiting for it to start", file=sys.stderr)
+                said = True
+            time.sleep(INTERVAL)
     if reply.get("status") != "success":
         raise ControlError(f"the host refused the status request: {reply.get('details')}")
     result: Dict[str, Any] = reply["result"]
@@ -122,8 +144,9 @@ def wait_for(logs: str, phase: str, vms: Sequence[str], timeout: Optional[float]
         print(f"vmr-host: error: --for must be one of {', '.join(PHASES)}, not {phase!r}", file=sys.stderr)
         return EXIT_USAGE
     t0 = time.monotonic()
+    result = _status(logs, None if timeout is None else t0 + timeout)
+    _announce(result, phase, vms, timeout)
     while True:
-        result = _status(logs)
         reached, waiting, failed = progress(result, phase, vms)
         elapsed = time.monotonic() - t0
         done = {"phase": phase, "reached": reached, "waiting": waiting, "failed": failed, "waited": elapsed}
@@ -140,6 +163,26 @@ def wait_for(logs: str, phase: str, vms: Sequence[str], timeout: Optional[float]
                  + ", ".join(waiting))  # fmt: skip
             return EXIT_USAGE
         time.sleep(interval if timeout is None else max(0.0, min(interval, timeout - elapsed)))
+        result = _status(logs)
+
+
+def _announce(result: Dict[str, Any], phase: str, vms: Sequence[str], timeout: Optional[float]) -> None:
+    """Say on stderr what ``wait`` waits for: which VMs, which phase, how long.
+
+    Raises:
+        UsageError: ``vms`` names a VM the host does not know (exit 2).
+    """
+    from vmr_handler.core.readable import few_names
+    from vmr_handler.host.cli.options import check_known
+    from vmr_handler.host.cli.statustext import known_vms
+
+    check_known(vms, known_vms(result))
+    exp = result["experiment"]
+    names = list(vms) or [v for v in exp["expected"] if v not in set(exp.get("excluded") or [])]
+    whom = few_names(names) if vms else f"every expected VM ({len(names)}: {few_names(names) or 'none'})"
+    limit = f"for at most {timeout:g} s" if timeout is not None else "with no timeout (Ctrl-C stops)"
+    print(f"vmr-host: waiting for {whom} to be {phase}, {limit}", file=sys.stderr)
+
 
 
 def _say(json_out: bool, done: Dict[str, Any], text: str) -> None:
@@ -150,17 +193,19 @@ def _say(json_out: bool, done: Dict[str, Any], text: str) -> None:
 
 
 def watch(render: Callable[[Dict[str, Any]], str], logs: str, interval: float,
-          rounds: Optional[int] = None) -> int:  # fmt: skip
+          rounds: Optional[int] = None, stream: bool = False) -> int:  # fmt: skip
     """Redraw ``render(status)`` in place every ``interval`` seconds until Ctrl-C (or
-    ``rounds`` redraws); a terminal gets the screen cleared, a pipe one block per round."""
-    tty = sys.stdout.isatty()
+    ``rounds`` redraws); a terminal gets the screen cleared, a pipe one block per round.
+    ``stream``: each ``render`` is one line (``status --watch --json``: one JSON object per
+    refresh, one per line), never a cleared screen."""
+    tty = sys.stdout.isatty() and not stream
     n = 0
     try:
         while rounds is None or n < rounds:
             text = render(_status(logs))
             if tty:
                 sys.stdout.write("\x1b[H\x1b[2J")
-            sys.stdout.write(f"{text}\n" if tty else f"{text}\n\n")
+            sys.stdout.write(f"{text}\n" if tty or stream else f"{text}\n\n")
             sys.stdout.flush()
             n += 1
             if rounds is None or n < rounds:

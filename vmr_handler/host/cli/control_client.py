@@ -49,7 +49,8 @@ def add_status(status: argparse.ArgumentParser) -> None:
     status.add_argument("--watch", action="store_true", help="redraw every --interval seconds until Ctrl-C")
     status.add_argument("--interval", type=float, default=2.0, help="seconds between redraws (default 2)")
     add_logs(status)
-    status.add_argument("--json", action="store_true", help="print the full status as JSON")
+    status.add_argument("--json", action="store_true",
+                        help="print the full status as JSON (--watch: one line per refresh)")  # fmt: skip
 
 
 def add_resume(resume: argparse.ArgumentParser) -> None:
@@ -123,6 +124,8 @@ def run_client(cmd: ClientCommand) -> int:
         if reply.get("status") != "success":
             print(f"vmr-host: error: {reply.get('details')}", file=sys.stderr)
             return EXIT_USAGE
+        if cmd.command == "status" and not _known(cmd, reply["result"]):
+            return EXIT_USAGE
         print(_text(cmd, reply["result"]))
         if cmd.command == "status":
             from vmr_handler.host.cli.statustext import any_failed
@@ -148,8 +151,24 @@ def _offline(cmd: ClientCommand, why: BaseException) -> int:
         return EXIT_RUNTIME
     print(f"vmr-host: no vmr-host answers ({why}): status read from the logs in {cmd.logs} (read-only)",
           file=sys.stderr)  # fmt: skip
+    if not _known(cmd, result):
+        return EXIT_USAGE
     print(_text(cmd, result))
     return EXIT_RUNTIME if any_failed(result) else EXIT_OK
+
+
+def _known(cmd: ClientCommand, result: Dict[str, Any]) -> bool:
+    """Whether every VM ``status`` names is one of the ``result``'s; if not, said on stderr."""
+    from vmr_handler.core.errors import UsageError
+    from vmr_handler.host.cli.options import check_known
+    from vmr_handler.host.cli.statustext import known_vms
+
+    try:
+        check_known(cmd.vms, known_vms(result))
+    except UsageError as exc:
+        print(f"vmr-host: error: {exc}", file=sys.stderr)
+        return False
+    return True
 
 
 def runtime_error(exc: BaseException) -> int:

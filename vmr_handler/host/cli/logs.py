@@ -21,7 +21,7 @@ from vmr_handler.core.errors import UsageError
 from vmr_handler.core.events import Event, describe
 from vmr_handler.core.fsutil import utc_text
 from vmr_handler.core.readable import escaped
-from vmr_handler.host.cli.options import add_logs
+from vmr_handler.host.cli.options import add_logs, unknown_text
 from vmr_handler.host.logs.jsonlread import event_of, records_from
 from vmr_handler.host.logs.text import printable
 
@@ -65,7 +65,7 @@ def log_path(logs: str, vm: str) -> str:
     """``<logs>/<vm>.jsonl``.
 
     Raises:
-        UsageError: there is no such log (the message lists the VMs that have one).
+        UsageError: there is no such log (the message lists a few of the VMs that have one).
     """
     path = os.path.join(logs, f"{vm}.jsonl")
     if os.sep in vm or not os.path.isfile(path):
@@ -73,7 +73,7 @@ def log_path(logs: str, vm: str) -> str:
             known = sorted(n[: -len(".jsonl")] for n in os.listdir(logs) if n.endswith(".jsonl"))
         except OSError as exc:
             raise UsageError(f"cannot read the logs directory {logs}: {exc.strerror}") from exc
-        raise UsageError(f"no log for VM {vm!r} in {logs} (VMs with logs: {', '.join(known) or 'none'})")
+        raise UsageError(f"no log in {logs}: {unknown_text([vm], known)}")
     return path
 
 

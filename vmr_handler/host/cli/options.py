@@ -1,19 +1,74 @@
-"""What several ``vmr-host`` commands share and the lean ones need: ``--logs`` and its default.
+"""What several ``vmr-host`` commands share and the lean ones need: ``--logs`` and its default,
+the commands a hint prints, and the refusal of VM names the host does not know.
 
-Imports only the standard library's ``argparse``, so that any command module (the lean control
-commands included) can take it without an import cycle.
+The logs directory is ``--logs DIR``, else the environment variable ``VMR_LOGS``, else
+``./vmr-logs``. Imports only the standard library's ``argparse`` and ``os`` at import time, so
+that any command module (the lean control commands included) can take it without an import
+cycle.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+from typing import Iterable, Optional, Sequence
 
-#: ``--logs`` when none is given.
+#: ``--logs`` when neither it nor :data:`ENV_LOGS` is given.
 DEFAULT_LOGS = "vmr-logs"
+#: The environment variable every ``vmr-host`` command reads its logs directory from when no
+#: ``--logs`` is given.
+ENV_LOGS = "VMR_LOGS"
+
+
+def default_logs() -> str:
+    """The logs directory without ``--logs``: ``$VMR_LOGS``, else :data:`DEFAULT_LOGS`."""
+    return os.environ.get(ENV_LOGS) or DEFAULT_LOGS
 
 
 def add_logs(p: argparse.ArgumentParser) -> None:
-    """``--logs DIR`` (default :data:`DEFAULT_LOGS`): every command that finds the host by its logs."""
+    """``--logs DIR`` (default ``$VMR_LOGS``, else :data:`DEFAULT_LOGS`): every command that
+    finds the host by its logs."""
     p.add_argument(
-        "--logs", default=DEFAULT_LOGS, metavar="DIR", help=f"logs directory (default ./{DEFAULT_LOGS})"
-    )
+        "--logs", default=default_logs(), metavar="DIR",
+        help=f"logs directory (default ${ENV_LOGS}, else ./{DEFAULT_LOGS})",
+    )  # fmt: skip
+
+
+def host_command(logs: Optional[str], *words: str) -> str:
+    """``vmr-host WORDS --logs DIR``: a command as a hint prints it, one that runs as printed
+    from any directory: every word shell-quoted, and the logs directory ``logs`` as an absolute
+    path, left out only when ``$VMR_LOGS`` names that directory (the operator's shell finds it
+    then) or ``logs`` is None."""
+    import shlex
+
+    text = " ".join(["vmr-host", *(shlex.quote(w) for w in words)])
+    if logs is None:
+        return text
+    where = os.path.abspath(logs)
+    env = os.environ.get(ENV_LOGS)
+    if env and os.path.abspath(env) == where:
+        return text
+    return f"{text} --logs {shlex.quote(where)}"
+
+
+def check_known(names: Iterable[str], known: Sequence[str]) -> None:
+    """Refuse VM names the host does not know.
+
+    Raises:
+        UsageError: (exit 2) some of ``names`` are not in ``known``; it names them and a few
+            of the known ones.
+    """
+    have = set(known)
+    unknown = list(dict.fromkeys(n for n in names if n not in have))
+    if unknown:
+        from vmr_handler.core.errors import UsageError
+
+        raise UsageError(unknown_text(unknown, sorted(have)))
+
+
+def unknown_text(unknown: Sequence[str], known: Sequence[str]) -> str:
+    """``unknown VM vm9 (this host's VMs: vm1, vm2, ... and 998 more)``."""
+    from vmr_handler.core.readable import few_names
+
+    return (f"unknown VM{'s' if len(unknown) > 1 else ''} {few_names(list(unknown))} "
+            f"(this host's VMs: {few_names(list(known)) or 'none'})")  # fmt: skip

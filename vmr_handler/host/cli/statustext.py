@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from vmr_handler.core.fsutil import utc_text
 from vmr_handler.core.readable import duration, kpi_brief
+from vmr_handler.host.cli.options import host_command
 
 #: The order of states in the counts line: problems first.
 STATE_ORDER = (
@@ -118,8 +119,11 @@ def keep(vm: Dict[str, Any], states: Sequence[str], names: Sequence[str]) -> boo
 
 
 def hints(result: Dict[str, Any]) -> List[str]:
-    """One line per VM that needs someone, with the command that moves it on."""
+    """One line per VM that needs someone, with the command that moves it on: one that runs as
+    printed from any directory (:func:`~vmr_handler.host.cli.options.host_command`: with the
+    host's ``--logs``, the ``logs`` of ``result``)."""
     exp = result["experiment"]
+    logs = result.get("logs")
     start = exp["start_time"]
     waiting = set(exp.get("waiting_for") or [])
     out: List[str] = []
@@ -136,22 +140,22 @@ def hints(result: Dict[str, Any]) -> List[str]:
                 what = f" (entry {entry})" if entry is not None else ""
                 line = f"{name} failed{where}{what}: {vm['failed']}"
             if name in waiting:
-                line += f"; start without it: vmr-host release --exclude {name}"
+                line += f"; start without it: {host_command(logs, 'release', '--exclude', name)}"
             out.append(line)
         elif vm.get("complete") and (vm.get("completion") or {}).get("not_started"):
             n = vm["completion"]["not_started"]
             out.append(f"{name} completed, but {n} entr{'y' if n == 1 else 'ies'} could not start; "
-                       f"see why: vmr-host logs {name}")  # fmt: skip
+                       f"see why: {host_command(logs, 'logs', name)}")  # fmt: skip
         elif name in waiting and not vm["connected"]:
             out.append(f"{name} is not connected and the barrier waits for it; "
-                       f"start without it: vmr-host release --exclude {name}")  # fmt: skip
+                       f"start without it: {host_command(logs, 'release', '--exclude', name)}")  # fmt: skip
         b = (vm.get("phase") or {}).get("at_break")
         if b and vm["state"] == "at_break":
             held.append(f"{name} (break #{b['index']} since {when(b['since'], start)})")
     if held:
         names = [h.split(" ", 1)[0] for h in held]
         every = len(held) == len(result["vms"])
-        cmd = "vmr-host resume --all" if every else "vmr-host resume " + " ".join(names)
+        cmd = host_command(logs, "resume", "--all") if every else host_command(logs, "resume", *names)
         out.append(f"waiting for RESUME: {', '.join(held)}; go on: {cmd}")
     return out
 
@@ -234,6 +238,11 @@ def format_status(
                      + ", ".join(missing))  # fmt: skip
     lines.extend(hints(result))
     return "\n".join(lines)
+
+
+def known_vms(result: Dict[str, Any]) -> List[str]:
+    """The VMs a ``status`` result knows: every VM served and every one the barrier expects."""
+    return sorted({vm["vm"] for vm in result["vms"]} | set(result["experiment"].get("expected") or []))
 
 
 def any_failed(result: Dict[str, Any]) -> bool:

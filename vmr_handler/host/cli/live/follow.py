@@ -28,6 +28,7 @@ from vmr_handler.core.errors import UsageError
 from vmr_handler.core.events import Event
 from vmr_handler.core.fsutil import atomic_write
 from vmr_handler.core.readable import few_names
+from vmr_handler.host.cli.options import host_command
 from vmr_handler.host.cli.schedule.add import request_add
 from vmr_handler.host.logs.jsonlread import end_offset, event_of, records_from
 from vmr_handler.host.serve.experiment.appendbook import AppendBook, AppendRecord
@@ -73,15 +74,17 @@ class VmFollow:
         self.done = True
         self.problem = problem
 
-    def late(self, waited: float) -> None:
-        """Not done after ``waited`` seconds (the command stops waiting; the VM goes on)."""
+    def late(self, waited: float, logs: str) -> None:
+        """Not done after ``waited`` seconds (the command stops waiting; the VM goes on; its
+        log is in ``logs``)."""
         if self.first is None:
             self.finish(
                 f"no answer within {waited:.0f} s (not connected? the batch is sent at its next "
                 "connection and runs then)"
             )
         else:
-            self.finish(f"not finished within {waited:.0f} s (it goes on in the VM: vmr-host logs {self.vm})")
+            see = host_command(logs, "logs", self.vm)
+            self.finish(f"not finished within {waited:.0f} s (it goes on in the VM: {see})")
 
     def entry(self, ev: Event) -> Optional[int]:
         """Which of the batch's entries ``ev`` is about (0: the first), None: none of them."""
@@ -216,7 +219,7 @@ def follow(
             return
         if wait is not None and clock() - started >= wait:
             for f in waiting:
-                f.late(clock() - started)
+                f.late(clock() - started, logs)
             return
         sleep(FOLLOW_INTERVAL)
 

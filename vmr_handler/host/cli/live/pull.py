@@ -146,10 +146,10 @@ class PullFollow(VmFollow):
         """Listed files neither in place nor refused yet."""
         return [n for n in self.listed or [] if n not in self.received and n not in self.refused]
 
-    def late(self, waited: float) -> None:
+    def late(self, waited: float, logs: str) -> None:
         """Not done in time: which files did not come."""
         if self.listed is None:
-            super().late(waited)
+            super().late(waited, logs)
         else:
             missing = self.missing()
             self.finish(f"{len(missing)} of {len(self.listed)} file(s) not received within {waited:.0f} s: "
