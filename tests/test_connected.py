@@ -111,7 +111,7 @@ def test_skewed_guest_clock_still_fires_on_host_time(env_factory):
         assert abs(rec["host_received"] - data["scheduled"]) < 1.0, (vm, rec)
 
 
-def test_break_resume_one_vm_then_all(env_factory):
+def test_break_resume_one_vm_then_all_at_a_break(env_factory):
     sched = [
         {"start_time": 0.5, "pause": True, "pause_duration": ".inf"},
         {"start_time": 1, "executable": "/bin/echo", "arguments": "resumed"},
@@ -127,16 +127,26 @@ def test_break_resume_one_vm_then_all(env_factory):
     env.wait_event("a", "entry_started", index=1)
     time.sleep(0.5)
     assert not env.events("b", "entry_started")
-    # a is no longer at a break: a plain resume --all is refused, naming it
+    # a runs on, b is at its break (SPEC section 8: resume --all resumes the VMs at a break)
     preview = env.cli("resume", "--all", "--dry-run")
-    assert preview.returncode == 0 and "would RESUME: a, b (break #0)" in preview.stdout, preview.stdout
-    refused = env.cli("resume", "--all")
+    assert preview.returncode == 0 and "would RESUME: b (break #0)" in preview.stdout, preview.stdout
+    assert "not at a break, left out: a" in preview.stdout and "nothing sent" in preview.stdout
+    refused = env.cli("resume", "a")  # named at no break: its agent would ignore it
     assert refused.returncode == 2 and "not at a break: a" in refused.stderr, refused.stderr
-    res = env.cli("resume", "--all", "--force")
+    assert "--force" in refused.stderr and "--all" in refused.stderr
+    res = env.cli("resume", "--all")
     assert res.returncode == 0, res.stderr
+    assert "sent to b (break #0)" in res.stdout and "not at a break, left out: a" in res.stdout, res.stdout
     env.wait_event("b", "entry_started", index=1)
+    # no VM at a break: --all is refused; --force sends it and the agent ignores it
+    none = env.cli("resume", "--all")
+    assert none.returncode == 2 and "no VM is at a break (a, b)" in none.stderr, none.stderr
+    forced = env.cli("resume", "a", "--force")
+    assert forced.returncode == 0 and "sent with --force" in forced.stdout, forced.stdout
+    env.wait_for(lambda: len(env.events("a", "resume_received")) == 2, "a answered the forced RESUME")
     resumes_a = env.events("a", "resume_received")
     assert [r["event"]["data"]["ignored"] for r in resumes_a] == [False, True]  # 2nd found no break
+    assert len(env.events("b", "resume_received")) == 1  # --all left a out, and b got one
 
 
 def test_resource_drop_and_transfer_out(env_factory):

@@ -189,14 +189,22 @@ def test_console_api_follows_and_steers_a_real_experiment(env: HostEnv) -> None:
         refused = api.post("/api/v1/resume", {"vms": ["vm1"]})
         assert refused.status_code == 401 and "console.token" in refused.json()["error"]
         assert api.post("/api/v1/resume", {"vms": ["vm1"]}, token="0" * 64).status_code == 401
-        # the CLI's rules: vm2 is at no break, so without force the RESUME is refused
-        no = api.post("/api/v1/resume", {"vms": ["vm2"], "force": False}, token=api.token)
+        # the CLI's rules with the CLI's defaults: vm2 is at no break, so the RESUME is refused
+        no = api.post("/api/v1/resume", {"vms": ["vm2"]}, token=api.token)
         assert no.status_code == 400 and "not at a break: vm2" in no.json()["error"], no.text
+        assert "--force" in no.json()["error"]
+        cli = env.cli("resume", "vm2")
+        assert cli.returncode == 2 and "not at a break: vm2" in cli.stderr and "--force" in cli.stderr
         assert api.post("/api/v1/resume", "not an object", token=api.token).status_code == 400
         dry = api.post("/api/v1/resume", {"vms": ["vm1"], "dry_run": True}, token=api.token).json()
         assert dry == {"dry_run": True, "targets": ["vm1"], "at_break": {"vm1": 1}, "not_at_break": []}
-        done = api.post("/api/v1/resume", {"vms": ["vm1"], "force": False}, token=api.token)
+        every = api.post("/api/v1/resume", {"all": True, "dry_run": True}, token=api.token).json()
+        assert every == {"dry_run": True, "targets": ["vm1"], "at_break": {"vm1": 1},
+                         "not_at_break": ["vm2", "vm3"]}  # fmt: skip
+        # all: the VMs at a break get it, the others are listed (SPEC section 8)
+        done = api.post("/api/v1/resume", {"all": True}, token=api.token)
         assert done.status_code == 200 and done.json()["sent_now"] == ["vm1"], done.text
+        assert done.json()["targets"] == ["vm1"] and done.json()["not_at_break"] == ["vm2", "vm3"]
         env.wait_event("vm1", "entry_exited", index=2)
         assert env.wait_for(lambda: stream.find("vm", vm="vm1", state="complete"), "vm1 complete, streamed")
         resumes = api.json("/api/v1/experiment")["resumes"]

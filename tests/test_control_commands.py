@@ -83,9 +83,9 @@ def test_a_field_of_the_wrong_kind_is_refused_as_before() -> None:
 
 
 def test_absent_fields_take_their_declared_defaults() -> None:
-    # a request without force is sent whatever the VMs' state, as before the declarations
+    # one default for every surface: without force, the rule of SPEC section 8 (the VMs at a break)
     assert validate(COMMANDS["resume"], {"cmd": "resume", "all": True}) == {
-        "cmd": "resume", "vms": [], "all": True, "force": True, "dry_run": False,
+        "cmd": "resume", "vms": [], "all": True, "force": False, "dry_run": False,
     }  # fmt: skip
     assert validate(COMMANDS["release"], {"exclude": None}) == {"cmd": "release", "exclude": []}
 

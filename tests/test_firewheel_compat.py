@@ -350,3 +350,40 @@ def test_first_word_is_the_program_the_shell_runs(line, word):
     from vmr_handler.core.schedule.commands import first_word
 
     assert first_word(line) == word
+
+
+def test_a_stored_resume_leaves_no_break_in_any_view_of_the_host() -> None:
+    """`firewheel vm resume` stored a RESUME after a break at -inf: the agent reports the break,
+    then the RESUME that ends it, so neither ``status`` nor ``schedule show`` shows it held and
+    no hint asks for a RESUME; a plain ``resume`` is refused (no VM is at a break)."""
+    records = [
+        fw.set_pause(-math.inf, math.inf),
+        fw.stored_resume(),
+        fw.run_executable(-5, "/bin/echo", "configured"),
+        fw.run_executable(1, "/bin/echo", "fired"),
+    ]
+    env = HostEnv({}, start_buffer=0.5)
+    try:
+        (env.schedules / "vm3.pkl").write_bytes(fw.firewheel_pickle(records))
+        env.start_host()
+        env.start_agent("vm3")
+        env.wait_event("vm3", "schedule_complete")
+        kinds = [r["event"]["type"] for r in env.events("vm3")]
+        assert [k for k in kinds if k in ("break_started", "resume_received")] == [
+            "break_started",
+            "resume_received",
+        ]
+        status = env.cli("status", "--json")
+        vm = json.loads(status.stdout)["vms"][0]
+        assert vm["state"] == "complete" and not (vm.get("phase") or {}).get("at_break"), vm
+        text = env.cli("status").stdout
+        assert "waiting for RESUME" not in text and "vmr-host resume" not in text, text
+        shown = env.cli("schedule", "show", "vm3", "--json")
+        assert shown.returncode == 0, shown.stderr
+        rows = json.loads(shown.stdout)["entries"]
+        assert rows[0]["kind"] == "break" and [h["end"] is not None for h in rows[0]["holds"]] == [True]
+        assert "break since" not in env.cli("schedule", "show", "vm3").stdout
+        refused = env.cli("resume", "vm3")
+        assert refused.returncode == 2 and "not at a break: vm3" in refused.stderr, refused.stderr
+    finally:
+        env.close()

@@ -448,10 +448,9 @@ def test_disk_full_drop_fails_clearly_and_keeps_what_was_done(tmp_path, agents, 
     assert journal["entries"]["0"]["state"] == "done"  # what was done is kept
 
 
-
 def test_status_names_a_future_break_as_next(tmp_path, agents):
     """At the barrier a break still in the future is the *next* break, not one that holds the
-    VM; times are readable."""
+    VM, and a RESUME before it is ignored (SPEC section 4); times are readable."""
     sched = [
         {"start_time": -1, "executable": "/bin/true"},
         {"start_time": 1.5, "pause": True, "data": [{"pause_duration": float("inf")}]},
@@ -462,7 +461,12 @@ def test_status_names_a_future_break_as_next(tmp_path, agents):
     status = cli("status", "--state-dir", str(a.state))
     assert status.returncode == 0, status.stderr
     assert "held at break" not in status.stdout, status.stdout
-    assert "next break: entry 1 (a RESUME before it ends it early)" in status.stdout, status.stdout
+    assert "next break: entry 1 (held there until a RESUME; one before it is ignored)" in status.stdout
+    # the rule it states: a RESUME with no active break is ignored; the break still comes
+    early = cli("resume", "--state-dir", str(a.state))
+    assert early.returncode == 0 and "ignored: no active break" in early.stdout, early.stdout
+    status = cli("status", "--state-dir", str(a.state))
+    assert "next break: entry 1" in status.stdout, status.stdout
     assert re.search(r"experiment start: \S+Z \(in \d", status.stdout), status.stdout
     assert not re.search(r"\d\.\d{4,}", status.stdout), status.stdout
     result = json.loads(cli("status", "--state-dir", str(a.state), "--json").stdout)["result"]

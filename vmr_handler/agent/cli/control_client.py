@@ -142,7 +142,9 @@ def status_text(result: Dict[str, Any]) -> str:
         end = f" until t={until:+.1f}s" if isinstance(until, (int, float)) else ""
         lines.append(f"paused (#{hold['index']}){end}")
     if result.get("next_break") is not None:
-        lines.append(f"next break: entry {result['next_break']} (a RESUME before it ends it early)")
+        lines.append(
+            f"next break: entry {result['next_break']} (held there until a RESUME; one before it is ignored)"
+        )
     for item in result.get("next_entries") or []:
         lines.append(f"next: entry {item['index']} at t={item['fire_at']:+.1f}s (in {duration(item['in'])})")
     for item in result.get("running") or []:

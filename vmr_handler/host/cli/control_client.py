@@ -186,22 +186,35 @@ def _held(result: Dict[str, Any], vms: Sequence[str]) -> str:
 
 
 def _resume_text(result: Dict[str, Any]) -> str:
-    """What ``resume`` prints: whom the RESUME reached (and which break it ends), or would."""
+    """What ``resume`` prints: whom the RESUME reached (and which break it ends), or would, and
+    the VMs at no break: left out (``--all``), or sent it with ``--force`` (their agent ignores
+    it unless a break began meanwhile)."""
+    targets = result["targets"]
+    others = [vm for vm in result.get("not_at_break") or [] if vm not in targets]
+    ignored = [vm for vm in result.get("not_at_break") or [] if vm in targets]
+    lines = []
     if result.get("dry_run"):
-        lines = [f"would RESUME: {_held(result, result['targets'])}"]
-        if result["not_at_break"]:
-            from vmr_handler.core.readable import few_names  # only here: the lean path stays lean
+        lines.append(f"would RESUME: {_held(result, targets)}")
+    else:
+        at = result["at"]
+        when = at if isinstance(at, str) else f"t={at:+.3f}s"
+        pending = result["pending"]
+        sent = _held(result, result["sent_now"])
+        lines.append(
+            f"RESUME {result['id']} at host experiment time {when}: sent to {sent}"
+            + (f"; pending (sent at their next handshake): {', '.join(pending)}" if pending else "")
+        )
+    if others or ignored:
+        from vmr_handler.core.readable import few_names  # only here: the lean path stays lean
 
-            others = few_names(result["not_at_break"])
-            lines.append(f"not at a break: {others} (it would end their next break early; use --force)")
-        return "\n".join([*lines, "nothing sent (--dry-run)"])
-    at = result["at"]
-    when = at if isinstance(at, str) else f"t={at:+.3f}s"
-    pending = result["pending"]
-    return (
-        f"RESUME {result['id']} at host experiment time {when}: sent to {_held(result, result['sent_now'])}"
-        + (f"; pending (sent at their next handshake): {', '.join(pending)}" if pending else "")
-    )
+        if others:
+            lines.append(f"not at a break, left out: {few_names(others)}")
+        if ignored:
+            forced = few_names(ignored)
+            lines.append(f"not at a break, sent with --force (ignored unless a break began): {forced}")
+    if result.get("dry_run"):
+        lines.append("nothing sent (--dry-run)")
+    return "\n".join(lines)
 
 
 def _text(cmd: ClientCommand, result: Dict[str, Any]) -> str:

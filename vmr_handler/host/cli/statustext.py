@@ -154,7 +154,7 @@ def hints(result: Dict[str, Any]) -> List[str]:
             held.append(f"{name} (break #{b['index']} since {when(b['since'], start)})")
     if held:
         names = [h.split(" ", 1)[0] for h in held]
-        every = len(held) == len(result["vms"])
+        every = len(held) == len(result["vms"]) or len(held) > 8  # --all resumes those at a break
         cmd = host_command(logs, "resume", "--all") if every else host_command(logs, "resume", *names)
         out.append(f"waiting for RESUME: {', '.join(held)}; go on: {cmd}")
     return out

@@ -127,18 +127,20 @@ COMMANDS: Dict[str, ControlCommand] = {
         ),
         ControlCommand(
             "resume",
-            "send a RESUME (same rules as vmr-host resume)",
+            "send a RESUME: it ends the break a VM is at (same rules as vmr-host resume)",
             (
                 _VMS,
                 _ALL,
-                Field("force", "bool", True,
-                      "send it also to VMs not at a break (ends their next break early)",
-                      flags=("--force", "--yes"), cli_default=False),
+                Field("force", "bool", False,
+                      "send it also to VMs not at a break (their agent ignores it, unless a break "
+                      "began before its report reached the host); without: --all resumes the VMs at "
+                      "a break, a VM named must be at one",
+                      flags=("--force", "--yes")),
                 Field("dry_run", "bool", False, "say whom it would reach; send nothing",
                       flags=("--dry-run",)),
             ),
             answer={"id": _STR, "at": _NUM, "targets": _NAMES, "sent_now": _NAMES, "pending": _NAMES,
-                    "at_break": _OBJ},
+                    "at_break": _OBJ, "not_at_break": _NAMES},
             rest="/api/v1/resume",
         ),
         ControlCommand(

@@ -139,28 +139,27 @@ class ControlApi:
         """``resume`` ``{"vms": [...]}`` or ``{"all": true}``: issue a RESUME stamped with host
         experiment time ``at = now - start`` (``-inf`` before the start is set).
 
-        ``"dry_run": true`` only says whom it would reach and which break each is held at
-        (``at_break``); ``"force": false`` (what ``vmr-host resume`` sends without ``--force``)
-        refuses when a VM is not at a break, since a RESUME then ends its *next* break early
-        (SPEC §6, FIREWHEEL's early RESUME): a second ``resume --all`` is never silently a
-        real RESUME. A request without ``force`` is sent whatever the VMs' state.
+        One rule (SPEC sections 4 and 8): a RESUME ends the break a VM is at, else its agent
+        ignores it and reports it ignored. So ``all`` resumes the VMs at a break and leaves the
+        others out (``not_at_break``); VMs named must all be at a break. ``"force": true`` sends
+        it to every VM named (or all) whatever the host last heard: a VM at no break ignores
+        it, unless a break became active there before its report reached the host.
+        ``"dry_run": true`` says whom it would reach (``targets``) and which break each is held
+        at (``at_break``), or is refused as the RESUME would be; nothing is sent.
 
         Raises:
-            RequestRefused: neither or both of ``vms``/``all``, an unknown VM, or (``force`` false)
-                a VM not at a break.
+            RequestRefused: neither or both of ``vms``/``all``, an unknown VM, and without
+                ``force``: a VM named that is not at a break, or ``all`` with no VM at a break.
         """
         targets = self._targets(request, "resume")
         sessions = self.experiment.sessions
         breaks = {vm: sessions[vm].state.at_break for vm in targets}
         at_break = {vm: b["index"] for vm, b in breaks.items() if b is not None}
         not_at_break = [vm for vm in targets if vm not in at_break]
+        if request.get("force") is not True:
+            targets = _resumable(targets, at_break, not_at_break, everyone=request.get("all") is True)
         if request.get("dry_run") is True:
             return {"dry_run": True, "targets": targets, "at_break": at_break, "not_at_break": not_at_break}
-        if not_at_break and request.get("force", True) is False:
-            raise RequestRefused(
-                f"not at a break: {few_names(not_at_break)}; a RESUME now would end their next break as soon "
-                "as it comes. Send it anyway with --force (or --yes); see whom it reaches with --dry-run"
-            )
         record, sent = self.experiment.resume(targets)
         return {
             "id": record.id,
@@ -169,6 +168,7 @@ class ControlApi:
             "sent_now": sent,
             "pending": [vm for vm in targets if vm not in sent],
             "at_break": at_break,
+            "not_at_break": not_at_break,
         }
 
     def release(self, request: Dict[str, Any]) -> Dict[str, Any]:
@@ -191,3 +191,28 @@ class ControlApi:
             "excluded": sorted(b.excluded),
             "released": sorted(b.released),
         }
+
+
+def _resumable(
+    targets: List[str], at_break: Mapping[str, int], not_at_break: List[str], everyone: bool
+) -> List[str]:
+    """The VMs a RESUME without ``force`` goes to: every VM at a break (``everyone``), or every
+    VM named, which must all be at a break (SPEC section 4: a RESUME at no break is ignored).
+
+    Raises:
+        RequestRefused: a VM named is not at a break, or no VM at all is (``everyone``).
+    """
+    if everyone:
+        if not at_break:
+            raise RequestRefused(
+                f"no VM is at a break ({few_names(not_at_break)}): nothing to resume, a RESUME now "
+                "would be ignored. Send it anyway with --force (or --yes)"
+            )
+        return [vm for vm in targets if vm in at_break]
+    if not_at_break:
+        raise RequestRefused(
+            f"not at a break: {few_names(not_at_break)}; a RESUME now would be ignored there. Send it "
+            "anyway with --force (or --yes): it ends a break only if one began meanwhile; resume the "
+            "VMs at a break with --all"
+        )
+    return targets
