@@ -92,11 +92,11 @@ def _status(logs: str, until: Optional[float] = None) -> Dict[str, Any]:
         try:
             reply = request_at(path, {"cmd": "status"})
             break
-        except ControlError as exc:
+        except ControlError:
             if until is None or time.monotonic() >= until:
                 raise
             if not said:
-                print(f"vmr-host: {exc}; waiting for it to start", file=sys.stderr)
+                print(f"vmr-host: waiting for vmr-host serve to answer at {path}", file=sys.stderr)
                 said = True
             time.sleep(INTERVAL)
     if reply.get("status") != "success":
