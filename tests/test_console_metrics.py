@@ -25,8 +25,8 @@ from vmr_handler.core.events import Event
 from vmr_handler.core.wire.protocol import encode_message
 from vmr_handler.host.console import metrics as metrics_module
 from vmr_handler.host.console.metrics import LATENESS_BUCKETS, RUN_STATUSES, ConsoleMetrics, le_text
-from vmr_handler.host.console.views import STATES
 from vmr_handler.host.logs.store import VmLog
+from vmr_handler.host.model.stateword import STATES
 from vmr_handler.host.model.vmstate import short
 from vmr_handler.host.serve.config import HostConfig, Limits, VmSpec
 from vmr_handler.host.serve.experiment.experiment import Experiment
@@ -198,8 +198,8 @@ def test_state_counts_barrier_and_start(tmp_path: Path) -> None:
     assert by_vm(m["vmr_vm_connected"]) == {"vm1": 1.0, "vm2": 1.0, "vm3": 0.0}
     assert values(m["vmr_barrier_waiting"]) == {(): 1.0} and values(m["vmr_barrier_expected"]) == {(): 3.0}
     assert "vmr_experiment_start_time_seconds" not in {s.name for f in m.values() for s in f.samples}
-    # vm1: an error exit; vm2: a failed entry and vm_failed
-    assert by_vm(m["vmr_vm_failures"]) == {"vm1": 1.0, "vm2": 2.0, "vm3": 0.0}
+    # vm1: an error exit; vm2: a failed entry, then vm_failed: one failed entry (the VM failed)
+    assert by_vm(m["vmr_vm_failures"]) == {"vm1": 1.0, "vm2": 1.0, "vm3": 0.0}
     assert by_vm(m["vmr_vm_max_lateness_seconds"]) == {"vm1": 0.5, "vm2": 120.0}  # never seen: absent
     seen = by_vm(m["vmr_vm_last_seen_timestamp_seconds"])
     assert set(seen) == {"vm1", "vm2"} and seen["vm2"] == h.sessions["vm2"].state.last_seen

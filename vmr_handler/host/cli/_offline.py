@@ -4,7 +4,8 @@ After the experiment (or when the host died) the operator still asks "who failed
 finished?". This rebuilds the ``status`` result the control socket would give from
 ``<logs>/experiment.json`` (the barrier, the RESUMEs) and every ``<logs>/<vm>.jsonl``, replayed
 into a :class:`~vmr_handler.host.model.vmstate.VmState` as the host does at its start. It is
-read-only and says so (``"offline": true``; nothing is connected).
+read-only and says so (``"offline": true``; nothing is connected, and no VM is ``lost``: no host
+watched its agent go).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from vmr_handler.core.events import Event
 from vmr_handler.core.wire.protocol import DecoderStats
 from vmr_handler.host.cli.logs import records
 from vmr_handler.host.logs.store import CHECKPOINT_SUFFIX, JSONL_SUFFIX, Checkpoint
+from vmr_handler.host.model.stateword import Presence, is_problem
 from vmr_handler.host.model.vmstate import Counters, VmState, frames_status
 
 #: Prefix of the ids of the ``schedule`` events the host sends (their ``result`` accepts or rejects).
@@ -111,9 +113,12 @@ def offline_status(logs: str, now: Optional[float] = None) -> Dict[str, Any]:
     for vm in sorted(set(names) | set(expected)):
         path = os.path.join(logs, f"{vm}.jsonl")
         state, read = _replay(vm, path, host) if vm in names else (VmState(vm, "", "", host), {})
+        # nobody can tell whether its agent is gone (no host watched it): never lost here
+        word = state.word(start, now, Presence(False, state.last_seen is not None))
         vms.append({
             "vm": vm, "expected": vm in expected, "connected": False, "silent": None,
-            "state": state.word(start, now, False, 0), **state.fields(),
+            "state": word, "problem": is_problem(word, state.failures), "gone_for": None,
+            "lost_after": None, **state.fields(),
             "frames": frames_status(DecoderStats()), "refused": Counters().refused(), "read": read,
         })  # fmt: skip
     configured = dict(barrier.get("configured") or host.configured)

@@ -22,18 +22,18 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from vmr_handler.host.cli.control_client import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
 from vmr_handler.host.cli.options import add_logs
 from vmr_handler.host.logs.logsdir import control_socket_path
+from vmr_handler.host.model.stateword import FAILED_STATES
 
 #: The phases ``wait --for`` knows, and whether one VM's status dict has reached it (the
-#: experiment's start time is passed too: ``started`` is the experiment's start on the host's clock).
+#: experiment's start time is passed too: ``started`` is the experiment's start on the host's clock);
+#: ``complete`` and ``at-break`` are the VM's state word (a ``lost`` VM is neither: it is waited for).
 PHASES: Dict[str, Callable[[Dict[str, Any], Optional[float], float], bool]] = {
     "configured": lambda vm, start, now: vm.get("configured_at") is not None,
     "started": lambda vm, start, now: (
         start is not None and now >= start and vm.get("configured_at") is not None
     ),
-    "complete": lambda vm, start, now: bool(vm.get("complete")),
-    "at-break": lambda vm, start, now: (
-        bool((vm.get("phase") or {}).get("at_break")) and vm["state"] == "at_break"
-    ),
+    "complete": lambda vm, start, now: vm["state"] == "complete",
+    "at-break": lambda vm, start, now: vm["state"] == "at_break",
 }
 #: Seconds between two status requests.
 INTERVAL = 0.5
@@ -122,7 +122,7 @@ def progress(
         vm = by_name.get(name)
         if vm is None:
             waiting.append(name)
-        elif vm["state"] in ("failed", "schedule_rejected"):
+        elif vm["state"] in FAILED_STATES:
             failed.append(name)
         elif PHASES[phase](vm, start, now):
             reached.append(name)
@@ -182,7 +182,6 @@ def _announce(result: Dict[str, Any], phase: str, vms: Sequence[str], timeout: O
     whom = few_names(names) if vms else f"every expected VM ({len(names)}: {few_names(names) or 'none'})"
     limit = f"for at most {timeout:g} s" if timeout is not None else "with no timeout (Ctrl-C stops)"
     print(f"vmr-host: waiting for {whom} to be {phase}, {limit}", file=sys.stderr)
-
 
 
 def _say(json_out: bool, done: Dict[str, Any], text: str) -> None:

@@ -126,9 +126,7 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
         help="also admit this schedule-entry class name in pickles (repeatable)",
     )
 
-    # debug/test tuning (docs/host.md): keep --heartbeat well under the agent's 15 s silence limit
-    serve.add_argument("--heartbeat", type=_positive, default=5.0, help=argparse.SUPPRESS)
-    serve.add_argument("--silent-after", type=_positive, default=15.0, help=argparse.SUPPRESS)
+    _add_serve_liveness(serve)
     # per-VM memory and disk bounds (docs/host.md, "Limits and guarantees")
     serve.add_argument("--log-quota", type=_count, default=Limits.log_quota, help=argparse.SUPPRESS)
     serve.add_argument("--dedup-window", type=_count, default=Limits.dedup_window, help=argparse.SUPPRESS)
@@ -137,6 +135,19 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--http-debug-rate", type=_positive, metavar="BYTES/S", help=argparse.SUPPRESS)
     _add_serve_http(serve)
     add_console_args(serve)
+
+
+def _add_serve_liveness(serve: argparse.ArgumentParser) -> None:
+    """``--lost-after S`` (docs/host.md, "States"), and the hidden ``--heartbeat`` and
+    ``--silent-after`` (debug/test tuning: keep ``--heartbeat`` well under the agent's 15 s
+    silence limit)."""
+    serve.add_argument(
+        "--lost-after", type=_positive, default=Limits.lost_after, metavar="S",
+        help="a VM whose agent is gone (disconnected, or connected and silent) this many seconds "
+        f"while not complete is `lost` (default {Limits.lost_after:g})",
+    )  # fmt: skip
+    serve.add_argument("--heartbeat", type=_positive, default=5.0, help=argparse.SUPPRESS)
+    serve.add_argument("--silent-after", type=_positive, default=15.0, help=argparse.SUPPRESS)
 
 
 def _add_serve_http(serve: argparse.ArgumentParser) -> None:
@@ -161,6 +172,7 @@ def build_config(args: argparse.Namespace) -> HostConfig:
         Limits(),
         heartbeat=args.heartbeat,
         silent_after=args.silent_after,
+        lost_after=args.lost_after,
         log_quota=args.log_quota,
         dedup_window=-(-args.dedup_window // 8) * 8,
         checkpoint_every=args.checkpoint_every,

@@ -3,8 +3,9 @@
 What an operator needs first: who the experiment waits for and why, and what to
 do about it. So: the start (UTC and how far), counts per state, one row per VM with where it
 is in experiment time (at break #N since T, paused, entries running, t=+X), then one hint
-line per VM that needs someone (failed, held at a break, not connected while the barrier
-waits for it), each with the command that moves it on.
+line per VM that needs someone (failed, lost, held at a break, not connected while the barrier
+waits for it), each with the command that moves it on. The state words and their order are
+the model's (:mod:`vmr_handler.host.model.stateword`).
 """
 
 from __future__ import annotations
@@ -15,14 +16,10 @@ from typing import Any, Dict, List, Optional, Sequence
 from vmr_handler.core.fsutil import utc_text
 from vmr_handler.core.readable import duration, kpi_brief
 from vmr_handler.host.cli.options import host_command
+from vmr_handler.host.model.stateword import FAILED_STATES, STATES, WAITING_STATES
 
-#: The order of states in the counts line: problems first.
-STATE_ORDER = (
-    "failed", "schedule_rejected", "at_break", "paused", "not_seen", "seen", "connected",
-    "schedule_sent", "schedule_accepted", "configuring", "configured", "running", "complete",
-)  # fmt: skip
 #: ``--state`` filter words and the VMs they keep.
-FILTERS = ("failed", "at-break", "late", "paused", "running", "complete", "waiting")
+FILTERS = ("failed", "lost", "at-break", "late", "paused", "running", "complete", "waiting")
 #: Lateness from which a VM counts as ``late`` (seconds).
 LATE = 0.1
 
@@ -104,16 +101,17 @@ def keep(vm: Dict[str, Any], states: Sequence[str], names: Sequence[str]) -> boo
         return False
     if not states:
         return True
-    ph = vm.get("phase") or {}
     late = vm.get("max_lateness")
+    word = vm["state"]
     tests = {
-        "failed": vm["state"] in ("failed", "schedule_rejected"),
-        "at-break": bool(ph.get("at_break")),
-        "paused": bool(ph.get("paused")),
+        "failed": word in FAILED_STATES,
+        "lost": word == "lost",
+        "at-break": word == "at_break",
+        "paused": word == "paused",
         "late": late is not None and late > LATE,
-        "running": vm["state"] == "running",
-        "complete": vm["state"] == "complete",
-        "waiting": vm["state"] not in ("running", "complete", "at_break", "paused", "failed"),
+        "running": word == "running",
+        "complete": word == "complete",
+        "waiting": word in WAITING_STATES,
     }
     return any(tests.get(s, False) for s in states)
 
@@ -142,7 +140,9 @@ def hints(result: Dict[str, Any]) -> List[str]:
             if name in waiting:
                 line += f"; start without it: {host_command(logs, 'release', '--exclude', name)}"
             out.append(line)
-        elif vm.get("complete") and (vm.get("completion") or {}).get("not_started"):
+        elif vm["state"] == "lost":
+            out.append(lost_hint(vm, start, float(result.get("now") or time.time()), logs))
+        elif vm["state"] == "complete" and (vm.get("completion") or {}).get("not_started"):
             n = vm["completion"]["not_started"]
             out.append(f"{name} completed, but {n} entr{'y' if n == 1 else 'ies'} could not start; "
                        f"see why: {host_command(logs, 'logs', name)}")  # fmt: skip
@@ -160,12 +160,22 @@ def hints(result: Dict[str, Any]) -> List[str]:
     return out
 
 
+def lost_hint(vm: Dict[str, Any], start: Optional[float], now: float, logs: Optional[str]) -> str:
+    """The hint of a ``lost`` VM: when its agent was last heard from (UTC, experiment time, how
+    long ago), what to check and the command that shows its log."""
+    name = vm["vm"]
+    gone = f", gone for {duration(vm['gone_for'])}" if isinstance(vm.get("gone_for"), (int, float)) else ""
+    return (f"{name} is lost: its agent was last heard from {when(vm.get('last_seen'), start)} "
+            f"({_ago(now, vm.get('last_seen'))}{gone}); check the VM's console and the agent's "
+            f"service (vmr-handler) in it; its log: {host_command(logs, 'logs', name)}")  # fmt: skip
+
+
 def counts(vms: List[Dict[str, Any]]) -> str:
     """``3 VMs: 1 failed, 1 at_break, 1 running`` (problems first)."""
     by: Dict[str, int] = {}
     for vm in vms:
         by[vm["state"]] = by.get(vm["state"], 0) + 1
-    order = [s for s in STATE_ORDER if s in by] + sorted(set(by) - set(STATE_ORDER))
+    order = [s for s in STATES if s in by] + sorted(set(by) - set(STATES))
     return f"{len(vms)} VM(s): " + (", ".join(f"{by[s]} {s}" for s in order) or "none")
 
 
@@ -246,5 +256,6 @@ def known_vms(result: Dict[str, Any]) -> List[str]:
 
 
 def any_failed(result: Dict[str, Any]) -> bool:
-    """Whether some VM failed or had its schedule rejected (``vmr-host status`` then exits 1)."""
-    return any(vm["state"] in ("failed", "schedule_rejected") for vm in result["vms"])
+    """Whether some VM failed, had its schedule rejected or is ``lost`` (``vmr-host status``
+    then exits 1: someone is needed)."""
+    return any(vm["state"] in FAILED_STATES or vm["state"] == "lost" for vm in result["vms"])

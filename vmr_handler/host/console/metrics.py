@@ -47,10 +47,10 @@ from vmr_handler.core.payloads import (
     EntryFailed,
     EntryInterrupted,
     EntryStarted,
-    Payload,
     parse_payload,
 )
-from vmr_handler.host.console.views import STATES
+from vmr_handler.host.model.stateword import STATES
+from vmr_handler.host.model.vmstate import run_status
 from vmr_handler.host.serve.experiment.experiment import Experiment
 from vmr_handler.host.serve.session.session import VmSession
 
@@ -67,7 +67,8 @@ _NET = " on an interface of the VM (latest KPI sample)"
 #: Metric name (a counter's without ``_total``) -> its HELP text.
 HELP: Dict[str, str] = {
     "vmr_experiment": "The served experiment: its name and this host's run id (value 1)",
-    "vmr_vm_state": "1 for the VM's state word (that of vmr-host status); the other states are absent",
+    "vmr_vm_state": "1 for the VM's state word (that of vmr-host status, lost too); the other states "
+    "are absent",
     "vmr_vms": "VMs served by this host in each state (every state word, 0 too)",
     "vmr_vms_connected": "VMs whose channel is connected now",
     "vmr_vm_connected": "1 while the VM's channel is connected, else 0",
@@ -75,7 +76,8 @@ HELP: Dict[str, str] = {
     "vmr_barrier_waiting": "VMs (and peer hosts) the start barrier still waits for; 0 once started",
     "vmr_barrier_expected": "VMs (and peer hosts) the start barrier counts (expected, not excluded)",
     "vmr_experiment_start_time_seconds": "Experiment start time (UTC epoch); absent before it is set",
-    "vmr_vm_failures": "Failed entries and VM failures the VM reported so far",
+    "vmr_vm_failures": "Failed entries the VM reported so far: runs that exited non-zero or could not run "
+    "(a vm_failed after one is not counted again)",
     "vmr_vm_max_lateness_seconds": "Largest lateness of an entry start the VM reported",
     "vmr_malformed_frames": "Frames from the VM that could not be decoded (over every connection)",
     "vmr_oversize_frames": "Frames from the VM refused for their size (over every connection)",
@@ -183,26 +185,6 @@ def is_positive(p: EntryStarted) -> bool:
     return p.scheduled is not None or (p.start_time or 0) > 0
 
 
-def run_status(p: Optional[Payload]) -> Optional[str]:
-    """The ``vmr_entry_runs_total`` status of an entry report's payload, None for another one.
-
-    ``entry_exited`` is ``success`` or ``error`` as the agent said (a data-only entry has no
-    exit code and succeeded; a requested reboot is a success), else by its exit code (0 =
-    success); ``entry_failed`` is ``failed``; ``entry_interrupted`` is ``interrupted``.
-    """
-    if isinstance(p, EntryStarted):
-        return "started"
-    if isinstance(p, EntryExited):
-        if p.status in ("success", "error"):
-            return p.status
-        return "success" if p.exit_code == 0 else "error"
-    if isinstance(p, EntryFailed):
-        return "failed"
-    if isinstance(p, EntryInterrupted):
-        return "interrupted"
-    return None
-
-
 def le_text(bound: float) -> str:
     """A histogram bucket's ``le`` label: ``+Inf`` or the float's shortest repr (``0.001``, ``1.0``)."""
     return "+Inf" if math.isinf(bound) else repr(float(bound))
@@ -260,7 +242,7 @@ def vm_facts(session: VmSession, start: Optional[float], now: float) -> VmFacts:
     frames = session.decoder_stats()
     return VmFacts(
         session.name,
-        st.word(start, now, connected, session.connections),
+        st.word(start, now, session.presence()),
         connected,
         st.last_seen,
         st.failures,

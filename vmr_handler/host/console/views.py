@@ -13,17 +13,10 @@ from collections import Counter
 from typing import Any, Dict, Iterable, List, Optional, Tuple, cast
 
 from vmr_handler.core.events import json_safe
+from vmr_handler.host.model.stateword import PROBLEM_STATES, STATES, is_problem
 from vmr_handler.host.report.fold import VmTimeline
 from vmr_handler.host.serve.experiment.experiment import Experiment
 from vmr_handler.host.serve.session.session import VmSession
-
-#: State words that are problems by themselves (a VM with failed entries is one too).
-PROBLEM_STATES = frozenset({"failed", "schedule_rejected", "seen"})
-#: Every state word a row can have, in the order the console shows counts.
-STATES = (
-    "failed", "schedule_rejected", "seen", "at_break", "paused", "running", "configured",
-    "configuring", "schedule_accepted", "schedule_sent", "connected", "not_seen", "complete",
-)  # fmt: skip
 
 
 def _safe(data: Dict[str, Any]) -> Dict[str, Any]:
@@ -32,19 +25,23 @@ def _safe(data: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def vm_row(session: VmSession, start_time: Optional[float], now: float) -> Dict[str, Any]:
-    """The row of one VM: ``vm``, ``state`` (the word of ``vmr-host status``), ``problem``,
-    ``connected``, ``stage``, ``at_break`` / ``paused`` (entry index or None), ``running``
-    (entries running), ``failures``, ``failed_entry``, ``max_lateness`` (s), ``last_seen``
-    (UTC) and ``kpi`` (the latest sample, or None)."""
+    """The row of one VM: ``vm``, ``state`` (the one word:
+    :mod:`~vmr_handler.host.model.stateword`), ``problem``, ``connected``, ``gone_for`` (s the
+    agent has been gone, None while it talks), ``stage``, ``at_break`` / ``paused`` (entry
+    index or None), ``running`` (entries running), ``failures`` (failed entries),
+    ``failed_entry``, ``max_lateness`` (s), ``last_seen`` (UTC) and ``kpi`` (the latest sample,
+    or None)."""
     st = session.state
-    word = st.word(start_time, now, session.connected, session.connections)
+    presence = session.presence()
+    word = st.word(start_time, now, presence)
     return _safe(
         {
             "vm": session.name,
             "state": word,
-            "problem": word in PROBLEM_STATES or st.failures > 0,
+            "problem": is_problem(word, st.failures),
             "expected": session.expected,
             "connected": session.connected,
+            "gone_for": presence.gone_for,
             "stage": st.stage_text(),
             "at_break": st.at_break.get("index") if st.at_break else None,
             "paused": st.paused.get("index") if st.paused else None,
@@ -75,7 +72,8 @@ def experiment_view(
 ) -> Dict[str, Any]:
     """``GET /api/v1/experiment``: ``now``, ``name``, ``run_id``, ``mode``, ``start_time``,
     ``barrier`` (the ``experiment`` member of ``vmr-host status``), ``counts`` (state word ->
-    VMs, in :data:`STATES` order), ``vms``, ``connected``, ``problems`` and ``resumes``.
+    VMs, in :data:`STATES` order), ``states`` (every word in that order: the page sorts by it),
+    ``problem_states``, ``vms``, ``connected``, ``problems`` and ``resumes``.
 
     Args:
         rows: every VM's row (:func:`all_rows`) at ``now`` (UTC epoch seconds).
@@ -92,6 +90,8 @@ def experiment_view(
             "start_time": experiment.barrier.start_time,
             "barrier": experiment.barrier_status(now),
             "counts": ordered,
+            "states": list(STATES),
+            "problem_states": sorted(PROBLEM_STATES),
             "vms": len(rows),
             "connected": sum(1 for r in rows if r["connected"]),
             "problems": sum(1 for r in rows if r["problem"]),

@@ -37,6 +37,7 @@ from vmr_handler.core.payloads import (
 )
 from vmr_handler.core.wire.protocol import DecoderStats
 from vmr_handler.host.logs.text import printable
+from vmr_handler.host.model.stateword import FAILED_RUNS, Presence, state_word
 
 _P = TypeVar("_P", bound=Payload)
 _Apply = Callable[[Any, float], None]
@@ -127,6 +128,25 @@ def _kpi_snapshot(data: Any) -> Tuple[Optional[Dict[str, Any]], List[_Sample]]:
     if (kpi is not None and not isinstance(kpi, dict)) or not good:
         raise SavedStateError("not a VM state snapshot: bad kpi or kpi_history")
     return kpi, [tuple(s) for s in history[-KPI_HISTORY:]]
+
+
+def run_status(p: Optional[Payload]) -> Optional[str]:
+    """The status of an entry run an entry report's payload tells, None for another report:
+    ``started``; ``entry_exited`` is ``success`` or ``error`` as the agent said (a data-only
+    entry has no exit code and succeeded; a requested reboot is a success), else by its exit
+    code (0 = success); ``entry_failed`` is ``failed`` (it could not run); ``entry_interrupted``
+    is ``interrupted``. ``error`` and ``failed`` make a failed entry (:data:`FAILED_RUNS`)."""
+    if isinstance(p, EntryStarted):
+        return "started"
+    if isinstance(p, EntryExited):
+        if p.status in ("success", "error"):
+            return p.status
+        return "success" if p.exit_code == 0 else "error"
+    if isinstance(p, EntryFailed):
+        return "failed"
+    if isinstance(p, EntryInterrupted):
+        return "interrupted"
+    return None
 
 
 def short(text: Optional[str], limit: int = 128) -> Optional[str]:
@@ -234,10 +254,15 @@ class VmState:
         # the break it is held at, the pause it is in, the last entry started
         self.running: Dict[int, float] = {}
         self.at_break: Optional[Dict[str, Any]] = None
+        #: break index -> host UTC of the RESUME that ended it, as the agent reported (its
+        #: journal keeps them across its restarts): a ``break_started`` of one that comes after
+        #: (an agent older than the order "break, then its RESUME") holds nothing
+        self.ended_breaks: Dict[int, float] = {}
         self.paused: Optional[Dict[str, Any]] = None
         self.last_entry: Optional[Dict[str, Any]] = None
         self.last_seen: Optional[float] = None
         self.max_lateness: Optional[float] = None
+        #: failed entries (docs/host.md, "Terms"): runs that exited non-zero or could not run
         self.failures = 0
         self.start_acked = False
         #: the latest KPI sample (:func:`kpi_record`) and the last :data:`KPI_HISTORY` ones
@@ -301,6 +326,8 @@ class VmState:
         VM shows what it does now)."""
         self.running.clear()
         self.paused = None
+        if not p.resumed_from_journal:
+            self.ended_breaks.clear()  # a new journal: every break holds again
         if self.failed is not None:
             self.failure_history.append({"at": self.failed_at, "details": self.failed})
             del self.failure_history[:-MAX_FAILURE_HISTORY]
@@ -324,8 +351,7 @@ class VmState:
     def _vm_failed(self, p: VmFailed, received: float) -> None:
         self.failed = short(p.details.string, 500) or "vm_failed"
         self.failed_at = received
-        self.failed_entry = p.index
-        self.failures += 1
+        self.failed_entry = p.index  # the entry's own report counted it (a failed entry)
         self.host.on_outcome(self.name, "failed", self.failed, received)
 
     def _schedule_complete(self, p: ScheduleComplete, received: float) -> None:
@@ -354,7 +380,7 @@ class VmState:
         self._ended(p.index)
 
     def _entry_exited(self, p: EntryExited, received: float) -> None:
-        if p.status == "error":
+        if run_status(p) in FAILED_RUNS:
             self.failures += 1
         self._ended(p.index)
 
@@ -366,6 +392,8 @@ class VmState:
             self.running.pop(index, None)
 
     def _break_started(self, p: BreakStarted, received: float) -> None:
+        if p.index in self.ended_breaks:
+            return  # its RESUME was reported first: the break is over
         self.at_break = {"index": p.index, "at": p.at.value, "since": received}
 
     def _pause_started(self, p: PauseStarted, received: float) -> None:
@@ -375,6 +403,8 @@ class VmState:
         self.paused = None
 
     def _resume_received(self, p: ResumeReceived, received: float) -> None:
+        if not p.ignored and p.ended_break is not None:
+            self.ended_breaks[p.ended_break] = received
         if not p.ignored and self.at_break is not None and p.ended_break == self.at_break["index"]:
             self.at_break = None
 
@@ -438,27 +468,9 @@ class VmState:
         self.kpi_history = deque(history, maxlen=KPI_HISTORY)
 
     # ------------------------------------------------------------------ status
-    def word(self, start_time: Optional[float], now: float, connected: bool, connections: int) -> str:
-        """One word for ``vmr-host status`` (``connected``/``connections``: the channel's)."""
-        if self.failed:
-            return "failed"
-        if self.schedule_state == "rejected":
-            return "schedule_rejected"
-        if self.complete:
-            return "complete"
-        if self.at_break is not None:
-            return "at_break"
-        if self.paused is not None:
-            return "paused"
-        if self.configured_at is not None:
-            return "running" if start_time is not None and now >= start_time else "configured"
-        if self.stage is not None:
-            return "configuring"
-        if self.schedule_state in ("sent", "accepted"):
-            return f"schedule_{self.schedule_state}"
-        if connections or self.last_seen is not None:
-            return "connected" if connected else "seen"
-        return "not_seen"
+    def word(self, start_time: Optional[float], now: float, presence: Presence) -> str:
+        """The VM's one state word (:func:`~vmr_handler.host.model.stateword.state_word`)."""
+        return state_word(self, start_time, now, presence)
 
     def stage_text(self) -> Optional[str]:
         """The current or last stage as ``vmr-host status`` shows it: ``1 (-20) running``, or None."""

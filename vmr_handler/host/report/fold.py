@@ -50,6 +50,8 @@ from vmr_handler.core.payloads import (
     StartTimeSet,
     VmFailed,
 )
+from vmr_handler.host.model.stateword import FAILED_RUNS
+from vmr_handler.host.model.vmstate import run_status
 from vmr_handler.host.report.facts import COMMAND_CHARS, TAIL_CHARS, EntryRun, KpiSeries, Marker, Span
 from vmr_handler.host.report.text import _MAPS, MAX_LABEL, _clean, _num, _num_text
 
@@ -140,6 +142,9 @@ class VmTimeline:
     _open_stage: Dict[Any, Span] = field(default_factory=dict, repr=False)
     _open_pause: Dict[Any, Span] = field(default_factory=dict, repr=False)
     _open_break: Dict[Any, Span] = field(default_factory=dict, repr=False)
+    #: break index -> UTC of the RESUME that ended it before its ``break_started`` came (an
+    #: agent older than the order "break, then its RESUME"): that break is drawn ended
+    _resumed_first: Dict[Any, float] = field(default_factory=dict, repr=False)
     _open_run: Dict[int, EntryRun] = field(default_factory=dict, repr=False)
     _last_run: Dict[int, EntryRun] = field(default_factory=dict, repr=False)
     _agent_seen: bool = field(default=False, repr=False)
@@ -313,17 +318,17 @@ class VmTimeline:
         return run
 
     def _on_entry_exited(self, t: float, p: EntryExited) -> None:
+        status = run_status(p) or "error"
+        self.failures += status in FAILED_RUNS  # a failed entry (docs/host.md, "Terms")
         run = self._ended_run(t, p)
         if run is not None:
-            run.status = "success" if p.status == "success" else "error"
-            if run.status == "error":
-                self.failures += 1
+            run.status = status
 
     def _on_entry_failed(self, t: float, p: EntryFailed) -> None:
+        self.failures += 1  # it could not run: a failed entry
         run = self._ended_run(t, p)
         if run is not None:
             run.status = "failed"
-            self.failures += 1
 
     def _on_entry_interrupted(self, t: float, p: EntryInterrupted) -> None:
         run = self._ended_run(t, p)
@@ -368,7 +373,11 @@ class VmTimeline:
         at = _show_number(p.at)
         tip = [f"break at t={at} (entry #{index})", "held until a RESUME"]
         span = Span("break", t, None, "break", tip, p.index)
-        if self._keep(self.breaks, span):
+        if index in self._resumed_first:  # its RESUME was reported first: over at once
+            span.end = max(t, self._resumed_first.pop(index))
+            span.tip.append("ended by a RESUME reported before it")
+            self._keep(self.breaks, span)
+        elif self._keep(self.breaks, span):
             self._open_break[index] = span
 
     def _on_pause_ended(self, t: float, p: PauseEnded) -> None:
@@ -382,6 +391,8 @@ class VmTimeline:
         if span is not None:
             span.end = t
             span.tip.append(f"ended by a RESUME stamped t={_show_number(p.at)}")
+        elif brk is not None and not p.ignored:
+            self._resumed_first[brk] = t
         if p.ignored or brk is None:
             self._mark("ignored", t, "RESUME ignored (no active break)", _show(p.details))
         else:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Optional, Tuple
 
 from vmr_handler.core.wire.protocol import MAX_FRAME
 from vmr_handler.host.logs.seenids import SeenLimits
+from vmr_handler.host.model.stateword import LOST_AFTER
 
 if TYPE_CHECKING:
     from vmr_handler.transports.mqtt.options import MqttOptions
@@ -82,6 +83,9 @@ class Limits:
         read_burst: bytes read from one VM at full speed before ``read_rate`` applies.
         heartbeat: seconds of send silence after which the host sends a ``heartbeat``.
         silent_after: seconds without any frame after which a connected peer is *silent*.
+        lost_after: seconds an agent heard from may be gone (its connection ended, or it is
+            connected and *silent*) before its VM, neither complete nor failed, is ``lost``
+            (``serve --lost-after``; :mod:`vmr_handler.host.model.stateword`).
         dedup_window: event counters per agent run whose ids are de-duplicated exactly
             (one bit each; :mod:`vmr_handler.host.logs.seenids`); older ones count as received.
         dedup_runs: agent runs (id prefixes) with such a window at a time.
@@ -105,6 +109,7 @@ class Limits:
     read_burst: float = 16 * MiB
     heartbeat: float = 5.0
     silent_after: float = 15.0
+    lost_after: float = LOST_AFTER
     dedup_window: int = 65536
     dedup_runs: int = 16
     dedup_prefixes: int = 4096

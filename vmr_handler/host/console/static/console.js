@@ -19,10 +19,9 @@
 (() => {
   'use strict';
 
-  // The state words, in the order the server sorts and counts them (host/console/views.py STATES).
-  const STATES = ['failed', 'schedule_rejected', 'seen', 'at_break', 'paused', 'running', 'configured',
-    'configuring', 'schedule_accepted', 'schedule_sent', 'connected', 'not_seen', 'complete'];
-  const STATE_ORDER = new Map(STATES.map((s, i) => [s, i]));
+  // The state words, in the order the server sorts and counts them: the experiment object's
+  // `states` (host/model/stateword.py STATES), kept here once it came.
+  let STATE_ORDER = new Map();
   const TOKEN_KEY = 'vmr-console-token';
   const TIMELINE_EVERY = 2000; // ms: the timeline is fetched again at most this often
   const DETAIL_EVERY = 1000; // ms: the selected VM's detail likewise
@@ -265,6 +264,7 @@
     if (S.exp && isNum(S.exp.now) && isNum(x.now) && x.now < S.exp.now) return; // an older answer
     const startChanged = !S.exp || S.exp.start_time !== x.start_time;
     S.exp = x;
+    if (Array.isArray(x.states)) STATE_ORDER = new Map(x.states.map((s, i) => [s, i]));
     if (isNum(x.now)) S.offset = x.now - Date.now() / 1000;
     renderHeader();
     if (startChanged && S.selected) detailSoon();
@@ -362,7 +362,7 @@
   }
 
   const byName = (a, b) => collator.compare(a.vm, b.vm);
-  const stateRank = (r) => STATE_ORDER.get(r.state) ?? STATES.length;
+  const stateRank = (r) => STATE_ORDER.get(r.state) ?? STATE_ORDER.size;
   const problemsFirst = (a, b) => (b.problem - a.problem) || (stateRank(a) - stateRank(b)) || byName(a, b);
   const orNone = (v) => (isNum(v) ? v : -Infinity);
   const KEYS = {

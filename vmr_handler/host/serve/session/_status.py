@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Protocol
 
+from vmr_handler.core.clock import Clock
 from vmr_handler.core.wire.protocol import DecoderStats
 from vmr_handler.host.logs.store import VmLog
+from vmr_handler.host.model.stateword import Presence, is_problem
 from vmr_handler.host.model.vmstate import Counters, VmState, frames_status
+from vmr_handler.host.serve.config import Limits
 from vmr_handler.host.serve.session.intake import TransferIntake
 
 
@@ -17,6 +20,10 @@ class SessionView(Protocol):
     name: str
     expected: bool
     silent: bool
+    clock: Clock
+    limits: Limits
+    last_recv: float
+    gone_since: float
     connections: int
     handshakes: int
     state: VmState
@@ -32,16 +39,39 @@ class SessionView(Protocol):
         """Frames, malformed and oversize counts over every connection so far."""
 
 
+def session_presence(s: SessionView) -> Presence:
+    """Where the agent of ``s`` is, on the host's clock (``monotonic``): connected, it is gone
+    once *silent* (no frame for ``limits.silent_after`` s), for as long as it has been silent;
+    not connected, it is gone since its last connection ended (``gone_since``: or since this
+    host started, for an agent heard from in an earlier run). It was heard from once when it
+    connected in this run or its reports were stored before."""
+    mono = s.clock.monotonic()
+    ever = s.connections > 0 or s.state.last_seen is not None
+    if s.connected:
+        quiet = mono - s.last_recv
+        gone = quiet if quiet >= s.limits.silent_after else None
+    else:
+        gone = mono - s.gone_since
+    return Presence(s.connected, ever, gone, s.limits.lost_after)
+
+
 def session_status(s: SessionView, start_time: Optional[float], now: float) -> Dict[str, Any]:
     """Everything ``vmr-host status`` shows for the VM of ``s`` at host UTC ``now``, the
-    experiment starting at ``start_time`` (UTC; None before it is set)."""
+    experiment starting at ``start_time`` (UTC; None before it is set): ``state`` (the one word,
+    :mod:`~vmr_handler.host.model.stateword`), ``problem``, ``gone_for`` (s the agent has been
+    gone, None while it talks) and ``lost_after`` (s), then the folded reports."""
     c = s.counters
+    presence = session_presence(s)
+    word = s.state.word(start_time, now, presence)
     return {
         "vm": s.name,
         "expected": s.expected,
         "connected": s.connected,
         "silent": s.silent if s.connected else None,
-        "state": s.state.word(start_time, now, s.connected, s.connections),
+        "state": word,
+        "problem": is_problem(word, s.state.failures),
+        "gone_for": presence.gone_for,
+        "lost_after": presence.lost_after,
         **s.state.fields(),
         "connections": s.connections,
         "handshakes": s.handshakes,

@@ -62,12 +62,13 @@ from vmr_handler.core.wire.protocol import (
 from vmr_handler.core.wire.signing import SIGNED_TYPES
 from vmr_handler.host.logs.store import DurableAcks, VmLog
 from vmr_handler.host.logs.writespell import WriteSpell
+from vmr_handler.host.model.stateword import Presence
 from vmr_handler.host.model.vmstate import Counters, VmState, add_stats
 from vmr_handler.host.serve.config import Limits, VmSpec
 from vmr_handler.host.serve.files.resources import ResourceStore
 from vmr_handler.host.serve.files.transfers import TransferStore
 from vmr_handler.host.serve.session._delivery import ResourceStreams, ScheduleOffer
-from vmr_handler.host.serve.session._status import session_status
+from vmr_handler.host.serve.session._status import session_presence, session_status
 from vmr_handler.host.serve.session.api import HostApi, HostEvents, Link
 from vmr_handler.host.serve.session.intake import TRANSFER_TYPES, TransferIntake
 
@@ -231,9 +232,10 @@ class VmSession:
         self.connections = self.handshakes = 0
         self.connected_since: Optional[float] = None
         self.handshaken = False
-        self._last_send = self._last_recv = 0.0  # monotonic
+        self._last_send = self.last_recv = 0.0  # monotonic
         self.silent = False
         mono = self.clock.monotonic()  # the buckets count on the clock they are charged on
+        self.gone_since = mono  # monotonic: the last connection's end, or this host's start
         self.bucket = TokenBucket(limits.rate, limits.burst, mono)
         self.hello_bucket = TokenBucket(HELLO_RATE, HELLO_BURST, mono)
         self.read_bucket = TokenBucket(limits.read_rate, limits.read_burst, mono)
@@ -283,7 +285,7 @@ class VmSession:
         self.handshaken = False
         self.silent = False
         mono = self.clock.monotonic()
-        self._last_recv = mono
+        self.last_recv = mono
         self.log.note(f"channel connected (connection {self.connections})", now)
         self._send_raw(CONNECT_PREFIX)
         self._send([self.events.make(HELLO, {"protocol": PROTOCOL_VERSION, "host_version": __version__})])
@@ -299,6 +301,7 @@ class VmSession:
         self.link = None
         self.handshaken = False
         self.streams.cancel()
+        self.gone_since = self.clock.monotonic()
         self.log.note(f"channel disconnected ({reason})", now)
 
     def decoder_stats(self) -> DecoderStats:
@@ -347,7 +350,7 @@ class VmSession:
         if self.decoder is None:
             return
         mono = self.clock.monotonic()
-        self._last_recv = mono
+        self.last_recv = mono
         before = self.decoder.stats.malformed + self.decoder.stats.oversize
         messages = self.decoder.feed(data)
         bad = self.decoder.stats.malformed + self.decoder.stats.oversize - before
@@ -574,11 +577,15 @@ class VmSession:
         mono = self.clock.monotonic()
         if mono - self._last_send >= self.limits.heartbeat:
             self._send([self.events.make(HEARTBEAT, {})])
-        if not self.silent and mono - self._last_recv >= self.limits.silent_after:
+        if not self.silent and mono - self.last_recv >= self.limits.silent_after:
             self.silent = True
             self.log.note(f"peer silent for {self.limits.silent_after:g} s", now)
 
     # ------------------------------------------------------------------ status
+    def presence(self) -> Presence:
+        """Where the agent is now, on the host's clock (:func:`session_presence`)."""
+        return session_presence(self)
+
     def status(self, start_time: Optional[float], now: float) -> Dict[str, Any]:
         """Everything ``vmr-host status`` shows for this VM (JSON safe; :func:`session_status`)."""
         return session_status(self, start_time, now)
