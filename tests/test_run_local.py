@@ -487,3 +487,30 @@ def test_an_entry_ended_by_the_agents_stop_reports_the_signal(tmp_path, agents):
         assert rec["data"]["signal"] == signal.SIGTERM and rec["data"]["exit_code"] is None, rec
     assert len(a.events("entry_interrupted")) == 6
     assert "already read" not in a.log()  # was there in about 1 run of 3 with one entry
+
+
+def test_status_wait_after_a_finished_local_run_answers_like_cloud_init(tmp_path, agents):
+    """``vmr-handler status --wait`` once the run has ended (no agent answers): how it ended,
+    from the state directory, exit 0 complete / 1 failed, like ``cloud-init status --wait``."""
+    for sub in ("ok", "bad"):
+        (tmp_path / sub).mkdir()
+    ok = _agent(agents, tmp_path / "ok", [{"start_time": -1, "executable": "/bin/true"}], start_buffer=0)
+    assert ok.run() == 0, ok.log()
+    for args in (["status", "--wait"], ["status"]):
+        res = cli(*args, "--state-dir", str(ok.state))
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "phase: complete" in res.stdout, res.stdout
+        assert "no agent runs; its last run ended at 20" in res.stderr, res.stderr
+    as_json = json.loads(cli("status", "--wait", "--json", "--state-dir", str(ok.state)).stdout)
+    assert as_json["result"]["phase"] == "complete"
+
+    unplaceable = [{"start_time": -4, "data": [{"location": "/proc/vmr-no/x", "content": "y"}]}]
+    bad = _agent(agents, tmp_path / "bad", unplaceable, start_buffer=0)
+    assert bad.run() == 1
+    res = cli("status", "--wait", "--state-dir", str(bad.state))
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "phase: failed" in res.stdout and "/proc/vmr-no/x" in res.stdout, res.stdout
+
+    # a state directory where no run ended: still an error, as before
+    nothing = cli("status", "--wait", "--state-dir", str(tmp_path / "none"))
+    assert nothing.returncode == 1 and "no running vmr-handler" in nothing.stderr, nothing.stderr

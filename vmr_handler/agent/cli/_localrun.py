@@ -45,6 +45,7 @@ async def run_local(
         VmrError: the report file cannot be opened; UsageError: a bad ``kpi_interval``;
             JournalError: the state directory cannot be used.
     """
+    from vmr_handler.agent.cli.control_client import forget_last_run, save_last_run
     from vmr_handler.agent.engine.engine import open_engine
     from vmr_handler.agent.machine.executor import install_child_watcher
     from vmr_handler.agent.machine.kpi import KpiSampler, check_interval
@@ -66,6 +67,7 @@ async def run_local(
                 "resume": lambda _req: engine.resume(),
             },
         )
+        forget_last_run(config.state_dir)
         await control.start()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -79,7 +81,9 @@ async def run_local(
         kpi = KpiSampler(engine.emit, engine.clock, kpi_interval, path=config.state_dir, skip=reports_held)
         kpi.start()
         try:
-            return await engine.run()
+            code = await engine.run()
+            save_last_run(config.state_dir, engine.status(), code)  # status --wait, once it has ended
+            return code
         finally:
             await kpi.close()
             await control.close()

@@ -4,6 +4,10 @@ What these two commands import besides the command table
 (:mod:`vmr_handler.agent.cli.commandline`): the standard library's ``argparse``/``json``/``sys``
 and :mod:`vmr_handler.core.control` (no logging, nothing of the engine). Exit codes: 0 success,
 1 the agent could not be reached or answered with an error.
+
+When no agent answers, ``status`` (``--wait`` too) reads how the last ``run --local`` in the
+state directory ended (:data:`LAST_RUN`, written as it ends) and answers like
+``cloud-init status --wait``: ``complete`` exit 0, anything else exit 1.
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ DEFAULT_STATE_DIR = "/var/lib/vmr-handler"
 DONE = ("complete", "failed")
 #: Seconds between two questions of ``status --wait``.
 WAIT_INTERVAL = 1.0
+#: The file in the state directory that says how the last ``run --local`` ended: the engine's
+#: last ``status`` answer, ``ended_at`` (UTC) and ``exit_code``; removed as a run starts.
+LAST_RUN = "last-run.json"
 
 
 class ControlCommand(NamedTuple):
@@ -65,7 +72,10 @@ def run_control(cmd: ControlCommand) -> int:
     from vmr_handler.core.errors import ControlError
 
     try:
-        reply = request(cmd.state_dir, cmd.command)
+        try:
+            reply = request(cmd.state_dir, cmd.command)
+        except ControlError as exc:
+            reply = _last_run(cmd, exc)
         while cmd.wait and reply.get("status") == "success" and reply["result"].get("phase") not in DONE:
             import time
 
@@ -74,7 +84,10 @@ def run_control(cmd: ControlCommand) -> int:
             try:
                 reply = request(cmd.state_dir, cmd.command)
             except ControlError as exc:
-                raise ControlError(f"the agent stopped while waiting (last phase: {last}): {exc}") from exc
+                gone = ControlError(f"the agent stopped while waiting (last phase: {last}): {exc}")
+                reply = _last_run(cmd, gone)
+        if reply.get("ended"):
+            print(f"vmr-handler: no agent runs; its last run ended at {reply['ended']}", file=sys.stderr)
         if cmd.json:
             import json
 
@@ -90,9 +103,57 @@ def run_control(cmd: ControlCommand) -> int:
         return 1
     except BrokenPipeError:
         return 0
-    if cmd.wait and reply.get("status") == "success":
+    if (cmd.wait or reply.get("ended")) and reply.get("status") == "success":
         return 0 if reply["result"].get("phase") == "complete" else 1
     return 0 if reply.get("status") == "success" else 1
+
+
+def _last_run(cmd: ControlCommand, why: Exception) -> Dict[str, Any]:
+    """``status`` with no agent answering: the reply of how the last run ended (:data:`LAST_RUN`:
+    ``ended`` says when).
+
+    Raises:
+        ControlError: ``why``, when the command is not ``status`` or no run ended there.
+    """
+    import json
+    import os
+
+    if cmd.command != "status":
+        raise why
+    try:
+        with open(os.path.join(cmd.state_dir, LAST_RUN), encoding="utf-8") as fh:
+            doc = json.load(fh)
+        result, ended = dict(doc["result"]), str(doc["ended_at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise why from None
+    return {"status": "success", "result": result, "ended": ended}
+
+
+def save_last_run(state_dir: str, result: Dict[str, Any], exit_code: int) -> None:
+    """Keep how a ``run --local`` ended (:data:`LAST_RUN`): the engine's last ``status`` answer
+    ``result`` and the run's ``exit_code``. A state directory that cannot take it is left as
+    it is (the run's outcome is its exit code and its report)."""
+    import json
+    import os
+    import time
+
+    from vmr_handler.core.fsutil import atomic_write, utc_text
+
+    doc = {"ended_at": utc_text(time.time()), "exit_code": exit_code, "result": result}
+    try:
+        atomic_write(os.path.join(state_dir, LAST_RUN), json.dumps(doc, default=str).encode())
+    except OSError:
+        pass
+
+
+def forget_last_run(state_dir: str) -> None:
+    """A run starts: how the last one ended no longer says anything."""
+    import os
+
+    try:
+        os.unlink(os.path.join(state_dir, LAST_RUN))
+    except FileNotFoundError:
+        pass
 
 
 def number_text(value: Any) -> Any:
