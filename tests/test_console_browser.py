@@ -371,3 +371,37 @@ def test_console_page_at_1000_vms(browser: WebDriver, tmp_path: Path) -> None:
         )
     finally:
         env.close()
+
+
+def test_console_page_shows_a_lost_vm_and_says_when_the_host_is_gone(
+    env: HostEnv, browser: WebDriver
+) -> None:
+    """vm1's agent killed with SIGKILL at its break: its row turns ``lost`` live, first among the
+    problems, counted in the header. Then the host is killed: the page says it is gone, once a
+    reconnection found nobody, and its clock stops."""
+    env.start_host("--console", "127.0.0.1:0", "--expect", "vm1,vm2", "--lost-after", "1")
+    page = Page(browser, env)
+    browser.get(page.url)
+    page.until(lambda: page.by_id("conn-text").text == "live", "the live stream connected")
+    env.start_agent("vm1")
+    env.start_agent("vm2")
+    page.until(lambda: page.states().get("vm1") == "at_break", "vm1 at its break")
+    page.until(lambda: page.by_id("x-clock").text.startswith("t=+"), "the experiment clock running")
+    agent = env.agents["vm1"]
+    agent.kill()
+    agent.wait(timeout=WAIT)
+    page.until(lambda: page.states().get("vm1") == "lost", "vm1 lost, shown live")
+    assert page.rows()[0] == ("vm1", "lost"), page.rows()
+    pill = "return document.querySelector('#vm-rows tr[data-vm=\"vm1\"] .state').className;"
+    assert "st-lost" in browser.execute_script(pill)
+    page.until(lambda: "lost1" in page.text("#chips").replace(" ", "").replace("\n", ""), "lost counted")
+
+    env.kill_host()
+    page.until(
+        lambda: page.by_id("conn-text").text.startswith("vmr-host is gone: nothing since "), "host gone"
+    )
+    clock = page.by_id("x-clock").text
+    assert clock.endswith("stopped: the host is gone") and clock.startswith("t=+"), clock
+    time.sleep(2.5)
+    assert page.by_id("x-clock").text == clock, "the clock went on without a host"
+    assert page.js_errors() == []

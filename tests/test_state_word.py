@@ -24,9 +24,9 @@ from vmr_handler.host.cli._offline import offline_status
 from vmr_handler.host.cli._waiting import progress
 from vmr_handler.host.cli.statustext import any_failed, format_status, keep
 from vmr_handler.host.console.metrics import ConsoleMetrics
-from vmr_handler.host.console.views import all_rows, experiment_view
+from vmr_handler.host.console.views import all_rows, experiment_view, timeline_end
 from vmr_handler.host.logs.jsonlread import records_from
-from vmr_handler.host.model.stateword import STATES, Presence, state_word
+from vmr_handler.host.model.stateword import STATES, Presence, finished, state_word
 from vmr_handler.host.report.fold import ExperimentTimeline
 from vmr_handler.host.serve.config import Limits
 
@@ -274,3 +274,25 @@ def test_one_failed_drop_is_one_failed_entry_in_every_view(tmp_path: Path) -> No
         timeline.add(record)
     assert timeline.vm("vm1").failures == 1
     assert offline_status(str(tmp_path), now=host.clock.time())["vms"][0]["failures"] == 1
+
+
+# ---------------------------------------------------------------------------- the console's timeline
+def test_a_finished_experiments_timeline_ends_at_its_end_not_now(tmp_path: Path) -> None:
+    host = Host(tmp_path, ("vm1", "vm2", "vm3"), limits=LIMITS)
+
+    async def main() -> None:
+        configured(host, "vm1")
+        configured(host, "vm2")
+        host.experiment.release(["vm3"])  # never seen, excluded: it does not count
+        await host.clock.advance(11.0)
+        now = host.clock.time()
+        assert timeline_end(host.experiment, now) == now  # running: open spans drawn up to now
+        host.agent_says("vm1", "schedule_complete", status="success", ran=1, exited_nonzero=0, not_started=0)
+        assert timeline_end(host.experiment, now) == now  # vm2 still runs
+        host.agent_says("vm2", "vm_failed", details="gave up", index=None)
+        await host.clock.advance(500.0)
+        assert timeline_end(host.experiment, host.clock.time()) is None  # up to its last event
+
+    run(main())
+    assert finished([("complete", True), ("not_seen", False)]) and not finished([("not_seen", True)])
+    assert not finished([]) and not finished([("complete", True), ("lost", True)])

@@ -30,7 +30,7 @@ from vmr_handler.host.console.events import EventQuery, page
 from vmr_handler.host.console.live import LiveExperiment
 from vmr_handler.host.console.openapi import openapi_document
 from vmr_handler.host.console.stream import KEEPALIVE, sse
-from vmr_handler.host.console.views import vm_detail
+from vmr_handler.host.console.views import timeline_end, vm_detail
 from vmr_handler.host.control.commands import rest_commands
 from vmr_handler.host.report.render import timeline_fragment
 from vmr_handler.host.serve.config import ConsoleOptions
@@ -278,7 +278,8 @@ class Console:
             if f["version"] != self.live.version and began - f["at"] >= max(
                 RENDER_EVERY, f["cost"] / RENDER_SHARE
             ):
-                state, now, version = self.live.experiment.state_dict(), clock.time(), self.live.version
+                exp, version = self.live.experiment, self.live.version
+                state, now = exp.state_dict(), timeline_end(exp, clock.time())
                 text = await self.live.read_held(lambda timeline: timeline_fragment(timeline, state, now))
                 f.update(version=version, at=began, text=text, cost=clock.monotonic() - began)
         return str(f["text"])

@@ -13,7 +13,7 @@ from collections import Counter
 from typing import Any, Dict, Iterable, List, Optional, Tuple, cast
 
 from vmr_handler.core.events import json_safe
-from vmr_handler.host.model.stateword import PROBLEM_STATES, STATES, is_problem
+from vmr_handler.host.model.stateword import PROBLEM_STATES, STATES, finished, is_problem
 from vmr_handler.host.report.fold import VmTimeline
 from vmr_handler.host.serve.experiment.experiment import Experiment
 from vmr_handler.host.serve.session.session import VmSession
@@ -65,6 +65,17 @@ def all_rows(experiment: Experiment, now: float) -> List[Dict[str, Any]]:
     """Every VM's row, problems first (:func:`sorted_rows`)."""
     start = experiment.barrier.start_time
     return sorted_rows(vm_row(s, start, now) for s in experiment.sessions.values())
+
+
+def timeline_end(experiment: Experiment, now: float) -> Optional[float]:
+    """Up to when the timeline draws open spans: ``now`` (UTC epoch s) while the experiment runs,
+    None (its last event) once it is finished (:func:`~vmr_handler.host.model.stateword.finished`:
+    every VM that counts complete or failed), so a finished experiment's timeline ends at its
+    end instead of stretching to now."""
+    start, active = experiment.barrier.start_time, experiment.barrier.active
+    sessions = experiment.sessions.items()
+    words = ((s.state.word(start, now, s.presence()), name in active) for name, s in sessions)
+    return None if finished(words) else now
 
 
 def experiment_view(

@@ -24,7 +24,7 @@ Imports nothing but ``typing`` (the lean ``vmr-host status`` reads it).
 
 from __future__ import annotations
 
-from typing import Any, Dict, NamedTuple, Optional, Protocol
+from typing import Any, Dict, Iterable, NamedTuple, Optional, Protocol, Tuple
 
 #: Every state word, problems first: the order of every count and sort.
 STATES = (
@@ -33,6 +33,9 @@ STATES = (
 )  # fmt: skip
 #: The words that end a VM's run for ``wait`` and make ``vmr-host status`` exit 1, with ``lost``.
 FAILED_STATES = frozenset({"failed", "schedule_rejected"})
+#: The words of a VM whose part of the experiment is over (it plays nothing more unless a batch
+#: is appended): the experiment is finished when every VM that counts has one (:func:`finished`).
+ENDED_STATES = FAILED_STATES | {"complete"}
 #: The words that are problems by themselves (a VM with a failed entry is one too: :func:`is_problem`).
 PROBLEM_STATES = frozenset({"failed", "schedule_rejected", "lost", "seen"})
 #: The words of a VM that has not started its part of the experiment yet (``--state waiting``).
@@ -122,3 +125,16 @@ def is_problem(word: str, failed_entries: int) -> bool:
     """Whether a VM is a problem (sorted first, counted in ``problems``, ``?problems=1``): its
     word is one of :data:`PROBLEM_STATES`, or one of its entries failed."""
     return word in PROBLEM_STATES or failed_entries > 0
+
+
+def finished(words: Iterable[Tuple[str, bool]]) -> bool:
+    """Whether the experiment is over: every VM's word (``(word, counts)`` pairs; ``counts``:
+    the barrier waits or waited for it) is one of :data:`ENDED_STATES`, a ``not_seen`` VM that
+    does not count left out; False with no VM that ended."""
+    ended = False
+    for word, counts in words:
+        if word in ENDED_STATES:
+            ended = True
+        elif counts or word != "not_seen":
+            return False
+    return ended

@@ -176,7 +176,9 @@
     loaded: false,
     stats: { renders: 0, lastMs: 0, rows: 0, partial: 0 },
   };
-  const serverNow = () => Date.now() / 1000 + S.offset;
+  // The host's clock as the page keeps it; stopped at the last time the host was heard from once
+  // it is gone (the stream dropped and a reconnection found nobody: Live.goneAt).
+  const serverNow = () => (Live.goneAt !== null ? Live.goneAt : Date.now() / 1000 + S.offset);
 
   // ------------------------------------------------------------------ token and API
   const Token = {
@@ -328,6 +330,7 @@
     if (!isNum(x.start_time)) text = '';
     else if (now < x.start_time) text = `starts in ${fmtDur(x.start_time - now)} (${fmtT(now)})`;
     else text = fmtT(now);
+    if (Live.goneAt !== null) text = `${text ? `${text}, ` : ''}stopped: the host is gone`;
     $('x-clock').textContent = text;
   }
 
@@ -934,7 +937,27 @@
   }
 
   // ------------------------------------------------------------------ the live stream
-  const Live = { ctrl: null, attempt: 0, timer: 0, lastByte: 0, open: false, stalled: false };
+  // goneAt: host UTC the host was last heard from, once it is gone (null while it answers)
+  const Live = { ctrl: null, attempt: 0, timer: 0, lastByte: 0, open: false, stalled: false, goneAt: null };
+
+  /** The host answered again: its clock runs again. */
+  function hostBack() {
+    if (Live.goneAt === null) return;
+    Live.goneAt = null;
+    tick();
+  }
+
+  /** The stream dropped and a reconnection found no host: say so plainly, stop the clock at the
+   *  last time the host was heard from. */
+  function hostGone(wait) {
+    if (Live.goneAt === null) {
+      Live.goneAt = Live.lastByte ? Live.lastByte / 1000 + S.offset : Date.now() / 1000 + S.offset;
+      tick();
+      refreshAges();
+    }
+    setConn('gone', `vmr-host is gone: nothing since ${fmtWhen(Live.goneAt, true)}; `
+      + `what you see is as of then; retrying in ${Math.round(wait / 1000)} s`);
+  }
 
   function setConn(kind, text) {
     $('conn').className = `conn conn-${kind}`;
@@ -998,11 +1021,15 @@
     setConn('down', Live.attempt ? 'reconnecting…' : 'connecting…');
     let lagged = false;
     let why = 'the stream ended';
+    let answered = false; // the host answered the request (even with an error status)
+    let unreachable = false; // the request found no host (not aborted by the page)
     try {
       const headers = { Accept: 'text/event-stream' };
       const token = Token.get();
       if (token) headers.Authorization = `Bearer ${token}`;
       const res = await fetch('/api/v1/stream', { headers, signal: ctrl.signal, cache: 'no-store' });
+      answered = true;
+      hostBack();
       if (!res.ok) {
         let msg = `HTTP ${res.status}`;
         try { msg = (await res.json()).error || msg; } catch { /* not JSON */ }
@@ -1020,6 +1047,7 @@
       lagged = await readEvents(res.body);
     } catch (e) {
       why = ctrl.signal.aborted ? (Live.stalled ? 'no data for 40 s' : 'closed') : e.message;
+      unreachable = !answered && !ctrl.signal.aborted;
     }
     if (Live.ctrl !== ctrl) return; // replaced by a newer connection
     Live.stalled = false;
@@ -1034,7 +1062,8 @@
     if (!S.loaded) reload(); // show what the REST API has even while the stream fails
     const wait = BACKOFF[Math.min(Live.attempt, BACKOFF.length - 1)];
     Live.attempt += 1;
-    setConn('lost', `disconnected (${why}); retrying in ${Math.round(wait / 1000)} s`);
+    if (unreachable && Live.attempt > 1) hostGone(wait); // the stream dropped and does not come back
+    else setConn('lost', `disconnected (${why}); retrying in ${Math.round(wait / 1000)} s`);
     Live.timer = setTimeout(connect, wait);
   }
 
