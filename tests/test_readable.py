@@ -83,8 +83,9 @@ def test_check_names_every_bad_schedule_file_at_once(tmp_path: Path) -> None:
     assert res.returncode == 2, res.stdout + res.stderr
     out = res.stdout
     assert "ok       vm1:" in out
-    assert f"PROBLEM  {tmp_path}/vm2.yaml: invalid YAML" in out and "line 2" in out
-    assert f"PROBLEM  {tmp_path}/vm3.yaml:" in out and "field 'start_time'" in out
+    # each problem names the format the file was read as (its content decides)
+    assert f"PROBLEM  {tmp_path}/vm2.yaml (yaml): invalid YAML" in out and "line 2" in out
+    assert f"PROBLEM  {tmp_path}/vm3.yaml (yaml):" in out and "field 'start_time'" in out
     assert "'_x' is not a usable VM name" in out
     assert "1 schedule(s) usable, 3 file(s) with problems" in out
     doc = json.loads(_check(tmp_path, "--json").stdout)
@@ -103,3 +104,22 @@ def test_check_names_every_bad_schedule_file_at_once(tmp_path: Path) -> None:
     )  # fmt: skip
     assert serve.returncode == 2
     assert "2 schedule file(s)" in serve.stderr and "vm2.yaml" in serve.stderr and "vm3.yaml" in serve.stderr
+
+
+def test_check_names_the_format_it_read_each_file_as(tmp_path: Path) -> None:
+    (tmp_path / "vm1.pkl").write_bytes((REPO / "examples" / "demo.pkl").read_bytes())
+    (tmp_path / "vm2.json").write_text('[{"start_time": "soon", "executable": "/bin/true"}]')
+    (tmp_path / "vm3.pkl").write_bytes(b"- start_time: -1\n  executable: [\n")  # YAML, named a pickle
+    out = _check(tmp_path).stdout
+    assert f"ok       vm1: {tmp_path}/vm1.pkl (pickle, sha256 " in out, out
+    assert f"PROBLEM  {tmp_path}/vm2.json (json): " in out, out
+    named = "(yaml by its content, not the pickle its name says): invalid YAML"
+    assert f"PROBLEM  {tmp_path}/vm3.pkl {named}" in out, out
+    for name, said in (("vm2.json", "(json): "), ("vm3.pkl", "(yaml by its content, not the pickle")):
+        res = subprocess.run([sys.executable, "-m", "vmr_handler", "check", str(tmp_path / name)],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert res.returncode == 2 and f"error: {tmp_path / name} {said}" in res.stderr, res.stderr
+        assert res.stderr.count(str(tmp_path / name)) == 1, res.stderr  # the file named once
+    ok = subprocess.run([sys.executable, "-m", "vmr_handler", "check", str(tmp_path / "vm1.pkl")],
+                        capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert ok.returncode == 0 and "OK (pickle, " in ok.stdout, ok.stdout

@@ -314,8 +314,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """``check``: validation errors exit 2; warnings (extra pickle attributes, programs not found
-    on this machine, shell syntax errors) exit 0, or 2 with ``--strict``."""
-    schedule = _load(args.schedule, args.allow_class)
+    on this machine, shell syntax errors) exit 0, or 2 with ``--strict``. Every line names the
+    format the file was read as (its content decides: pickle, yaml or json).
+
+    Raises:
+        ScheduleError: (exit 2) it cannot be used; the message names the file and its format.
+    """
+    try:
+        schedule = _load(args.schedule, args.allow_class)
+    except ScheduleError as exc:
+        from vmr_handler.core.schedule.loader import format_label
+
+        what = str(exc).removeprefix(f"{args.schedule}: ")
+        label = format_label(args.schedule)
+        raise ScheduleError(f"{args.schedule}{f' ({label})' if label else ''}: {what}") from exc
     from vmr_handler.core.schedule.lint import lint_schedule
 
     warnings = [*schedule.warnings, *lint_schedule(schedule)]

@@ -92,6 +92,25 @@ def detect_format(data: bytes) -> str:
     return "yaml"
 
 
+#: The format a schedule file's name says it holds (the content decides: :func:`detect_format`).
+NAMED_FORMATS = {".pkl": "pickle", ".pickle": "pickle", ".yaml": "yaml", ".yml": "yaml", ".json": "json"}
+
+
+def format_label(path: str) -> str:
+    """The format the content of the file at ``path`` is read as, for a line people read:
+    ``yaml``, or ``yaml by its content, not the pickle its name says``; ``""`` when it cannot
+    be read."""
+    try:
+        with open(path, "rb") as fh:
+            fmt = detect_format(fh.read())
+    except OSError:
+        return ""
+    named = NAMED_FORMATS.get(os.path.splitext(path)[1].lower())
+    if named is None or named == fmt:
+        return fmt
+    return f"{fmt} by its content, not the {named} its name says"
+
+
 def _records_from_text(data: bytes, fmt: str) -> Sequence[Mapping[str, Any]]:
     if len(data) > MAX_TEXT_BYTES:
         raise ScheduleFormatError(f"schedule is {len(data)} bytes, more than the limit of {MAX_TEXT_BYTES}")

@@ -45,7 +45,7 @@ def check_specs(schedules: str, allow: Sequence[str]) -> Tuple[Dict[str, VmSpec]
         names = sorted(os.listdir(schedules))
     except OSError as exc:
         raise UsageError(f"cannot read --schedules {schedules}: {exc.strerror}") from exc
-    from vmr_handler.core.schedule.loader import read_schedule  # serve only: keeps the CLI quick
+    from vmr_handler.core.schedule.loader import format_label, read_schedule  # serve only: a quick CLI
     from vmr_handler.core.schedule.model import entry_drops
 
     specs: Dict[str, VmSpec] = {}
@@ -71,7 +71,7 @@ def check_specs(schedules: str, allow: Sequence[str]) -> Tuple[Dict[str, VmSpec]
             problems.append(f"{path}: cannot read it: {exc.strerror}")
             continue
         except ScheduleError as exc:
-            problems.append(f"{path}: {exc}")
+            problems.append(f"{path} ({format_label(path) or 'unreadable'}): {exc}")
             continue
         drops = entry_drops(schedule.entries)
         fmt, digest = schedule.source_format, schedule.digest
