@@ -12,7 +12,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from tests.hostenv import HostEnv
+from tests.hostenv import HostEnv, fill
 from tests.reportgen import generate
 from vmr_handler.host.cli.vmr_host import main as host_main
 from vmr_handler.host.report import (
@@ -438,6 +438,27 @@ def test_cli_exit_2_without_logs_and_default_output(tmp_path, capsys):
     assert host_main(["report", "--logs", str(tmp_path)]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "report.html")
     assert (tmp_path / "report.html").read_text().startswith("<!DOCTYPE html>")
+
+
+def test_cli_says_why_out_cannot_be_written_naming_it_once(tmp_path, capsys, full_disk):
+    """``report --out`` where it cannot be written: one line naming the file given (never the
+    temp file it is written through), the cause and what to do, no traceback, exit 1; nothing
+    left behind."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "vm1.jsonl").write_text(json.dumps(rec("vm1", T0, "agent_started")) + "\n")
+    fill(full_disk)
+    cases = {
+        str(tmp_path / "nosuch" / "r.html"): f"there is no directory {tmp_path / 'nosuch'} (create it",
+        str(tmp_path): f"--out {tmp_path} is a directory: name a file (e.g. --out {tmp_path}/report.html)",
+        str(full_disk / "r.html"): "No space left on device (give --out a file in a directory you can write)",
+    }
+    for out, said in cases.items():
+        assert host_main(["report", "--logs", str(logs), "--out", out]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and said in err and ".tmp" not in err, err
+        assert err.startswith("vmr-host: error: ") and "Traceback" not in err and "Errno" not in err, err
+    assert sorted(p.name for p in full_disk.iterdir()) == ["filler"]  # no temp file left
 
 
 def test_max_items_caps_what_one_vm_can_make_us_keep(monkeypatch):

@@ -85,10 +85,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     """``vmr-host report [--logs DIR] [--out FILE]``: write the report, print its path.
 
     Returns:
-        0; 2 (a message on stderr) when the logs directory holds no ``.jsonl``.
-
-    Raises:
-        OSError: the output cannot be written (the CLI exits 1).
+        0; 2 (a message on stderr) when the logs directory holds no ``.jsonl``; 1 when the
+        report cannot be written there (the message says why and what to give instead).
     """
     out = args.out or os.path.join(args.logs, "report.html")
     try:
@@ -96,5 +94,21 @@ def cmd_report(args: argparse.Namespace) -> int:
     except NoLogs as exc:
         print(f"vmr-host: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        print(f"vmr-host: error: {unwritable(out, exc)}", file=sys.stderr)
+        return 1
     print(out)
     return 0
+
+
+def unwritable(out: str, exc: OSError) -> str:
+    """Why the report cannot be written to ``out``, in the operator's terms (the file they
+    named, never the temp file it is written through) and what to do instead."""
+    where = os.path.dirname(os.path.abspath(out))
+    if os.path.isdir(out):
+        return f"--out {out} is a directory: name a file (e.g. --out {os.path.join(out, 'report.html')})"
+    cannot = f"cannot write the report to {out}"
+    if not os.path.isdir(where):
+        return f"{cannot}: there is no directory {where} (create it, or give another --out)"
+    why = exc.strerror or type(exc).__name__
+    return f"{cannot}: {why} (give --out a file in a directory you can write)"
