@@ -24,10 +24,11 @@ from vmr_handler.host.cli._offline import offline_status
 from vmr_handler.host.cli._waiting import progress
 from vmr_handler.host.cli.statustext import any_failed, format_status, keep
 from vmr_handler.host.console.metrics import ConsoleMetrics
-from vmr_handler.host.console.views import all_rows, experiment_view, timeline_end
+from vmr_handler.host.console.views import all_rows, experiment_view, timeline_end, timeline_ends
 from vmr_handler.host.logs.jsonlread import records_from
 from vmr_handler.host.model.stateword import STATES, Presence, finished, state_word
 from vmr_handler.host.report.fold import ExperimentTimeline
+from vmr_handler.host.report.render import timeline_fragment
 from vmr_handler.host.serve.config import Limits
 
 #: silence and loss far apart, heartbeats never due
@@ -296,3 +297,36 @@ def test_a_finished_experiments_timeline_ends_at_its_end_not_now(tmp_path: Path)
     run(main())
     assert finished([("complete", True), ("not_seen", False)]) and not finished([("not_seen", True)])
     assert not finished([]) and not finished([("complete", True), ("lost", True)])
+
+
+def test_a_lost_vms_running_entry_is_drawn_up_to_when_its_agent_was_last_heard_from(tmp_path: Path) -> None:
+    host = Host(tmp_path, ("vm1", "vm2"), limits=LIMITS)
+
+    async def main() -> None:
+        links = {vm: configured(host, vm) for vm in ("vm1", "vm2")}
+        await host.clock.advance(11.0)
+        for vm in ("vm1", "vm2"):
+            host.agent_says(vm, "entry_started", index=1, start_time=1, lateness=0.0, executable="/bin/sleep")
+        await host.clock.advance(5.0)
+        host.sessions["vm1"].detach(links["vm1"], host.clock.time())  # killed: lost 30 s later
+        await host.clock.advance(100.0)
+        host.agent_says("vm2", "heartbeat")  # vm2 lives on
+
+    run(main())
+    now = host.clock.time()
+    heard = host.sessions["vm1"].state.last_seen
+    assert heard == T0 + 11.0 and timeline_ends(host.experiment, now) == {"vm1": heard}
+    timeline = ExperimentTimeline()
+    for vm in ("vm1", "vm2"):
+        for _offset, _end, record in records_from(str(tmp_path / f"{vm}.jsonl"), 0):
+            timeline.add(record)
+    state = host.experiment.state_dict()
+    html = timeline_fragment(timeline, state, now, None, timeline_ends(host.experiment, now))
+    origin = float(re.search(r'data-origin="([^"]+)"', html).group(1))  # type: ignore[union-attr]
+
+    def run_end(vm: str) -> float:
+        lane = html[html.index(f'<div class="tl-lane" data-vm="{vm}"') :]
+        return float(re.search(r'<rect [^>]*class="e-[^"]*"[^>]*data-e="([^"]+)"', lane).group(1))  # type: ignore[union-attr]
+
+    assert run_end("vm1") == heard - origin  # lost: up to its last frame, not now
+    assert run_end("vm2") == now - origin  # alive: still running now

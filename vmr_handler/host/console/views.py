@@ -78,6 +78,17 @@ def timeline_end(experiment: Experiment, now: float) -> Optional[float]:
     return None if finished(words) else now
 
 
+def timeline_ends(experiment: Experiment, now: float) -> Dict[str, float]:
+    """VM -> UTC epoch seconds up to which its open spans are drawn, for every ``lost`` VM at
+    ``now``: when its agent was last heard from (not now: nobody knows what ran after)."""
+    start = experiment.barrier.start_time
+    return {
+        name: s.state.last_seen
+        for name, s in experiment.sessions.items()
+        if s.state.last_seen is not None and s.state.word(start, now, s.presence()) == "lost"
+    }
+
+
 def experiment_view(
     experiment: Experiment, mode: str, rows: List[Dict[str, Any]], now: float
 ) -> Dict[str, Any]:

@@ -12,11 +12,12 @@ Pure; times are UTC epoch seconds.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import math
 import time
 from collections import Counter
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 from vmr_handler.host.report.axis import AXIS_H, MAX_RESUME_LINES, axis_svg, legend_html, overlay_svg
 from vmr_handler.host.report.experiment import Facts
@@ -108,6 +109,12 @@ def _bar(vms: Sequence[VmTimeline]) -> str:
     )
 
 
+def _until(g: Lanes, ends: Optional[Mapping[str, float]], vm: str) -> Lanes:
+    """``g`` with open spans stopping at ``ends[vm]`` when that is earlier than ``g.end_t``."""
+    end = ends.get(vm) if ends else None
+    return dataclasses.replace(g, end_t=end) if end is not None and end < g.end_t else g
+
+
 def _lane_row(g: Lanes, v: VmTimeline, grouped: bool) -> str:
     cat = v.category
     name = html.escape(v.name)
@@ -130,13 +137,20 @@ def _aggregate_row(g: Lanes, group: List[VmTimeline]) -> str:
     )
 
 
-def fragment(tl: ExperimentTimeline, facts: Facts, now: Optional[float] = None) -> str:
+def fragment(
+    tl: ExperimentTimeline,
+    facts: Facts,
+    now: Optional[float] = None,
+    ends: Optional[Mapping[str, float]] = None,
+) -> str:
     """The timeline fragment (module docstring) of every VM of ``tl`` and every expected VM.
 
     Args:
         tl: the folded logs (not changed). facts: what experiment.json says (:class:`Facts`).
         now: UTC epoch seconds up to which open spans (a running entry, a break not yet
             resumed) are drawn; None: up to the last event of the logs (a finished report).
+        ends: VM -> UTC epoch seconds up to which that VM's open spans are drawn instead, when
+            earlier (a ``lost`` VM's: when its agent was last heard from).
 
     Returns:
         HTML text, ``<div class="vmr-tl" ...>...</div>``.
@@ -172,9 +186,9 @@ def fragment(tl: ExperimentTimeline, facts: Facts, now: Optional[float] = None) 
         out.append(f'</div><div class="tl-axcell">{axis_svg(x, facts)}</div></div></div>')
     out.append(f'<div class="tl-lanes" style="--lh:{lane_h:g}px">')
     out.append(overlay_svg(x, facts))
-    out += [_lane_row(g, v, False) for v in lanes]
+    out += [_lane_row(_until(g, ends, v.name), v, False) for v in lanes]
     if group:
         out.append(_aggregate_row(g, group))
-        out += [_lane_row(g, v, True) for v in group]
+        out += [_lane_row(_until(g, ends, v.name), v, True) for v in group]
     out.append("</div></div>")
     return "\n".join(out)

@@ -60,6 +60,7 @@ def timeline_fragment(
     experiment: Mapping[str, Any],
     now: Optional[float] = None,
     table_id: Optional[str] = None,
+    ends: Optional[Mapping[str, float]] = None,
 ) -> str:
     """The timeline as an HTML fragment, no ``<html>``/``<head>``, no script, no style (the page
     loads ``static/timeline.css`` and ``static/timeline.js`` and calls
@@ -72,6 +73,8 @@ def timeline_fragment(
         now: UTC epoch seconds up to which open spans are drawn (a live experiment); None:
             up to the last event of the logs.
         table_id: the id of a table whose ``tr[data-vm]`` rows the filter also applies to.
+        ends: VM -> UTC epoch seconds up to which that VM's open spans are drawn when earlier
+            than ``now`` (a ``lost`` VM's: when its agent was last heard from).
 
     Returns:
         ``<div class="vmr-tl" data-t0 data-t1 data-x0 data-x1 data-origin [data-start]
@@ -81,7 +84,7 @@ def timeline_fragment(
         :data:`~vmr_handler.host.report.chart.COLLAPSE_OVER` VMs, those that need no one are
         collapsed behind one aggregate lane. Well-formed XML.
     """
-    text = fragment(timeline, Facts.read(experiment, timeline), now)
+    text = fragment(timeline, Facts.read(experiment, timeline), now, ends)
     if table_id:
         text = text.replace('<div class="vmr-tl', f'<div data-table="{_esc(table_id)}" class="vmr-tl', 1)
     return text
