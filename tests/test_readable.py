@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.hostenv import HostEnv
 from vmr_handler.core.events import Event, describe
 from vmr_handler.core.readable import duration, field_text
 
@@ -123,3 +124,23 @@ def test_check_names_the_format_it_read_each_file_as(tmp_path: Path) -> None:
     ok = subprocess.run([sys.executable, "-m", "vmr_handler", "check", str(tmp_path / "vm1.pkl")],
                         capture_output=True, text=True, timeout=60)  # fmt: skip
     assert ok.returncode == 0 and "OK (pickle, " in ok.stdout, ok.stdout
+
+
+def test_host_log_and_errors_say_times_in_utc_never_epoch_seconds() -> None:
+    """The host's log (a start, its start time restored by a restart) and its errors (release
+    after the start) say instants as ISO UTC, never as epoch seconds."""
+    env = HostEnv({"vm1": [{"start_time": -1, "executable": "/bin/true"}]}, start_buffer=0.5)
+    try:
+        env.start_host()
+        env.start_agent("vm1")
+        env.wait_for(lambda: env.status()["experiment"]["start_time"], "the start time set")
+        late = env.cli("release")
+        assert late.returncode == 2 and "already set (20" in late.stderr, late.stderr
+        assert not EPOCH_FLOAT.search(late.stderr), late.stderr
+        env.kill_host()
+        env.start_host()  # restores the start time from the logs
+        log = env.host_log()
+        assert "experiment start time set: 20" in log and "restored experiment start time 20" in log, log
+        assert not EPOCH_FLOAT.search(log), EPOCH_FLOAT.search(log)
+    finally:
+        env.close()

@@ -29,6 +29,7 @@ import math
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from vmr_handler.core.errors import BarrierError, InvalidArgument, SavedStateError
+from vmr_handler.core.fsutil import utc_text
 from vmr_handler.core.readable import few_names
 
 
@@ -174,7 +175,7 @@ class Barrier:
         if t is None:
             raise InvalidArgument(f"release time must be a finite number, got {now!r}")
         if self.start_time is not None:
-            raise BarrierError(f"the experiment start time is already set ({self.start_time:.3f} UTC)")
+            raise BarrierError(f"the experiment start time is already set ({utc_text(self.start_time)})")
         names = set(exclude)
         unknown = names - self.expected
         if unknown:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Protocol, Set, Tuple
@@ -22,6 +21,7 @@ from vmr_handler import __version__
 from vmr_handler.core.clock import Clock, SystemClock
 from vmr_handler.core.errors import BarrierError, SavedStateError
 from vmr_handler.core.events import Event
+from vmr_handler.core.fsutil import utc_text
 from vmr_handler.core.names import VM_NAME
 from vmr_handler.core.wire.protocol import RESUME, START_TIME
 from vmr_handler.core.wire.runs import new_run_id, run_of
@@ -242,7 +242,7 @@ class Experiment(HostEntryPort):
         except (KeyError, TypeError) as exc:
             raise SavedStateError(f"bad resume record: {exc}") from exc
         if self.barrier.start_time is not None:
-            log.info("restored experiment start time %.3f", self.barrier.start_time)
+            log.info("restored experiment start time %s", utc_text(self.barrier.start_time))
 
     def replayed(self) -> None:
         """The VMs' logs are replayed: give a start set by them (or restored without one) its
@@ -501,11 +501,7 @@ class Experiment(HostEntryPort):
         self._mark_start()
         self.save()
         start = self.barrier.start_time
-        log.warning(
-            "experiment start time set: %.3f UTC (%s); sent to every connected VM",
-            start,
-            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start or 0)),
-        )
+        log.warning("experiment start time set: %s; sent to every connected VM", utc_text(start))
         if not self.loading:
             # MQTT: one retained message reaches the VMs whose agents read it
             reached = self.mqtt.publish_start() if self.mqtt is not None else ()
