@@ -1,6 +1,7 @@
 """A VM whose agent is gone is ``lost`` in every view, and recovers when it comes back.
 
-A real ``vmr-host serve --console --lost-after 2`` and real agents over unix sockets: vm1's
+A real ``vmr-host serve --console --lost-after 2`` and real agents over unix sockets, then over
+a real mosquitto (the killed agent's last will): vm1's
 agent is killed with SIGKILL in positive time while its entry runs. ``status --json`` says
 ``lost`` with its last-seen time, the text status shows it as a problem with the hint (and
 exits 1), the REST API lists it under ``?problems=1``, ``/metrics`` (parsed with
@@ -26,9 +27,13 @@ CONFIGURED = {"start_time": -5, "executable": "/bin/echo", "arguments": "configu
 LONG = {"start_time": 1, "executable": "/bin/sleep", "arguments": "20"}
 
 
-@pytest.fixture
-def env() -> Iterator[HostEnv]:
-    e = HostEnv({"vm1": [CONFIGURED, LONG], "vm2": [CONFIGURED, LONG]}, start_buffer=1.0)
+@pytest.fixture(params=["unix", "mqtt"])
+def env(request: pytest.FixtureRequest) -> Iterator[HostEnv]:
+    """Unix sockets (the host sees the socket close), or a real mosquitto (the killed agent's
+    last will says ``offline``)."""
+    e = HostEnv(
+        {"vm1": [CONFIGURED, LONG], "vm2": [CONFIGURED, LONG]}, start_buffer=1.0, transport=request.param
+    )
     yield e
     e.close()
 
