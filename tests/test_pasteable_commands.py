@@ -22,7 +22,8 @@ from typing import Dict, Iterator, List
 import pytest
 
 from tests.hostenv import HostEnv
-from vmr_handler.host.cli.options import host_command
+from vmr_handler.core.errors import UsageError
+from vmr_handler.host.cli.options import check_known, host_command
 from vmr_handler.host.cli.statustext import hints
 
 BREAK = {"start_time": 1, "pause_duration": "inf"}
@@ -221,3 +222,14 @@ def test_hints_carry_the_hosts_logs_directory(monkeypatch: pytest.MonkeyPatch) -
         "vm3 is not connected and the barrier waits for it; start without it: "
         "vmr-host release --exclude vm3 --logs '/srv/exp one/logs'"
     ]
+
+
+def test_unknown_names_are_named_with_a_few_known_ones() -> None:
+    known = [f"vm{i:05d}" for i in range(10_000)]
+    with pytest.raises(UsageError) as caught:
+        check_known(["vm00001", "web1", "web2"], known)
+    assert str(caught.value) == (
+        "unknown VMs web1, web2 (this host's VMs: vm00000, vm00001, vm00002, vm00003, vm00004, vm00005, "
+        "vm00006, vm00007 and 9,992 more)"
+    )
+    check_known(["vm00001"], known)  # known: nothing said

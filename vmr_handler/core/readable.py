@@ -164,3 +164,10 @@ def few_names(names: Sequence[str], shown: int = 8) -> str:
     if len(names) <= shown:
         return ", ".join(names)
     return f"{', '.join(names[:shown])} and {len(names) - shown:,} more"  # slices: no copy of all
+
+
+def unknown_text(unknown: Sequence[str], known: Sequence[str]) -> str:
+    """VM names someone gave that are not known, with a few of those that are, for an error:
+    ``unknown VM vm9 (this host's VMs: vm1, vm2, ... and 998 more)``."""
+    return (f"unknown VM{'s' if len(unknown) > 1 else ''} {few_names(list(unknown))} "
+            f"(this host's VMs: {few_names(list(known)) or 'none'})")  # fmt: skip

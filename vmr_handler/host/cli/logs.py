@@ -23,8 +23,8 @@ from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
 from vmr_handler.core.errors import UsageError
 from vmr_handler.core.events import Event, describe
 from vmr_handler.core.fsutil import utc_text
-from vmr_handler.core.readable import escaped
-from vmr_handler.host.cli.options import add_logs, unknown_text
+from vmr_handler.core.readable import escaped, unknown_text
+from vmr_handler.host.cli.options import add_logs
 from vmr_handler.host.logs.jsonlread import event_of, records_from
 from vmr_handler.host.logs.text import printable
 

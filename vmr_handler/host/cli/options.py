@@ -62,13 +62,6 @@ def check_known(names: Iterable[str], known: Sequence[str]) -> None:
     unknown = list(dict.fromkeys(n for n in names if n not in have))
     if unknown:
         from vmr_handler.core.errors import UsageError
+        from vmr_handler.core.readable import unknown_text
 
         raise UsageError(unknown_text(unknown, sorted(have)))
-
-
-def unknown_text(unknown: Sequence[str], known: Sequence[str]) -> str:
-    """``unknown VM vm9 (this host's VMs: vm1, vm2, ... and 998 more)``."""
-    from vmr_handler.core.readable import few_names
-
-    return (f"unknown VM{'s' if len(unknown) > 1 else ''} {few_names(list(unknown))} "
-            f"(this host's VMs: {few_names(list(known)) or 'none'})")  # fmt: skip

@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 from vmr_handler import __version__
 from vmr_handler.core.control import Handler
 from vmr_handler.core.errors import RequestRefused
-from vmr_handler.core.readable import few_names
+from vmr_handler.core.readable import few_names, unknown_text
 from vmr_handler.core.schedule.appended import read_batch
 from vmr_handler.core.schedule.model import entry_drops
 from vmr_handler.host.control.commands import COMMANDS, ControlCommand, validate
@@ -131,8 +131,7 @@ class ControlApi:
             raise RequestRefused(f"'{what}' must be a list of VM names")
         unknown = sorted(set(value) - set(sessions))
         if unknown:
-            served = ", ".join(sorted(sessions))
-            raise RequestRefused(f"unknown VM(s): {', '.join(unknown)} (served: {served})")
+            raise RequestRefused(unknown_text(unknown, sorted(sessions)))
         return list(dict.fromkeys(value))
 
     def resume(self, request: Dict[str, Any]) -> Dict[str, Any]:

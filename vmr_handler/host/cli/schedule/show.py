@@ -75,7 +75,7 @@ def _delivered(logs: str, vm: str) -> Dict[str, Any]:
         raise UsageError(f"cannot read {path}: {exc}") from exc
     item = index.get(vm) if isinstance(index, dict) else None
     if not isinstance(item, dict):
-        from vmr_handler.host.cli.options import unknown_text
+        from vmr_handler.core.readable import unknown_text
 
         known = sorted(index) if isinstance(index, dict) else []
         raise UsageError(f"no schedule in {path}: {unknown_text([vm], known)}")
