@@ -65,4 +65,5 @@ def test_readme_host_block_runs_pasted_as_a_whole(tmp_path: Path) -> None:
     assert proc.returncode == 0, out
     assert "2 VM(s) configured" in stdout and "2 VM(s) complete" in stdout, out
     assert '"expected"' in stdout, out  # the console answered
+    assert "vm1: Linux " in stdout and "vm2: Linux " in stdout, out  # exec's output, per VM
     assert "error" not in stderr and "Traceback" not in out, out
