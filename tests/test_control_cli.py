@@ -98,7 +98,7 @@ def test_vmr_host_resume_imports_only_what_it_uses(tmp_path: Path) -> None:
         "from vmr_handler.host.cli.vmr_host import main\n"
         f"def run(): return main(['resume', '--all', '--logs', {str(logs)!r}])"
     )
-    assert doc["rc"] == 1 and "no running vmr-host" in doc["err"]
+    assert doc["rc"] == 1 and "no vmr-host serve runs with the logs directory" in doc["err"]
     assert doc["heavy"] == []
 
 

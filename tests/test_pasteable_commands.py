@@ -3,8 +3,8 @@ reaches the host that printed it; VM names a host does not know are refused by e
 that takes them; ``wait`` says what it waits for.
 
 A real ``vmr-host serve`` (its logs directory has a space in its name: the hints quote it)
-and real agents over unix sockets: vm1 and vm2 reach a break at +1, vm2 then runs a program
-that does not exist, vm3 never connects.
+and real agents over unix sockets: vm1 and vm2 reach a break at +1, vm2 then has an entry
+that cannot start (a VM resource the host lacks), vm3 never connects.
 """
 
 from __future__ import annotations
@@ -175,10 +175,24 @@ def test_wait_says_what_it_waits_for_and_waits_for_a_starting_host(env: HostEnv)
     assert "waiting for every expected VM (3: vm1, vm2, vm3) to be complete, for at most 0.3 s" in res.stderr
 
 
-def test_wait_without_a_timeout_and_no_host_is_an_error_at_once(tmp_path: Path) -> None:
-    res = subprocess.run([sys.executable, "-m", "vmr_handler.host", "wait", "--for", "complete", "--logs",
-                          str(tmp_path)], capture_output=True, text=True, timeout=30)  # fmt: skip
-    assert res.returncode == 1 and "no running vmr-host" in res.stderr, res.stderr
+@pytest.mark.parametrize(
+    "command",
+    ["wait --for complete", "resume --all", "release", "status", "schedule add --all {schedule}",
+     "exec --all --logs {logs} -- true"],
+)  # fmt: skip
+def test_no_host_says_where_it_looked_and_how_to_name_another(tmp_path: Path, command: str) -> None:
+    """Without a host (and, for ``wait``, without a timeout): exit 1 at once, one line saying
+    which directory was looked in and how to name the running host's."""
+    logs = tmp_path / "nothing here"
+    schedule = tmp_path / "s.yaml"
+    schedule.write_text("- start_time: -1\n  executable: /bin/true\n")
+    words = shlex.split(command.format(logs=shlex.quote(str(logs)), schedule=schedule))
+    if "--logs" not in words:
+        words += ["--logs", str(logs)]
+    res = subprocess.run([sys.executable, "-m", "vmr_handler.host", *words], capture_output=True, text=True,
+                         timeout=30)  # fmt: skip
+    assert res.returncode in (1, 2) and res.stderr.count("\n") == 1, res.stderr
+    assert str(logs) in res.stderr and "--logs DIR, or set VMR_LOGS" in res.stderr, res.stderr
 
 
 def test_status_watch_json_streams_one_object_per_refresh(env: HostEnv) -> None:

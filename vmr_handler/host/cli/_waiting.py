@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from vmr_handler.host.cli.control_client import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
 from vmr_handler.host.cli.options import add_logs
-from vmr_handler.host.logs.logsdir import control_socket_path
+from vmr_handler.host.logs.logsdir import ask_host, control_socket_path
 from vmr_handler.host.model.stateword import FAILED_STATES
 
 #: The phases ``wait --for`` knows, and whether one VM's status dict has reached it (the
@@ -83,19 +83,18 @@ def _status(logs: str, until: Optional[float] = None) -> Dict[str, Any]:
     Raises:
         ControlError: no host answers on the socket (by ``until``), or it refused the request.
     """
-    from vmr_handler.core.control import request_at
     from vmr_handler.core.errors import ControlError
 
-    path = control_socket_path(logs)
     said = False
     while True:
         try:
-            reply = request_at(path, {"cmd": "status"})
+            reply = ask_host(logs, {"cmd": "status"})
             break
         except ControlError:
             if until is None or time.monotonic() >= until:
                 raise
             if not said:
+                path = control_socket_path(logs)
                 print(f"vmr-host: waiting for vmr-host serve to answer at {path}", file=sys.stderr)
                 said = True
             time.sleep(INTERVAL)

@@ -17,7 +17,7 @@ import sys
 from typing import Any, Dict, NamedTuple, Sequence
 
 from vmr_handler.host.cli.options import DEFAULT_LOGS, add_logs
-from vmr_handler.host.logs.logsdir import control_socket_path
+from vmr_handler.host.logs.logsdir import ask_host
 
 EXIT_OK = 0
 EXIT_RUNTIME = 1
@@ -118,9 +118,7 @@ def run_client(cmd: ClientCommand) -> int:
         print(f"vmr-host: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        from vmr_handler.core.control import request_at
-
-        reply = request_at(control_socket_path(cmd.logs), payload)
+        reply = ask_host(cmd.logs, payload)
         if reply.get("status") != "success":
             print(f"vmr-host: error: {reply.get('details')}", file=sys.stderr)
             return EXIT_USAGE
@@ -147,7 +145,8 @@ def _offline(cmd: ClientCommand, why: BaseException) -> int:
     try:
         result = offline_status(cmd.logs)
     except UsageError as exc:
-        print(f"vmr-host: error: {why}; {exc}", file=sys.stderr)
+        print(f"vmr-host: error: {exc} (give the running host's --logs DIR, or set VMR_LOGS)",
+              file=sys.stderr)  # fmt: skip
         return EXIT_RUNTIME
     print(f"vmr-host: no vmr-host answers ({why}): status read from the logs in {cmd.logs} (read-only)",
           file=sys.stderr)  # fmt: skip

@@ -8,7 +8,7 @@ Imports nothing at import time beyond the standard library (the lean command pat
 from __future__ import annotations
 
 import os
-from typing import Mapping, Protocol
+from typing import Any, Dict, Mapping, Protocol
 
 #: Name of the host control socket inside the logs directory.
 CONTROL_SOCKET = "vmr-host.sock"
@@ -25,6 +25,26 @@ def control_socket_path(logs: str) -> str:
     from vmr_handler.core.control import checked_socket_path
 
     return checked_socket_path(os.path.join(logs, CONTROL_SOCKET), "--logs")
+
+
+def ask_host(logs: str, payload: Dict[str, Any]) -> Dict[str, Any]:
+    """Send one control request to the ``vmr-host serve`` running with logs directory ``logs``
+    (:func:`vmr_handler.core.control.request_at`) and return its reply.
+
+    Raises:
+        ControlError: no host runs with these logs (the message says which directory was
+            looked in and how to name another), or it does not answer.
+    """
+    from vmr_handler.core.control import request_at
+    from vmr_handler.core.errors import ControlError
+
+    path = control_socket_path(logs)
+    if not os.path.exists(path):
+        raise ControlError(
+            f"no vmr-host serve runs with the logs directory {os.path.abspath(logs)} (no {CONTROL_SOCKET} "
+            "there): give the running host's --logs DIR, or set VMR_LOGS"
+        )
+    return request_at(path, payload)
 
 
 class DeliveredSchedule(Protocol):

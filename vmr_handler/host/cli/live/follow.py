@@ -119,7 +119,10 @@ def logs_dir(logs: str) -> str:
         UsageError: it is not a directory (no ``vmr-host serve`` keeps its logs there).
     """
     if not os.path.isdir(logs):
-        raise UsageError(f"--logs {logs} is not a directory: no vmr-host serve runs with it")
+        raise UsageError(
+            f"no vmr-host serve runs with the logs directory {os.path.abspath(logs)} (not a directory): "
+            "give the running host's --logs DIR, or set VMR_LOGS"
+        )
     return os.path.abspath(logs)
 
 

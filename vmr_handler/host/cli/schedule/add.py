@@ -23,7 +23,7 @@ from vmr_handler.core.readable import few_names
 from vmr_handler.core.schedule.appended import read_batch
 from vmr_handler.host.cli.control_client import EXIT_OK
 from vmr_handler.host.control.commands import COMMANDS, validate
-from vmr_handler.host.logs.logsdir import control_socket_path
+from vmr_handler.host.logs.logsdir import ask_host
 
 
 def add_parser(actions: Any, add_logs: Any) -> None:
@@ -81,8 +81,6 @@ def request_add(logs: str, vms: List[str], everyone: bool, path: str) -> Dict[st
         UsageError: a bad batch file, or the host refused it (its reason; nothing appended).
         ControlError: no host runs with these ``logs``.
     """
-    from vmr_handler.core.control import request_at
-
     try:
         raw, _batch = read_batch(path)
     except ValueError as exc:
@@ -90,7 +88,7 @@ def request_add(logs: str, vms: List[str], everyone: bool, path: str) -> Dict[st
     digest = hashlib.sha256(raw).hexdigest()
     request = {"vms": vms, "all": everyone, "path": path, "sha256": digest}
     payload = validate(COMMANDS["schedule_add"], request)  # the request as declared
-    reply = request_at(control_socket_path(logs), payload)
+    reply = ask_host(logs, payload)
     if reply.get("status") != "success":
         raise UsageError(str(reply.get("details")))
     result: Dict[str, Any] = reply["result"]
