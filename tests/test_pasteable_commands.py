@@ -247,3 +247,21 @@ def test_unknown_names_are_named_with_a_few_known_ones() -> None:
         "vm00006, vm00007 and 9,992 more)"
     )
     check_known(["vm00001"], known)  # known: nothing said
+
+
+def test_a_hint_names_vmr_host_as_the_shell_finds_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``vmr-host`` when the shell finds this very script on PATH (or under ``python -m``), else
+    the script's absolute path (``.venv/bin/vmr-host`` typed without the venv on PATH)."""
+    venv = tmp_path / "venv bin"
+    venv.mkdir()
+    script = venv / "vmr-host"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    monkeypatch.delenv("VMR_LOGS", raising=False)
+    monkeypatch.setattr(sys, "argv", ["/x/vmr_handler/host/__main__.py", "status"])
+    assert host_command("/l", "resume", "--all") == "vmr-host resume --all --logs /l"
+    monkeypatch.setattr(sys, "argv", [str(script), "status"])
+    monkeypatch.setenv("PATH", f"{venv}{os.pathsep}/usr/bin")
+    assert host_command("/l", "resume", "--all") == "vmr-host resume --all --logs /l"
+    monkeypatch.setenv("PATH", "/usr/bin")
+    assert host_command("/l", "resume", "--all") == f"'{script}' resume --all --logs /l"

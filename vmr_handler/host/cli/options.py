@@ -34,14 +34,32 @@ def add_logs(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def program() -> str:
+    """``vmr-host`` as a printed command names it: ``vmr-host`` when that is what the shell
+    finds on ``PATH`` (or this process was not started by the console script: ``python -m``),
+    else the absolute path of the script this process runs (``.venv/bin/vmr-host`` typed
+    without the venv on ``PATH``)."""
+    import sys
+
+    argv0 = sys.argv[0] if sys.argv else ""
+    if os.path.basename(argv0) != "vmr-host":
+        return "vmr-host"
+    mine = os.path.realpath(argv0)
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        found = os.path.join(folder or ".", "vmr-host")
+        if os.path.isfile(found) and os.access(found, os.X_OK):
+            return "vmr-host" if os.path.realpath(found) == mine else mine
+    return mine
+
+
 def host_command(logs: Optional[str], *words: str) -> str:
     """``vmr-host WORDS --logs DIR``: a command as a hint prints it, one that runs as printed
-    from any directory: every word shell-quoted, and the logs directory ``logs`` as an absolute
-    path, left out only when ``$VMR_LOGS`` names that directory (the operator's shell finds it
-    then) or ``logs`` is None."""
+    from any directory: :func:`program`, every word shell-quoted, and the logs directory
+    ``logs`` as an absolute path, left out only when ``$VMR_LOGS`` names that directory (the
+    operator's shell finds it then) or ``logs`` is None."""
     import shlex
 
-    text = " ".join(["vmr-host", *(shlex.quote(w) for w in words)])
+    text = " ".join([shlex.quote(program()), *(shlex.quote(w) for w in words)])
     if logs is None:
         return text
     where = os.path.abspath(logs)
