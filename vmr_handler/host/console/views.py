@@ -78,6 +78,13 @@ def timeline_end(experiment: Experiment, now: float) -> Optional[float]:
     return None if finished(words) else now
 
 
+def live_words(experiment: Experiment, now: float) -> Dict[str, str]:
+    """VM -> its state word at UTC ``now`` (the host's one model, liveness included): the
+    words the console's timeline draws its lanes with, as every row and count says them."""
+    start = experiment.barrier.start_time
+    return {name: s.state.word(start, now, s.presence()) for name, s in experiment.sessions.items()}
+
+
 def timeline_ends(experiment: Experiment, now: float) -> Dict[str, float]:
     """VM -> UTC epoch seconds up to which its open spans are drawn, for every ``lost`` VM at
     ``now``: when its agent was last heard from (not now: nobody knows what ran after)."""
