@@ -370,7 +370,7 @@
   const orNone = (v) => (isNum(v) ? v : -Infinity);
   const KEYS = {
     state: stateRank,
-    stage: (r) => r.stage || '',
+    where: (r) => r.where || '',
     hold: (r) => (r.at_break != null ? 2 : r.paused != null ? 1 : 0),
     running: (r) => r.running || 0,
     failures: (r) => r.failures || 0,
@@ -422,7 +422,7 @@
     return `<tr data-vm="${esc(r.vm)}" data-state="${esc(r.state)}" class="${cls}">`
       + `<td title="${esc(r.vm)}"><button type="button" class="link">${esc(r.vm)}</button></td>`
       + `<td><span class="state st-${esc(r.state)}">${esc(stateWord(r.state))}</span></td>`
-      + `<td class="stage" title="${esc(r.stage || '')}">${esc(r.stage || '')}</td>`
+      + `<td class="where" title="${esc(r.where || '')}">${esc(r.where || '')}</td>`
       + `<td>${hold}</td>`
       + `<td class="num">${r.running ? esc(r.running) : ''}</td>`
       + `<td class="num${r.failures ? ' bad' : ''}">${fails}</td>`
