@@ -120,3 +120,25 @@ def test_the_stages_keep_the_agents_numbers_after_exec() -> None:
         assert rows[3]["stage"] == stage_started[-1]["stage"]
     finally:
         env.close()
+
+
+def test_a_stored_resume_says_which_break_it_ended() -> None:
+    # as FIREWHEEL's `vm resume` stores it: a break at -inf, then a RESUME entry at -inf
+    stored = [
+        {"start_time": float("-inf"), "pause_duration": "inf"},
+        {"start_time": float("-inf"), "data": [{"resume": True}]},
+        {"start_time": -5, "executable": "/bin/echo", "arguments": "configured"},
+    ]
+    env = HostEnv({"vm1": stored}, start_buffer=0.5)
+    try:
+        env.start_host()
+        env.start_agent("vm1")
+        env.wait_event("vm1", "schedule_complete")
+        rows = _rows(env, "vm1")
+        assert rows[0]["holds"][0]["end"] is not None  # the break is over, never "since"
+        assert rows[1]["kind"] == "resume" and rows[1]["resumed"]["ended_break"] == 0
+        text = _show(env, "vm1").stdout.splitlines()
+        assert "ended break #0 at " in text[3] and "break since" not in "\n".join(text)
+        assert env.status()["vms"][0]["state"] == "complete"
+    finally:
+        env.close()

@@ -130,6 +130,8 @@ class VmTimeline:
     #: break index -> UTC of the RESUME that ended it before its ``break_started`` came (an
     #: agent older than the order "break, then its RESUME"): that break is drawn ended
     _resumed_first: Dict[Any, float] = field(default_factory=dict, repr=False)
+    #: stored RESUME entry index -> (UTC it was applied, the break it ended or None: ignored)
+    stored_resumes: Dict[int, Tuple[float, Optional[int]]] = field(default_factory=dict, repr=False)
     _open_run: Dict[int, EntryRun] = field(default_factory=dict, repr=False)
     _last_run: Dict[int, EntryRun] = field(default_factory=dict, repr=False)
     _agent_seen: bool = field(default=False, repr=False)
@@ -349,6 +351,9 @@ class VmTimeline:
 
     def _on_resume_received(self, t: float, p: ResumeReceived) -> None:
         brk = p.ended_break
+        entry = self._data.get("index")
+        if self._data.get("origin") == "schedule entry" and type(entry) is int:
+            self.stored_resumes[entry] = (t, None if p.ignored else brk)
         span = self._open_break.pop(brk, None) if brk is not None else None
         if span is not None:
             span.end = t
