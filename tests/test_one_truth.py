@@ -2,7 +2,7 @@
 
 One real ``vmr-host serve --console`` with real agents over unix sockets plays, at once, the
 scenarios an operator meets: a VM that completes with a failed entry, one that fails in its
-stage (and is left out of the barrier), one held at a break, one whose break a stored RESUME
+stage (and is left out of the barrier), then recovers when its agent starts again, one held at a break, one whose break a stored RESUME
 ended before it began (FIREWHEEL's ``vm resume``), one whose agent is killed with SIGKILL, a
 completed VM given a break with ``schedule add``, a late joiner the operator excluded, and
 ``exec``, ``push`` and ``pull`` on a running VM. At three moments (all of that at once; after
@@ -79,6 +79,7 @@ EXPECTED: Dict[str, Dict[str, Tuple[str, bool, int]]] = {
 }
 EXPECTED["after resume --all"] = {
     **EXPECTED["all at once"],
+    "fails-vm": ("complete", True, 1),  # recovered; its failed entry (a run) still counts
     "holds": ("complete", False, 0),
     "appended": ("complete", False, 0),
 }
@@ -147,12 +148,12 @@ def _metrics(console: Console) -> Tuple[Dict[str, str], Dict[str, int]]:
 
 
 def _shown(env: HostEnv, vm: str) -> Tuple[int, bool]:
-    """``schedule show``'s failed entries of ``vm`` (the latest run of each: a failed entry counts
-    once) and whether a break of it still holds."""
+    """``schedule show``'s failed entries of ``vm`` (docs/host.md, "Terms": runs that exited
+    non-zero or could not run) and whether a break of it still holds."""
     res = env.cli("schedule", "show", vm, "--json")
     assert res.returncode == 0, res.stderr
     rows = json.loads(res.stdout)["entries"]
-    failed = sum(1 for r in rows if r["runs"] and r["runs"][-1]["status"] in ("error", "failed"))
+    failed = sum(1 for r in rows for run in r["runs"] if run["status"] in ("error", "failed"))
     holding = any(h["kind"] == "break" and h["end"] is None for r in rows for h in r["holds"])
     return failed, holding
 
@@ -255,6 +256,12 @@ def test_every_view_says_the_same_of_every_vm(
     res = env.cli("resume", "--all")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "appended" in res.stdout and "holds" in res.stdout and "not at a break" in res.stdout, res.stdout
+    # a failure and a recovery: the missing resource is given, the VM's agent started again
+    (env.resources / "gone.bin").write_text("here now\n")
+    env.agents["fails-vm"].kill()
+    env.agents["fails-vm"].wait()
+    env.start_agent("fails-vm")
+    env.wait_event("fails-vm", "schedule_complete")
     env.wait_event("holds", "entry_exited", index=2)
     env.wait_for(lambda: len(env.events("appended", "schedule_complete")) == 2, "appended completes again")
     _agree(env, console, page, "after resume --all")
