@@ -15,11 +15,11 @@ import binascii
 import contextlib
 import functools
 import logging
-import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
+from vmr_handler.core.clock import Clock
 from vmr_handler.core.errors import TransferRefused
 from vmr_handler.core.events import Event
 from vmr_handler.core.ratelimit import TokenBucket
@@ -180,8 +180,11 @@ class TransferIntake:
         warn: the session's rate-limited remark.
         store: ``store(events, host UTC received)`` logs and acknowledges (the session's).
         budget: bytes per second and burst hashed again for this VM (:data:`REHASH_RATE`,
-            :data:`REHASH_BURST`): a hash over it waits (``hash_waits``, ``hash_waited_s``).
-        monotonic: the clock of that budget (monotonic seconds).
+            :data:`REHASH_BURST`): a hash that finds the budget in debt from earlier hashes
+            starts once the debt is paid, ``debt / rate`` seconds later (``hash_waits``,
+            ``hash_waited_s``); its own bytes are charged when it is taken.
+        clock: the host's clock: the budget is charged on its monotonic seconds and a
+            deferred hash starts on a timer of it.
     """
 
     def __init__(
@@ -191,14 +194,15 @@ class TransferIntake:
         warn: WarnFn,
         store: Callable[[List[Event], float], None],
         budget: Tuple[float, float] = (REHASH_RATE, REHASH_BURST),
-        monotonic: Callable[[], float] = time.monotonic,
+        *,
+        clock: Clock,
     ) -> None:
         self.transfers = transfers
         self.counters = counters
         self.warn = warn
         self._store = store
-        self._monotonic = monotonic
-        self._budget = TokenBucket(budget[0], budget[1], monotonic())
+        self._clock = clock
+        self._budget = TokenBucket(budget[0], budget[1], clock.monotonic())
         self.hash_waits = 0
         self.hash_waited = 0.0
         self._busy = False
@@ -233,14 +237,14 @@ class TransferIntake:
             self._hashed(taken, now, error)
             return None
         self._busy = True
-        mono = self._monotonic()
+        mono = self._clock.monotonic()
         delay = self._budget.spend(mono, 0)  # in debt from earlier hashes: wait
         self._budget.spend(mono, taken.hashing.missing)
         if delay > 0:
             self.hash_waits += 1
             self.hash_waited += delay
             self.warn("transfer-budget", f"hashing budget spent: a file's hash waits {delay:.1f} s", now)
-            loop.call_later(delay, self._hash, loop, taken, now)
+            self._clock.call_at(self._clock.time() + delay, self._hash, loop, taken, now)
         else:
             self._hash(loop, taken, now)
         return None
