@@ -1,12 +1,13 @@
 """One truth: every view of an experiment says the same of every VM, and it is what happened.
 
 One real ``vmr-host serve --console`` with real agents over unix sockets plays, at once, the
-scenarios an operator meets: a VM that completes with a failed entry, one that fails in its
-stage (and is left out of the barrier), then recovers when its agent starts again, one held at a break, one whose break a stored RESUME
-ended before it began (FIREWHEEL's ``vm resume``), one whose agent is killed with SIGKILL, a
-completed VM given a break with ``schedule add``, a late joiner the operator excluded, and
-``exec``, ``push`` and ``pull`` on a running VM. At three moments (all of that at once; after
-``resume --all``; after the host stopped) every view is read for every VM:
+scenarios an operator meets: a VM that completes with a failed entry; one that fails in its
+stage (left out of the barrier), then recovers when its agent starts again; one held at a
+break; one whose break a stored RESUME ended before it began (FIREWHEEL's ``vm resume``); one
+whose agent is killed with SIGKILL; a completed VM given a break with ``schedule add``; a late
+joiner the operator excluded; ``exec``, ``push`` and ``pull`` on a running VM. At three
+moments (all of that at once; after ``resume --all``; after the host stopped) every view is
+read for every VM:
 
 - ``vmr-host status --json`` (and its text's counts),
 - the console's REST rows (``GET /api/v1/vms``) and counts (``GET /api/v1/experiment``),
