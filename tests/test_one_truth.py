@@ -270,6 +270,7 @@ def test_every_view_says_the_same_of_every_vm(
     # the host stops: the page says so and stops its clock; the logs tell the same story
     env.kill_host()
     page.until(lambda: "the host is gone" in page.text("#x-clock"), "the page saying the host is gone")
+    assert " connected as of " in page.text("#chips")  # not "7 connected", as if it still were
     offline = _status(env)
     assert offline["offline"] is True
     want = EXPECTED["host stopped"]
