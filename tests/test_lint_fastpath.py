@@ -146,8 +146,8 @@ def test_a_program_an_entry_drops_itself_non_executable_is_warned(tmp_path: Path
     named by its resource file name or its location, or at an absolute one): exit 126 in
     FIREWHEEL 3.1.0 and here, so ``check`` warns; the same drops with executable: true do not."""
     records: List[Dict[str, Any]] = [
-        {"start_time": -3, "executable": "wrap.bat",
-         "data": [{"location": "wrap.bat", "filename": "wrap.bat"}]},
+        {"start_time": -3, "executable": "wrap.sh",
+         "data": [{"location": "wrap.sh", "filename": "wrap.sh"}]},
         {"start_time": -2, "executable": "run.sh", "data": [{"location": "bin/run.sh", "content": "x"}]},
         {"start_time": -1, "executable": "/opt/self.sh",
          "data": [{"location": "/opt/self.sh", "content": "y"}]},
@@ -159,9 +159,9 @@ def test_a_program_an_entry_drops_itself_non_executable_is_warned(tmp_path: Path
     schedule = schedule_of(records)
     warnings = lint_schedule(schedule, str(tmp_path), "/bin:/usr/bin", cmd.find_shell())
     own = [w for w in warnings if "with executable: false" in w]
-    labels = ["entry 0 ('wrap.bat')", "entry 1 ('run.sh')", "entry 2 ('/opt/self.sh')"]
+    labels = ["entry 0 ('wrap.sh')", "entry 1 ('run.sh')", "entry 2 ('/opt/self.sh')"]
     assert [w.split(":")[0] for w in own] == labels
-    assert f"runs '{tmp_path}/-3/wrap.bat/wrap.bat', which it drops itself with executable: false" in own[0]
+    assert f"runs '{tmp_path}/-3/wrap.sh/wrap.sh', which it drops itself with executable: false" in own[0]
     assert f"runs '{tmp_path}/-2/run.sh/bin/run.sh', which it drops itself" in own[1]
     assert "runs '/opt/self.sh', which it drops itself" in own[2]
     assert all("exits 126" in w and "set executable: true on that drop" in w for w in own)
