@@ -123,6 +123,7 @@ class HostServer:
             schedule_lookup(config.vms, config.allow_classes, appends),
             self.resources,
             self.events,
+            specs=config.vms,
         )  # on_host entries, reached by the sessions through the experiment
         self.experiment = Experiment(
             config, self.sessions, self.clock, appends, self.host_entries, broker_publisher(config)

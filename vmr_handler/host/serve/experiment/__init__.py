@@ -6,6 +6,7 @@ General layout::
     barrier      the start barrier (pure: plain numbers, no I/O)
     appendbook   batches of entries the operator appended to running VMs
     hostentries  on_host entries, run on the host when a VM's agent asks
+    onhost       what an on_host entry runs: its argv and its FIREWHEEL_* environment
 
 May import: ``host.serve.session``, ``host.serve.files``, ``host.serve.config``,
 ``host.logs``, ``core``.
