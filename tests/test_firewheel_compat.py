@@ -253,6 +253,16 @@ def test_plan_and_check_show_and_warn(tmp_path):
             "cannot run a program",
         ),
         ({"start_time": 1, "data": [{"location": "/x", "interval": -1}]}, "data[0].interval", "must be"),
+        (
+            {"start_time": 1, "data": [{"location": "/x", "destination": "out/dir"}]},
+            "data[0].destination",
+            "must be an absolute directory on the host",
+        ),
+        (
+            {"start_time": 1, "data": [{"location": "/x", "destination": "/srv/../etc"}]},
+            "data[0].destination",
+            "must not have a '..' component",
+        ),
     ],
 )
 def test_resume_and_transfer_entries_are_validated(tmp_path, record, field, words):

@@ -245,7 +245,9 @@ class VmSession:
         self.state = VmState(self.name, spec.digest, self.schedule_id, self.told)
         self.counters = Counters()
         self._warned: Dict[str, int] = {}
-        self.intake = TransferIntake(transfers, self.counters, self.warn, self._store, clock=self.clock)
+        self.intake = TransferIntake(
+            transfers, self.counters, self.warn, self._store, clock=self.clock, destinations=spec.destinations
+        )
         self.acks = DurableAcks(vmlog, lambda ids: self._send([self.events.make(ACK, {"ids": ids})]))
         self._write_spell = WriteSpell(self.name)
         #: unstored control event type -> its handler (event, host UTC received)
