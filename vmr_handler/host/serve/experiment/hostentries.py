@@ -404,8 +404,8 @@ class HostEntryRunner:
         index = entry.index
         workdir = os.path.join(self.root, vm, str(index))
         try:
-            os.makedirs(workdir, mode=0o750, exist_ok=True)
             argv = host_command(entry, self.resources, self.path, workdir)
+            os.makedirs(workdir, mode=0o750, exist_ok=True)
             self.outcomes.setdefault(vm, {})[index] = Outcome(RUNNING)
             self._save(vm)  # before the spawn: a host that dies now never runs it again
         except (EntryError, ResourceRefused) as exc:

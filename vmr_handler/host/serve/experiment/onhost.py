@@ -47,8 +47,8 @@ def host_command(
         entry: the on_host entry (the host's copy of the schedule).
         resources: the host's ``--resources`` store (a relative program is one of its files).
         path: the PATH ``minimega`` is looked up on (None: this process's).
-        workdir: the entry's working dir (made by the caller); a resource made executable is
-            copied there.
+        workdir: the entry's working dir; a resource made executable is copied there (the
+            directory made then, mode 0750).
 
     Raises:
         ResourceRefused: the program is not allowed (relative and not a file of
@@ -103,6 +103,7 @@ def _executable_copy(program: str, mode: int, workdir: str) -> str:
     target = os.path.join(workdir, os.path.basename(program))
     partial = target + ".vmr-part"
     try:
+        os.makedirs(workdir, mode=0o750, exist_ok=True)
         shutil.copyfile(program, partial)
         os.chmod(partial, (mode & 0o777) | 0o111)
         os.replace(partial, target)
