@@ -44,7 +44,9 @@ raise one re-export its name (``vmr_handler.host.logs.store.TransferRefused`` is
 
 from __future__ import annotations
 
-from typing import Sequence
+TYPE_CHECKING = False  # no ``typing`` on the lean paths (core.commandtable.TYPE_CHECKING)
+if TYPE_CHECKING:
+    from typing import Sequence
 
 
 class VmrError(Exception):
