@@ -41,7 +41,8 @@ class Command:
         summary: the line ``--help`` lists the command with.
         arguments: ``"module:function"`` that adds the command's arguments to its parser.
         run: ``"module:function"`` that runs the parsed ``argparse.Namespace``; the exit code.
-        lean: starts with no logging set up (the control commands: nothing to log, quick start).
+        lean: starts with no logging set up (the control commands, ``plan``, ``check``: nothing
+            to log, a quick start; their modules import no ``typing``, :data:`TYPE_CHECKING`).
         rest: the words after the first ``--`` are the command's own, taken as they are
             (``args.rest``, None without ``--``): ``vmr-host exec VM -- CMD ARG``.
     """

@@ -1,9 +1,10 @@
 """``vmr-handler`` command line: argparse front end only, no logic of its own.
 
 Commands: ``run --local``, ``plan``, ``check``, ``status``, ``resume``, ``completion``, one
-table (:data:`COMMANDS`) for help, completion and dispatch. ``status`` and ``resume`` run
-:mod:`vmr_handler.agent.cli.control_client` with no logging set up: this module imports
-nothing heavy at the top, each command imports what it needs when it runs.
+table (:data:`COMMANDS`) for help, completion, parsing and dispatch. ``status`` and ``resume``
+run :mod:`vmr_handler.agent.cli.control_client`, and ``plan`` and ``check`` run, with no logging
+set up: this module imports nothing heavy at the top (no ``typing`` either), each command
+imports what it needs when it runs.
 Exit codes: 0 success; 1 the VM failed (run) or the agent could not be reached
 (status/resume); 2 bad usage or a schedule that cannot be used.
 """
@@ -306,7 +307,7 @@ def _commands(schedule: Schedule, launch_dir: str) -> Dict[int, str]:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """``plan``: stored RESUME entries count as RESUMEs before the start (the agent applies them
-    when it loads the schedule), before the ``--resume`` ones. ``--json``: :mod:`.planout`."""
+    when it loads the schedule), before the ``--resume`` ones. ``--json``: :mod:`._planout`."""
     if args.json:
         from vmr_handler.agent.cli._planout import PlanRequest, print_plan_json
 
