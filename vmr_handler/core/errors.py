@@ -45,7 +45,9 @@ raise one re-export its name (``vmr_handler.host.logs.store.TransferRefused`` is
 
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+TYPE_CHECKING = False  # no ``typing`` on the lean paths (core.commandtable.TYPE_CHECKING)
+if TYPE_CHECKING:
+    from typing import Sequence, Tuple
 
 
 class VmrError(Exception):

@@ -24,12 +24,12 @@ Refusals: every request can be refused with :class:`~vmr_handler.core.errors.Req
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple, Type
-
 from vmr_handler.core.errors import BarrierError, BatchError, RequestRefused, ResourcesMissing, VmrError
 
+TYPE_CHECKING = False  # no ``typing`` on the lean paths (core.commandtable.TYPE_CHECKING)
 if TYPE_CHECKING:
     import argparse
+    from typing import Any, Dict, List, Mapping, Optional, Tuple, Type
 
 #: The kinds a field can have, with the JSON schema of each.
 KINDS: Dict[str, Dict[str, Any]] = {
