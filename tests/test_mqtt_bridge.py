@@ -51,6 +51,24 @@ class Pair:
         self.broker_a = Broker(root=self.a, config=self.a / "mosquitto.conf", port=self.port_a).start()
         self.broker_b = Broker(root=self.b, config=self.b / "mosquitto.conf", port=self.port_b).start()
         self.clients: List[Client] = []
+        self.wait_bridged()
+
+    def wait_bridged(self, timeout: float = 60.0) -> None:
+        """Return once the bridge has subscribed on A (B's broker connects it a moment after it
+        starts): a non-retained ping that h1 publishes on A reaches h2 on B."""
+        h1, h2 = self.client("A", "host", "h1"), self.client("B", "host", "h2")
+        h2.subscribe(START)
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                assert h1.publish(START, b"ping") < FAILURE
+                if (START, b"ping") in h2.drain(0.3):
+                    return
+            raise AssertionError(f"the bridge never carried a message: {self.broker_b.errors()}")
+        finally:
+            h1.close()
+            h2.close()
+            self.clients.clear()
 
     def client(self, side: str, kind: str, name: str) -> Client:
         out, port = (self.a, self.port_a) if side == "A" else (self.b, self.port_b)
@@ -259,6 +277,10 @@ def _until(client: Client, topic: str, payload: bytes, timeout: float = 60.0) ->
             "give the coordinator's broker as HOST:PORT",
         ),
         (["--bridge-to", "h:70000", "--bridge-credentials", "CREDS"], "port must be 1-65535"),
+        (
+            ["--bridge-to", "a#b:1883", "--bridge-credentials", "CREDS"],
+            "'a#b' is not a host name or IP address",
+        ),
         (["--bridge-to", "h:1", "--bridge-credentials", "MISSING"], "No such file"),
         (["--bridge-to", "h:1", "--bridge-credentials", "VMFILE"], "not a bridge credentials file"),
         (["--bridge-to", "h:1", "--bridge-credentials", "CREDS", "--bridge-member", "h3"], "not both"),

@@ -212,7 +212,8 @@ def _bridging(
     Raises:
         UsageError: bad or duplicate member host ids, a bridge user named like a VM or host
             user, ``--bridge-to`` without ``--bridge-credentials`` or the reverse, both
-            kinds of bridging on one broker, or a bad credentials file (:func:`load_bridge`).
+            kinds of bridging on one broker, a ``--bridge-to`` host that is no host name or IP
+            address, or a bad credentials file (:func:`load_bridge`).
     """
     members = split_list(args.bridge_member) if args.bridge_member else []
     check_names("bridge member host", members)
@@ -229,6 +230,8 @@ def _bridging(
             "(every member's broker bridges to the coordinator's directly)"
         )
     bridge = load_bridge(args.bridge_to, args.bridge_credentials, args.experiment)
+    if not (is_ip(bridge.host) or HOSTNAME.match(bridge.host)):
+        raise UsageError(f"--bridge-to {args.bridge_to!r}: {bridge.host!r} is not a host name or IP address")
     if bridge.username in {*vms, *host_users}:
         raise UsageError(f"the bridge user {bridge.username} is also a VM or host user name here")
     return (), bridge
