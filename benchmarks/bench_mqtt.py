@@ -7,6 +7,7 @@ Run from the repository root::
     .venv/bin/python benchmarks/bench_mqtt.py                     # N=1000, 3 runs
     .venv/bin/python benchmarks/bench_mqtt.py --vms 100,1000 --runs 3
     .venv/bin/python benchmarks/bench_mqtt.py --vms 3000 --runs 1 --procs 3
+    .venv/bin/python benchmarks/bench_mqtt.py --bridged --vms 1000 --runs 2   # 2 x N, two brokers
 
 Each run starts, all on this machine and all stopped by PID at the end:
 
@@ -44,6 +45,10 @@ time splits into (host set -> received by the kernel) and (received -> processed
 generator's own queueing on 2 shared cores).
 ``--src DIR`` runs ``vmr-host`` from another source tree (e.g. a ``git archive`` of an
 earlier commit), for before/after figures.
+``--bridged``: a coordinator and a member host with N VMs each (and their own generators),
+on two mosquittos joined by the bridge ``vmr-host mqtt-config --bridge-to`` writes, beside the
+same two hosts on one broker, per run; the start across both sides, RESUME on each host, CPU
+and RSS of both hosts and brokers (:func:`run_pair`).
 ``configured`` is sent when the controller says: VM i at ``T0 + window * i / (N - 1)``, so the
 last one goes at a known instant. Every time is ``time.time()`` on this machine (host, broker
 and generators share the clock).
