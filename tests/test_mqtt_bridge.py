@@ -119,6 +119,19 @@ def test_the_generated_bridge_files(pair: Pair) -> None:
     assert "bridge" not in (pair.b / "acl").read_text()
 
 
+def test_force_drops_the_bridges_of_an_earlier_configuration(tmp_path: Path) -> None:
+    port = str(free_port())
+    a = generate(tmp_path / "A", "--experiment", E, "--vms", "a1", "--tls", "--tls-port", port,
+                 "--client-certs", "--bridge-member", "h2")  # fmt: skip
+    b = generate(tmp_path / "B", "--experiment", E, "--vms", "b1", "--bridge-to", f"127.0.0.1:{port}",
+                 "--bridge-credentials", str(a / "bridges" / "h2.yaml"))  # fmt: skip
+    assert sorted(p.name for p in (b / "bridge").iterdir()) == ["ca.crt", "client.crt", "client.key"]
+    generate(a, "--experiment", E, "--vms", "a1", "--force")
+    generate(b, "--experiment", E, "--vms", "b1", "--force")
+    assert list((a / "bridges").iterdir()) == [] and "bridge-h2" not in (a / "acl").read_text()
+    assert list((b / "bridge").iterdir()) == [] and "connection" not in (b / "mosquitto.conf").read_text()
+
+
 # --------------------------------------------------------------- what crosses, what does not
 def test_the_bridge_carries_the_coordination_topics_both_ways_retained(pair: Pair) -> None:
     h1, h2 = pair.client("A", "host", "h1"), pair.client("B", "host", "h2")

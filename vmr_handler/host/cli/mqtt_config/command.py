@@ -169,6 +169,10 @@ def _prepare_out(layout: MqttLayout) -> None:
                 for name in os.listdir(directory):
                     if name.endswith(".yaml"):
                         os.unlink(os.path.join(directory, name))
+        bridge = BridgeFiles.under(out)  # an earlier bridge's certificate and key
+        for path in (bridge.ca_cert, bridge.client_cert, bridge.client_key):
+            if os.path.exists(path):
+                os.unlink(path)
 
 
 def _owner_warnings(layout: MqttLayout, owner: Optional[Tuple[int, int]]) -> List[str]:
