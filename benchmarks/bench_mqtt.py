@@ -7,6 +7,7 @@ Run from the repository root::
     .venv/bin/python benchmarks/bench_mqtt.py                     # N=1000, 3 runs
     .venv/bin/python benchmarks/bench_mqtt.py --vms 100,1000 --runs 3
     .venv/bin/python benchmarks/bench_mqtt.py --vms 3000 --runs 1 --procs 3
+    .venv/bin/python benchmarks/bench_mqtt.py --bridged --vms 1000 --runs 2   # 2 x N, two brokers
 
 Each run starts, all on this machine and all stopped by PID at the end:
 
@@ -44,6 +45,10 @@ time splits into (host set -> received by the kernel) and (received -> processed
 generator's own queueing on 2 shared cores).
 ``--src DIR`` runs ``vmr-host`` from another source tree (e.g. a ``git archive`` of an
 earlier commit), for before/after figures.
+``--bridged``: a coordinator and a member host with N VMs each (and their own generators),
+on two mosquittos joined by the bridge ``vmr-host mqtt-config --bridge-to`` writes, beside the
+same two hosts on one broker, per run; the start across both sides, RESUME on each host, CPU
+and RSS of both hosts and brokers (:func:`run_pair`).
 ``configured`` is sent when the controller says: VM i at ``T0 + window * i / (N - 1)``, so the
 last one goes at a known instant. Every time is ``time.time()`` on this machine (host, broker
 and generators share the clock).
@@ -758,18 +763,18 @@ class Probe:
 class Workers:
     """The generator processes and their JSON-line output."""
 
-    def __init__(self, n: int, procs: int, port: int, root: str) -> None:
+    def __init__(self, n: int, procs: int, port: int, root: str, first: int = 0) -> None:
         self.procs: List[subprocess.Popen] = []
         self.q: queue.Queue[Tuple[int, Dict[str, Any]]] = queue.Queue()
         self.progress: Dict[int, Dict[str, int]] = {}
         self.reports: Dict[int, Dict[str, Any]] = {}
         per = [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
-        first = 0
+        name = f"worker{first}-" if first else "worker"
         for i, count in enumerate(per):
             argv = [sys.executable, os.path.abspath(__file__), "--worker", "--port", str(port),
                     "--experiment", EXPERIMENT, "--first", str(first), "--count", str(count)]  # fmt: skip
             first += count
-            err = os.path.join(root, f"worker{i}.err")
+            err = os.path.join(root, f"{name}{i}.err")
             p = spawn(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=out_file(err))
             self.procs.append(p)
             threading.Thread(target=self._reader, args=(i, p), daemon=True).start()
@@ -838,9 +843,12 @@ class Workers:
             stop(p, 5.0)
 
 
-def write_broker_conf(root: str, port: int) -> str:
+def write_broker_conf(root: str, port: int, extra: Sequence[str] = ()) -> str:
+    """An anonymous broker's config (persistence as ``vmr-host mqtt-config`` writes it), with
+    ``extra`` lines at the end (a bridge's ``connection`` section)."""
     import getpass
 
+    os.makedirs(root, exist_ok=True)
     conf = os.path.join(root, "mosquitto.conf")
     os.makedirs(os.path.join(root, "data"), exist_ok=True)
     lines = [
@@ -858,6 +866,7 @@ def write_broker_conf(root: str, port: int) -> str:
         "sys_interval 1",
         f"listener {port} 127.0.0.1",
         "allow_anonymous true",
+        *extra,
     ]
     with open(conf, "w") as fh:
         fh.write("\n".join(lines) + "\n")
@@ -1163,6 +1172,333 @@ def probe_split(fig: Dict[str, Any], vms: List[Dict[str, Any]], set_at: float) -
     fig["probe_broadcast_ms"] = None if broadcast is None else (broadcast - set_at) * 1000
 
 
+# =========================================================================== two hosts, bridged
+# ``--bridged``: a coordinator host (h1) and a member host (h2), N simulated VMs each, on two
+# mosquittos joined by the bridge ``vmr-host mqtt-config --bridge-to`` writes (the product's
+# ``render_bridge``; the brokers are anonymous here, as above), and the same two hosts on one
+# broker as the baseline, run one after the other in the same invocation.
+def start_broker(
+    root: str, port: int, sampler: Sampler, name: str, extra: Sequence[str] = ()
+) -> subprocess.Popen:
+    """A mosquitto on ``port`` (config in ``root``), sampled as ``name``."""
+    broker = spawn(
+        [MOSQUITTO, "-c", write_broker_conf(root, port, extra)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=out_file(os.path.join(root, "mosquitto.err")),
+    )
+    wait_port(port, broker)
+    sampler.add(name, broker.pid)
+    return broker
+
+
+def bridge_lines(root: str, coordinator_port: int) -> List[str]:
+    """The ``connection`` section that ``mqtt-config --bridge-to 127.0.0.1:PORT`` writes for
+    member h2 (the coordinator's broker is anonymous: the bridge's password is not checked)."""
+    from vmr_handler.host.cli.mqtt_config.bridges import BridgeFiles, BridgeTo, bridge_user, render_bridge
+
+    bridge = BridgeTo("127.0.0.1", coordinator_port, EXPERIMENT, "h2", bridge_user("h2"), "bench")
+    return render_bridge(bridge, BridgeFiles.under(root))
+
+
+def start_pair_host(
+    root: str, port: int, n: int, first: int, role: List[str], shim: bool
+) -> subprocess.Popen:
+    """``vmr-host serve`` of VMs ``first .. first+n-1`` on the broker at ``port`` (``role``: its
+    --host-id and --coordinator/--member flags); returns once it is connected."""
+    sch, logs = os.path.join(root, "sch"), os.path.join(root, "logs")
+    os.makedirs(sch)
+    for i in range(first, first + n):
+        with open(os.path.join(sch, vm_name(i) + ".yaml"), "w") as fh:
+            fh.write("- {start_time: 1, executable: /bin/true}\n")
+    herr = os.path.join(root, "host.err")
+    launcher = [sys.executable, os.path.abspath(__file__), "--host-with-poll"] if shim else vmr_host()
+    host = spawn(
+        [
+            *launcher,
+            "serve",
+            "--transport",
+            "mqtt",
+            "--broker",
+            f"mqtt://127.0.0.1:{port}",
+            "--experiment",
+            EXPERIMENT,
+            *role,
+            "--schedules",
+            sch,
+            "--logs",
+            logs,
+            "--start-buffer",
+            "5",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=out_file(herr),
+        env=spawn_env(),
+    )
+    deadline = time.monotonic() + max(HOST_CONNECT_WAIT, 0.006 * n)
+    while "connected to broker" not in text(herr):
+        if host.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"vmr-host {role[1]} never connected: {text(herr)[-2000:]}")
+        time.sleep(0.05)
+    return host
+
+
+def resume_side(logs: str, workers: Workers, n: int) -> Dict[str, Any]:
+    """``vmr-host resume --all --force`` on one host: when the CLI was started (``t_cli``, for
+    :func:`analyse_pair`) and CLI exec -> the host recorded every answer (experiment.json), ms."""
+    before = workers.total("resumed")
+    t_cli = time.time()
+    subprocess.run(
+        [*vmr_host(), "resume", "--all", "--force", "--logs", logs, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        env=spawn_env(),
+    )
+    workers.wait_total("resumed", before + n)
+    deadline, answered = time.monotonic() + WAIT, math.nan
+    while time.monotonic() < deadline:
+        try:
+            rec = read_json(os.path.join(logs, "experiment.json"))["resumes"][-1]
+        except (OSError, ValueError, KeyError, IndexError):
+            rec = {}
+        got = [a["received"] for a in rec.get("answered", {}).values() if "received" in a]
+        if len(got) >= n:
+            answered = (max(got) - t_cli) * 1000
+            break
+        time.sleep(0.1)
+    return {"t_cli": t_cli, "answers_ms": answered}
+
+
+def run_pair(n: int, procs: int, window: float, keep: bool, shim: bool, bridged: bool) -> Dict[str, Any]:
+    """h1 (coordinator, VMs 0..N-1) and h2 (member, VMs N..2N-1): on one broker, or each on its
+    own with ``bridged``; the barrier -> start, RESUME to each side, CPU of hosts and brokers."""
+    root = tempfile.mkdtemp(dir="/tmp", prefix="vbp")
+    fig: Dict[str, Any] = {"n": n, "bridged": bridged, "root": root}
+    sampler = Sampler()
+    sampler.start()
+    ports = {"A": free_port(), "B": free_port() if bridged else 0}
+    procs_started: List[subprocess.Popen] = []
+    sides: Dict[str, Workers] = {}
+    t_run = time.monotonic()
+    try:
+        procs_started.append(start_broker(os.path.join(root, "A"), ports["A"], sampler, "broker A"))
+        if bridged:
+            broot = os.path.join(root, "B")
+            procs_started.append(
+                start_broker(broot, ports["B"], sampler, "broker B", bridge_lines(broot, ports["A"]))
+            )
+        port_b = ports["B"] if bridged else ports["A"]
+        roles = {
+            "h1": ["--host-id", "h1", "--coordinator", "--peers", "h2"],
+            "h2": ["--host-id", "h2", "--member"],
+        }
+        for name, port, first in (("h1", ports["A"], 0), ("h2", port_b, n)):
+            host = start_pair_host(os.path.join(root, name), port, n, first, roles[name], shim)
+            procs_started.append(host)
+            sampler.add(name, host.pid)
+        names = ["h1", "h2", "broker A", *(["broker B"] if bridged else [])]
+        sides = {"h1": Workers(n, procs, ports["A"], root), "h2": Workers(n, procs, port_b, root, first=n)}
+        cpu0 = {k: sampler.cpu(k) for k in names}
+        for w in sides.values():
+            w.send("connect")
+        fig["all_ready"] = all(w.wait_total("ready", n) for w in sides.values())
+        time.sleep(2.0)
+        cpu1 = {k: sampler.cpu(k) for k in names}
+        t0 = time.time() + 0.5
+        for w in sides.values():
+            w.send(f"configured {t0:.6f} {window} {2 * n}")
+        fig["all_started"] = all(w.wait_total("started", n) for w in sides.values())
+        time.sleep(1.0)
+        cpu2 = {k: sampler.cpu(k) for k in names}
+        fig["resume"] = {h: resume_side(os.path.join(root, h, "logs"), sides[h], n) for h in ("h1", "h2")}
+        time.sleep(0.5)
+        cpu3 = {k: sampler.cpu(k) for k in names}
+        fig["cpu_s"] = {
+            k: {
+                "connect": cpu1[k] - cpu0[k],
+                "start": cpu2[k] - cpu1[k],
+                "resume": cpu3[k] - cpu2[k],
+                "total": cpu3[k],
+            }
+            for k in names
+        }
+        fig["rss_max_mb"] = {k: sampler.rss_max.get(k, 0) / 1e6 for k in names}
+        fig["run_s"] = time.monotonic() - t_run
+        vms = {h: w.report() for h, w in sides.items()}
+        exps = {h: read_json(os.path.join(root, h, "logs", "experiment.json")) for h in sides}
+        analyse_pair(fig, vms, exps)
+        return fig
+    finally:
+        for w in sides.values():
+            w.quit()
+        for proc in reversed(procs_started):
+            stop(proc, 20.0)
+        sampler.stop_ev.set()
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def analyse_pair(
+    fig: Dict[str, Any], vms: Dict[str, List[Dict[str, Any]]], exps: Dict[str, Dict[str, Any]]
+) -> None:
+    """The start across both sides: last configured sent -> every VM has its start (each side
+    and all), the spread of receive times, one start value; the coordinator's set -> the
+    member's adoption (across the bridge); schedules per VM and disconnects."""
+    every = [v for side in vms.values() for v in side]
+    last_cfg = max(v["t_configured"] for v in every if "t_configured" in v)
+    set_at = exps["h1"].get("start_set_at")
+    fig["start_values"] = len({v.get("start_time") for v in every if "start_time" in v})
+    fig["host_start_values"] = len({e.get("start_time") for e in exps.values()})
+    fig["coordinator_set_after_last_cfg_ms"] = (set_at - last_cfg) * 1000 if set_at else math.nan
+    member_set = exps["h2"].get("start_set_at")
+    fig["member_adopted_after_set_ms"] = (member_set - set_at) * 1000 if set_at and member_set else math.nan
+    for side, recs in (*vms.items(), ("all", every)):
+        starts = [v["t_start"] for v in recs if "t_start" in v]
+        fig[f"start_{side}"] = {
+            "n": len(starts),
+            "from_last_cfg": stats_ms([t - last_cfg for t in starts]),
+            "from_set": stats_ms([t - set_at for t in starts]) if set_at else {},
+        }
+    for side, recs in vms.items():  # each VM got one RESUME: its own host's
+        resumed = [v["t_resume"] for v in recs if "t_resume" in v]
+        t_cli = fig["resume"][side]["t_cli"]
+        fig["resume"][side]["all_have_ms"] = (max(resumed) - t_cli) * 1000 if resumed else math.nan
+    starts = [v["t_start"] for v in every if "t_start" in v]
+    fig["start_spread_ms"] = (max(starts) - min(starts)) * 1000 if starts else math.nan
+    fig["schedules_max"] = max((v.get("schedules", 0) for v in every), default=0)
+    fig["disconnects"] = sum(v.get("disconnects", 0) for v in every)
+
+
+#: The processes of a pair run, as sampled.
+SAMPLED = ("h1", "h2", "broker A", "broker B")
+
+
+def _get(key: str) -> Any:
+    return lambda r: r[key]
+
+
+PAIR_ROWS: List[Tuple[str, Any, str, int]] = [
+    ("VMs (h1 coordinator + h2 member)", lambda r: 2 * r["n"], "", 0),
+    (
+        "start values: among all VMs / the two hosts",
+        lambda r: f"{r['start_values']} / {r['host_start_values']}",
+        "",
+        0,
+    ),
+    (
+        "coordinator set the start, after the last configured, ms",
+        _get("coordinator_set_after_last_cfg_ms"),
+        "ms",
+        0,
+    ),
+    (
+        "member adopted it after the coordinator set it, ms",
+        lambda r: r["member_adopted_after_set_ms"],
+        "ms",
+        0,
+    ),
+    (
+        "barrier -> start: last configured sent -> all 2N have it, ms",
+        lambda r: r["start_all"]["from_last_cfg"]["max"],
+        "ms",
+        0,
+    ),
+    ("  coordinator set -> h1's VMs have it p50 / max, ms", lambda r: _pm(r["start_h1"]["from_set"]), "", 0),
+    ("  coordinator set -> h2's VMs have it p50 / max, ms", lambda r: _pm(r["start_h2"]["from_set"]), "", 0),
+    ("start spread across both sides (first -> last VM), ms", lambda r: r["start_spread_ms"], "ms", 0),
+    (
+        "RESUME h1 --all: CLI exec -> all N have it / answers recorded, ms",
+        lambda r: f"{r['resume']['h1']['all_have_ms']:.0f} / {r['resume']['h1']['answers_ms']:.0f}",
+        "",
+        0,
+    ),
+    (
+        "RESUME h2 --all: CLI exec -> all N have it / answers recorded, ms",
+        lambda r: f"{r['resume']['h2']['all_have_ms']:.0f} / {r['resume']['h2']['answers_ms']:.0f}",
+        "",
+        0,
+    ),
+    ("CPU s connect+handshakes: h1 / h2 / broker A / broker B", lambda r: _cpu(r, "connect"), "", 0),
+    ("CPU s configured+start: h1 / h2 / broker A / broker B", lambda r: _cpu(r, "start"), "", 0),
+    ("CPU s RESUME x2: h1 / h2 / broker A / broker B", lambda r: _cpu(r, "resume"), "", 0),
+    ("CPU s whole run: h1 / h2 / broker A / broker B", lambda r: _cpu(r, "total"), "", 0),
+    (
+        "RSS max MB: h1 / h2 / broker A / broker B",
+        lambda r: " / ".join(f"{r['rss_max_mb'][k]:.0f}" if k in r["rss_max_mb"] else "-" for k in SAMPLED),
+        "",
+        0,
+    ),
+    ("schedules per VM (max), disconnects", lambda r: f"{r['schedules_max']}, {r['disconnects']}", "", 0),
+    ("run, s", lambda r: r["run_s"], "s", 0),
+]
+
+
+def _pm(stats: Dict[str, float]) -> str:
+    return f"{stats.get('p50', math.nan):.0f} / {stats.get('max', math.nan):.0f}"
+
+
+def _cpu(r: Dict[str, Any], phase: str) -> str:
+    return " / ".join(
+        "-" if k not in r["cpu_s"] else f"{r['cpu_s'][k][phase]:.2f}"
+        for k in ("h1", "h2", "broker A", "broker B")
+    )
+
+
+def print_pair_table(results: Dict[int, Dict[bool, List[Dict[str, Any]]]]) -> None:
+    """One row per figure; per N a column for one broker and one for the bridged pair (each a
+    run's value, runs separated by ``;``)."""
+    head = ["metric"] + [
+        f"N={n} x 2, {'bridged' if b else 'one broker'}" for n in sorted(results) for b in (False, True)
+    ]
+    rows = []
+    for label, get, unit, nd in PAIR_ROWS:
+        row = [label]
+        for n in sorted(results):
+            for bridged in (False, True):
+                vals = []
+                for r in results[n].get(bridged, []):
+                    try:
+                        v = get(r)
+                    except (KeyError, TypeError, IndexError, ValueError):
+                        v = None
+                    vals.append(v if isinstance(v, str) else _f(v, unit, nd))
+                row.append("; ".join(vals) or "n/a")
+        rows.append(row)
+    widths = [max(len(r[i]) for r in [*rows, head]) for i in range(len(head))]
+    print("| " + " | ".join(h.ljust(widths[i]) for i, h in enumerate(head)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows:
+        print("| " + " | ".join(c.ljust(widths[i]) for i, c in enumerate(r)) + " |")
+    print("\ncells: each run's value, runs separated by ';'. One broker: both hosts and all 2N VMs on it.")
+
+
+def main_bridged(args: argparse.Namespace, sizes: List[int]) -> Dict[int, Dict[bool, List[Dict[str, Any]]]]:
+    """``--bridged``: per N and run, the one-broker baseline then the bridged pair."""
+    results: Dict[int, Dict[bool, List[Dict[str, Any]]]] = {}
+    for n in sizes:
+        shim = args.shim == "on" or (args.shim == "auto" and n > 450)
+        for i in range(args.runs):
+            for bridged in (False, True):
+                print(
+                    f"\n== 2 x N={n} run {i + 1}/{args.runs}, {'bridged' if bridged else 'one broker'} ==",
+                    flush=True,
+                )
+                fig = run_pair(n, args.procs, args.window, args.keep, shim, bridged)
+                results.setdefault(n, {}).setdefault(bridged, []).append(fig)
+                last = fig["start_all"]["from_last_cfg"]["max"]
+                spread, took = fig["start_spread_ms"], fig["run_s"]
+                print(
+                    f"  all 2N had the start {last:.0f} ms after the last configured, spread {spread:.0f} ms;"
+                    f" run {took:.0f} s",
+                    flush=True,
+                )
+    print()
+    print_pair_table(results)
+    return results
+
+
 # =========================================================================== printing
 def _f(x: Any, unit: str = "ms", nd: int = 0) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
@@ -1345,6 +1681,11 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the /tmp/vbm* run dirs")
     ap.add_argument("--src", metavar="DIR", help="run vmr-host from this source tree (before/after figures)")
     ap.add_argument("--json", metavar="FILE", help="also write every run's figures as JSON")
+    ap.add_argument(
+        "--bridged",
+        action="store_true",
+        help="2 x N VMs: a coordinator and a member host on two bridged brokers, beside both on one broker",
+    )
     # worker mode (internal)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -1365,6 +1706,15 @@ def main() -> int:
     print(f"open-files limit (inherited by broker, host, generators): {limit[0]} (hard {limit[1]})")
     print(f"mosquitto {MOSQUITTO}; {os.cpu_count()} cores; load {os.getloadavg()[0]:.2f}; "
           f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}")  # fmt: skip
+    if args.bridged:
+        raise_nofile(max(sizes) * 6 + 4096)
+        pairs = main_bridged(args, sizes)
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(
+                    {str(k): {str(b): v for b, v in r.items()} for k, r in pairs.items()}, fh, default=str
+                )
+        return 0
     results: Dict[int, List[Dict[str, Any]]] = {}
     for n in sizes:
         for i in range(args.runs):

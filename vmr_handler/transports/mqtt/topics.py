@@ -70,6 +70,34 @@ def host_starts(experiment: str) -> str:
     return host_start_topic(experiment, EVERY_VM)
 
 
+#: Leaf under ``_hosts`` of the coordinator's run and start (:func:`coordinator_topic`).
+COORDINATOR_START = "_start"
+#: Last level of a member host's announcement ``vmr/<experiment>/_hosts/<host>/state``.
+HOST_STATE = "state"
+
+
+def coordinator_topic(experiment: str) -> str:
+    """``vmr/<experiment>/_hosts/_start``: the coordinator's run and, once decided, the start
+    for every host (retained; written by the coordinator, read by the members)."""
+    return hosts_topic(experiment, COORDINATOR_START)
+
+
+def host_state_topic(experiment: str, host: str) -> str:
+    """``vmr/<experiment>/_hosts/<host>/state``: member ``host``'s announcement of its VMs
+    (retained; written by that member, read by the coordinator; ``host`` may be
+    :data:`EVERY_VM`, i.e. every member)."""
+    return hosts_topic(experiment, f"{host}/{HOST_STATE}")
+
+
+def bridged_topics(experiment: str, member: str) -> Tuple[Tuple[str, str], ...]:
+    """What a broker bridge between member host ``member``'s broker and the coordinator's must
+    carry, with the direction seen from the member's broker (mosquitto's ``in``: from the
+    coordinator's broker, ``out``: to it): the coordinator's run and start in, the member's
+    announcement out. Nothing else crosses: each host serves its own VMs through its own
+    broker, so no VM topic and no host's own start topic needs the other broker."""
+    return ((coordinator_topic(experiment), "in"), (host_state_topic(experiment, member), "out"))
+
+
 def is_host_start(topic: str, experiment: str) -> bool:
     """Whether ``topic`` is a host's start topic of ``experiment`` (:func:`host_start_topic`)."""
     parts = topic.split("/")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Sequence
 
 from vmr_handler.core.errors import InvalidArgument, OsCallFailed
+from vmr_handler.host.cli.mqtt_config.bridges import BridgeFiles, bridge_acl, render_bridge
 from vmr_handler.host.cli.mqtt_config.layout import MqttLayout
 from vmr_handler.transports.mqtt.topics import VM_TOPICS, experiment_topics, topic, vm_shared_topics
 
@@ -30,15 +31,19 @@ PBKDF2_ITERATIONS = 101
 PBKDF2_SALT_BYTES = 12
 
 
-def render_acl(experiment: str, host_users: Sequence[str], vms: Sequence[str] = ()) -> str:
+def render_acl(
+    experiment: str, host_users: Sequence[str], vms: Sequence[str] = (), bridge_members: Sequence[str] = ()
+) -> str:
     """The mosquitto ACL file: one ``pattern`` line per ``VM_TOPICS`` leaf (the topic tree,
     :mod:`vmr_handler.transports.mqtt.topics`; ``%u`` is the connecting username, i.e. the VM
     name), then a ``user`` block per host user with ``topic readwrite vmr/<experiment>/#``,
     then one per VM of ``vms`` with its experiment's shared topics (``vm_shared_topics``: read
     the hosts' start topics; a ``user`` block, not a pattern, so that no VM of another
-    experiment sharing the broker gets them). Anything not granted is denied (mosquitto ACL
-    files are allow-lists), so a VM reaches no other VM's topics, no other ``_hosts`` topic
-    and no other experiment (SPEC §6).
+    experiment sharing the broker gets them), then one per bridge user of ``bridge_members``
+    (:func:`vmr_handler.host.cli.mqtt_config.bridges.bridge_acl`: the coordination topics
+    only). Anything not granted is denied (mosquitto ACL files are allow-lists), so a VM
+    reaches no other VM's topics, no other ``_hosts`` topic and no other experiment, and a
+    bridge no VM topic (SPEC §6).
     """
     lines = [
         f"# mosquitto ACL of vmr experiment {experiment} (vmr-host mqtt-config; docs/mqtt.md).",
@@ -52,6 +57,9 @@ def render_acl(experiment: str, host_users: Sequence[str], vms: Sequence[str] = 
         lines += ["", "# Each VM of the experiment reads every host's start for all its VMs."]
     for vm in vms:
         lines += ["", f"user {vm}", *shared]
+    if bridge_members:
+        lines += ["", "# Bridges of member hosts' brokers: the coordination topics of their member only."]
+        lines += bridge_acl(experiment, bridge_members)
     return "\n".join(lines) + "\n"
 
 
@@ -87,7 +95,10 @@ def render_conf(layout: MqttLayout, paths: BrokerPaths) -> str:
     confined by ``acl``; ``use_username_as_clientid`` stops one client from taking over
     (disconnecting) another's session by reusing its client id. With both a plain and a TLS
     listener, ``per_listener_settings true`` and the auth block after each listener
-    (mosquitto requires it then); otherwise the auth block is global.
+    (mosquitto requires it then); otherwise the auth block is global. With
+    :attr:`MqttLayout.bridge_to`, the bridge's ``connection`` section comes last
+    (:func:`vmr_handler.host.cli.mqtt_config.bridges.render_bridge`; it holds the bridge
+    user's password, so the file is then written 0600 for the broker user).
     """
     auth = [
         "allow_anonymous false",
@@ -131,6 +142,8 @@ def render_conf(layout: MqttLayout, paths: BrokerPaths) -> str:
         if layout.client_certs:
             lines.append("require_certificate true")
         lines += auth if per_listener else []
+    if layout.bridge_to is not None:
+        lines += render_bridge(layout.bridge_to, BridgeFiles.under(layout.out))
     return "\n".join(lines) + "\n"
 
 

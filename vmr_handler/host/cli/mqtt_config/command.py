@@ -15,6 +15,8 @@ read nor write another VM's topics"; SPEC §7: every guest is hostile):
     DIR/private/ca.key        with --tls: the CA key, never read by the broker (0600)
     DIR/vms/<vm>.yaml         one self-contained agent config per VM (fw_cfg blob; 0600)
     DIR/host/<user>.yaml      one config per host user (0600)
+    DIR/bridges/<member>.yaml with --bridge-member: a member broker's bridge credentials (0600)
+    DIR/bridge/ca.crt client.crt client.key    with --bridge-to over TLS (key 0600, broker user)
 
 The pieces live in :mod:`vmr_handler.host.cli.mqtt_config.layout` (topic tree :data:`VM_TOPICS`,
 :func:`topic`; options; :class:`MqttLayout`), :mod:`vmr_handler.host.cli.mqtt_config._files` (the broker's
@@ -43,6 +45,7 @@ from vmr_handler.host.cli.mqtt_config._files import (
     render_passwd,
 )
 from vmr_handler.host.cli.mqtt_config._tls import Pki, issue, make_pki
+from vmr_handler.host.cli.mqtt_config.bridges import BridgeFiles, bridge_credentials, bridge_user
 from vmr_handler.host.cli.mqtt_config.layout import (
     FW_CFG_NAME,
     MOSQUITTO_DEFAULT_USER,
@@ -160,12 +163,32 @@ def _prepare_out(layout: MqttLayout) -> None:
     except OSError as exc:
         raise UsageError(f"--out {out} is not writable: {exc.strerror}") from exc
     if layout.force:  # credentials of VMs no longer listed would only mislead
-        for sub in ("vms", "host"):
+        for sub in ("vms", "host", "bridges"):
             directory = os.path.join(out, sub)
             if os.path.isdir(directory):
                 for name in os.listdir(directory):
                     if name.endswith(".yaml"):
                         os.unlink(os.path.join(directory, name))
+        bridge = BridgeFiles.under(out)  # an earlier bridge's certificate and key
+        for path in (bridge.ca_cert, bridge.client_cert, bridge.client_key):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+def _owner_warnings(layout: MqttLayout, owner: Optional[Tuple[int, int]]) -> List[str]:
+    """What the operator should know about the broker user's access to ``layout.out``."""
+    if owner is not None:
+        blocked = unreachable_ancestor(layout.out, *owner)
+        if blocked:
+            return [
+                f"the broker user (uid {owner[0]}) cannot enter {blocked}: mosquitto started as root "
+                "will not read its password file; chmod o+x it or choose another --out"
+            ]
+    elif os.geteuid() == 0 and not layout.broker_user:
+        return [
+            f"no OS user {MOSQUITTO_DEFAULT_USER!r}: a root-started mosquitto becomes 'nobody'; pass --user"
+        ]
+    return []
 
 
 def generate(layout: MqttLayout, passwd_tool: Optional[str] = None) -> List[str]:
@@ -188,23 +211,16 @@ def generate(layout: MqttLayout, passwd_tool: Optional[str] = None) -> List[str]
     owner = broker_owner(layout.broker_user)
     _prepare_out(layout)
     out, paths = layout.out, BrokerPaths.under(layout.out)
-    warnings: List[str] = []
-    if owner is not None:
-        blocked = unreachable_ancestor(out, *owner)
-        if blocked:
-            warnings.append(
-                f"the broker user (uid {owner[0]}) cannot enter {blocked}: mosquitto started as root "
-                "will not read its password file; chmod o+x it or choose another --out"
-            )
-    elif os.geteuid() == 0 and not layout.broker_user:
-        warnings.append(
-            f"no OS user {MOSQUITTO_DEFAULT_USER!r}: a root-started mosquitto becomes 'nobody'; pass --user"
-        )
+    warnings = _owner_warnings(layout, owner)
     os.chmod(out, 0o755)
 
-    credentials = {name: secrets.token_urlsafe(24) for name in (*layout.vms, *layout.host_users)}
+    bridge_users = [bridge_user(member) for member in layout.bridge_members]
+    credentials = {
+        name: secrets.token_urlsafe(24) for name in (*layout.vms, *layout.host_users, *bridge_users)
+    }
     _write(paths.passwd, render_passwd(credentials, passwd_tool), 0o600, owner)
-    _write(paths.acl, render_acl(layout.experiment, layout.host_users, layout.vms).encode(), 0o600, owner)
+    acl = render_acl(layout.experiment, layout.host_users, layout.vms, layout.bridge_members)
+    _write(paths.acl, acl.encode(), 0o600, owner)
     _mkdir(paths.data, 0o700, owner)
 
     tls: Dict[str, str] = {}
@@ -229,7 +245,7 @@ def generate(layout: MqttLayout, passwd_tool: Optional[str] = None) -> List[str]
             doc.update(cert_pem=cert.decode(), key_pem=key.decode())
         return _yaml(doc)
 
-    for sub in ("vms", "host"):
+    for sub in ("vms", "host", *(("bridges",) if layout.bridge_members else ())):
         _mkdir(os.path.join(out, sub), 0o700)
     common = {"transport": "mqtt", "experiment": layout.experiment}
     for vm in layout.vms:
@@ -240,8 +256,28 @@ def generate(layout: MqttLayout, passwd_tool: Optional[str] = None) -> List[str]
         doc = {**common, "broker": layout.broker_url(layout.local_host), "username": user}
         doc["password"] = credentials[user]
         _write(os.path.join(out, "host", f"{user}.yaml"), client(doc, user), 0o600)
-    _write(os.path.join(out, "mosquitto.conf"), render_conf(layout, paths).encode(), 0o644)
+    for member in layout.bridge_members:
+        url = layout.broker_url(layout.local_host)
+        doc = bridge_credentials(layout.experiment, member, credentials[bridge_user(member)], url)
+        _write(os.path.join(out, "bridges", f"{member}.yaml"), client(doc, bridge_user(member)), 0o600)
+    _write_bridge_certs(layout, owner)
+    conf = render_conf(layout, paths).encode()  # holds the bridge's password when bridged
+    _write(os.path.join(out, "mosquitto.conf"), conf, 0o644 if layout.bridge_to is None else 0o600, owner)
     return warnings
+
+
+def _write_bridge_certs(layout: MqttLayout, owner: Optional[Tuple[int, int]]) -> None:
+    """The CA (and client certificate and key) of a ``--bridge-to`` bridge over TLS, as files
+    for mosquitto (:class:`BridgeFiles`; the key 0600 for the broker user); nothing otherwise."""
+    bridge = layout.bridge_to
+    if bridge is None or bridge.ca_pem is None:
+        return
+    files = BridgeFiles.under(layout.out)
+    _mkdir(os.path.dirname(files.ca_cert), 0o755)
+    _write(files.ca_cert, bridge.ca_pem.encode(), 0o644)
+    if bridge.cert_pem is not None and bridge.key_pem is not None:
+        _write(files.client_cert, bridge.cert_pem.encode(), 0o644)
+        _write(files.client_key, bridge.key_pem.encode(), 0o600, owner)
 
 
 def cmd_mqtt_config(args: argparse.Namespace) -> int:
@@ -269,4 +305,14 @@ def cmd_mqtt_config(args: argparse.Namespace) -> int:
         f"(QEMU: -fw_cfg name={FW_CFG_NAME},file={os.path.join(layout.out, 'vms')}/<vm>.yaml)\n"
         f"  hosts:   {os.path.join(layout.out, 'host')}/<user>.yaml"
     )
+    for member in layout.bridge_members:
+        print(
+            f"  bridge:  {os.path.join(layout.out, 'bridges', member + '.yaml')} for member host {member}'s "
+            "broker (mqtt-config --bridge-to THIS_BROKER:PORT --bridge-credentials FILE there)"
+        )
+    if layout.bridge_to is not None:
+        print(
+            f"  bridged: to {layout.bridge_to.address} as {layout.bridge_to.username}, carrying the "
+            f"coordination topics of member host {layout.bridge_to.member}"
+        )
     return 0

@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from vmr_handler.core.errors import UsageError
 from vmr_handler.core.names import name_problem
+from vmr_handler.host.cli.mqtt_config.bridges import BridgeTo, bridge_user, load_bridge
 from vmr_handler.host.serve.specs import load_specs
 
 DEFAULT_HOST_USER = "vmr-host"
@@ -77,6 +78,10 @@ class MqttLayout:
         broker_user: the ``user`` line of mosquitto.conf (None: mosquitto's default).
         days: certificate validity, days.
         force: replace an existing configuration in ``out``.
+        bridge_members: member hosts whose own brokers bridge to this one (the coordinator's):
+            a bridge user each (``--bridge-member``).
+        bridge_to: this (member's) broker's bridge to the coordinator's, or None
+            (``--bridge-to`` and ``--bridge-credentials``).
     """
 
     experiment: str
@@ -92,6 +97,8 @@ class MqttLayout:
     broker_user: Optional[str]
     days: int
     force: bool
+    bridge_members: Tuple[str, ...] = ()
+    bridge_to: Optional[BridgeTo] = None
 
     @property
     def tls(self) -> bool:
@@ -177,6 +184,57 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--allow-class", action="append", default=[], metavar="MODULE.NAME", help="as serve, for --vms-from"
     )
     p.add_argument("--force", action="store_true", help="replace a configuration already in --out")
+    p.add_argument(
+        "--bridge-member",
+        action="append",
+        default=[],
+        metavar="HOST,...",
+        help="on the coordinator's broker: member host ids (--host-id) whose own broker bridges to this "
+        "one; writes bridges/HOST.yaml for each (repeatable)",
+    )
+    p.add_argument(
+        "--bridge-to",
+        metavar="HOST:PORT",
+        help="on a member's broker: bridge to the coordinator's broker at HOST:PORT (with the next)",
+    )
+    p.add_argument(
+        "--bridge-credentials",
+        metavar="FILE",
+        help="bridges/<member>.yaml that mqtt-config --bridge-member wrote for the coordinator's broker",
+    )
+
+
+def _bridging(
+    args: argparse.Namespace, vms: Sequence[str], host_users: Sequence[str]
+) -> Tuple[Tuple[str, ...], Optional[BridgeTo]]:
+    """The checked ``--bridge-member`` hosts and ``--bridge-to`` bridge.
+
+    Raises:
+        UsageError: bad or duplicate member host ids, a bridge user named like a VM or host
+            user, ``--bridge-to`` without ``--bridge-credentials`` or the reverse, both
+            kinds of bridging on one broker, a ``--bridge-to`` host that is no host name or IP
+            address, or a bad credentials file (:func:`load_bridge`).
+    """
+    members = split_list(args.bridge_member) if args.bridge_member else []
+    check_names("bridge member host", members)
+    clash = sorted({bridge_user(m) for m in members} & {*vms, *host_users})
+    if clash:
+        raise UsageError(f"bridge user(s) {', '.join(clash)} are also VM or host user names: rename them")
+    if (args.bridge_to is None) != (args.bridge_credentials is None):
+        raise UsageError("--bridge-to and --bridge-credentials go together (the address and the bridge user)")
+    if args.bridge_to is None:
+        return tuple(members), None
+    if members:
+        raise UsageError(
+            "--bridge-member is for the coordinator's broker and --bridge-to for a member's: not both "
+            "(every member's broker bridges to the coordinator's directly)"
+        )
+    bridge = load_bridge(args.bridge_to, args.bridge_credentials, args.experiment)
+    if not (is_ip(bridge.host) or HOSTNAME.match(bridge.host)):
+        raise UsageError(f"--bridge-to {args.bridge_to!r}: {bridge.host!r} is not a host name or IP address")
+    if bridge.username in {*vms, *host_users}:
+        raise UsageError(f"the bridge user {bridge.username} is also a VM or host user name here")
+    return (), bridge
 
 
 def layout_from_args(args: argparse.Namespace) -> MqttLayout:
@@ -187,7 +245,8 @@ def layout_from_args(args: argparse.Namespace) -> MqttLayout:
             starting with ``_`` are reserved), duplicates, a host user named like a VM (it
             would get the VM's topics and the host's), unusable ``--vms-from`` schedules,
             TLS-only options without ``--tls``, clashing ports, a wildcard ``--bind``
-            without ``--broker-host``, a bad ``--hostname`` or ``--days``.
+            without ``--broker-host``, a bad ``--hostname`` or ``--days``, bad bridging
+            options (:func:`_bridging`).
     """
     check_names("experiment", [args.experiment])
     if args.vms_from is not None:
@@ -226,6 +285,7 @@ def layout_from_args(args: argparse.Namespace) -> MqttLayout:
             raise UsageError(f"{name!r} is not a host name or IP address (--broker-host/--hostname)")
     if not 1 <= args.days <= 36500:
         raise UsageError(f"--days must be 1-36500, got {args.days}")
+    members, bridge_to = _bridging(args, vms, host_users)
     return MqttLayout(
         experiment=args.experiment,
         vms=tuple(vms),
@@ -240,6 +300,8 @@ def layout_from_args(args: argparse.Namespace) -> MqttLayout:
         broker_user=args.user,
         days=args.days,
         force=args.force,
+        bridge_members=members,
+        bridge_to=bridge_to,
     )
 
 

@@ -56,12 +56,16 @@ from vmr_handler.transports.mqtt.bridge import PahoBridge
 from vmr_handler.transports.mqtt.host import VmTopicsChannel
 from vmr_handler.transports.mqtt.options import MqttOptions, check_name
 from vmr_handler.transports.mqtt.topics import (
+    COORDINATOR_START,
     EVERY_VM,
+    HOST_STATE,
     PRESENCE,
     READS_HOST_START,
     UP,
     Topics,
+    coordinator_topic,
     host_start_topic,
+    host_state_topic,
     hosts_topic,
     topic,
     vm_of,
@@ -242,9 +246,9 @@ class MqttService:
     def _subscriptions(self) -> List[Tuple[str, int]]:
         subs = [(topic(self.experiment, EVERY_VM, leaf), 1) for leaf in (UP, PRESENCE)]
         if self.role == "coordinator":
-            subs.append((self.hosts_topic("+/state"), 1))
+            subs.append((host_state_topic(self.experiment, EVERY_VM), 1))
         elif self.role == "member":
-            subs.append((self.hosts_topic("_start"), 1))
+            subs.append((coordinator_topic(self.experiment), 1))
         return subs
 
     def publish_host_state(self) -> None:
@@ -252,7 +256,7 @@ class MqttService:
         state = self.server.host_state() if self.role == "member" and self.bridge is not None else None
         if state is not None and self.bridge is not None:
             doc = json.dumps(state, separators=(",", ":")).encode()
-            self.bridge.publish_nowait(self.hosts_topic(f"{self.host_id}/state"), doc, retain=True)
+            self.bridge.publish_nowait(host_state_topic(self.experiment, self.host_id), doc, retain=True)
 
     def _on_host_message(self, topic: str, payload: bytes) -> None:
         prefix = self.hosts_topic("")
@@ -266,9 +270,9 @@ class MqttService:
         if not isinstance(doc, dict):
             return
         rest = topic[len(prefix) :].split("/")
-        if rest == ["_start"]:
+        if rest == [COORDINATOR_START]:
             self.server.on_coordinator_start(doc)
-        elif len(rest) == 2 and rest[1] == "state" and rest[0] != self.host_id:
+        elif len(rest) == 2 and rest[1] == HOST_STATE and rest[0] != self.host_id:
             self.server.on_peer_state(rest[0], doc)
 
     def _on_message(self, bridge: PahoBridge, topic: str, payload: bytes) -> None:
@@ -371,7 +375,7 @@ class MqttService:
             return frozenset()
         if self.role == "coordinator":
             doc = json.dumps(self.server.start_announcement(), separators=(",", ":")).encode()
-            bridge.publish_nowait(self.hosts_topic("_start"), doc, retain=True)
+            bridge.publish_nowait(coordinator_topic(self.experiment), doc, retain=True)
         start = self.server.start_event()
         if start is None:
             return frozenset()
