@@ -137,3 +137,19 @@ def test_every_package_says_what_it_holds_and_what_it_may_import() -> None:
         if name not in REEXPORTING and len(tree.body) > 1:
             faults.append(f"{name}: __init__.py holds more than its docstring")
     assert not faults, "\n".join(faults)
+
+
+def test_no_merge_conflict_markers_are_left_in_the_tree() -> None:
+    """A merge left half-done never lands: no tracked text file holds a conflict marker line."""
+    root = Path(__file__).resolve().parent.parent
+    listed = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True)
+    files = listed.stdout.splitlines()
+    marked = []
+    for name in files:
+        try:
+            text = (root / name).read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue  # binary (images) or gone
+        if any(line.startswith(("<<<<<<< ", ">>>>>>> ")) for line in text.splitlines()):
+            marked.append(name)
+    assert marked == []
