@@ -130,6 +130,7 @@ class ConnectedAgent:
             P.START_TIME: self._set_start_time,
             P.RESUME: self._resume,
             P.SCHEDULE_APPEND: self._take_append,
+            P.KILL: self._kill,
         }
         #: ``schedule_append`` events that came before the engine runs (applied when it does)
         self._early_appends: List[Event] = []
@@ -168,6 +169,23 @@ class ConnectedAgent:
         return P.result_data(
             event.id, True, details, ended_break=outcome["ended_break"], ignored=outcome["ignored"]
         )
+
+    def _kill(self, event: Event) -> Optional[Dict[str, Any]]:
+        """``vmr-host kill``: end a running entry's process tree (:meth:`Engine.kill`, applied
+        once by id); answered with what was done or why not."""
+        d = event.data
+        index, grace, signame, by = d.get("index"), parse_number(d.get("grace")), d.get("signal"), d.get("by")
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= (grace or -1) <= P.MAX_GRACE:
+            details = f"kill needs an entry index and a grace of 0-{P.MAX_GRACE:g} s"
+            return P.result_data(event.id, False, details)
+        if signame not in P.KILL_SIGNALS:
+            details = f"kill signal {signame!r}: not one of {', '.join(P.KILL_SIGNALS)}"
+            return P.result_data(event.id, False, details)
+        if self._engine is None:
+            return P.result_data(event.id, False, "no schedule is running yet: no entry runs")
+        outcome = self._engine.kill(event.id, index, signame, grace, by if isinstance(by, str) else None)
+        details = "already applied: " + outcome["details"] if outcome.get("repeated") else outcome["details"]
+        return P.result_data(event.id, outcome["ok"], details, index=index)
 
     def _take_append(self, event: Event) -> Optional[Dict[str, Any]]:
         """A batch appended to the schedule: answered once it is journaled."""

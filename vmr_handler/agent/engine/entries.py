@@ -18,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Set
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
 
 from vmr_handler.agent.engine.ports import OutputCallback, Process
 from vmr_handler.agent.engine.shared import EngineState
@@ -53,6 +54,8 @@ class Running:
     process: Process
     started_mono: float
     killed: bool = False  # terminated by the agent's own stop/failure
+    #: ended by ``vmr-host kill``: what its ``entry_exited`` says of it (:meth:`EntryLauncher.kill`)
+    ended_by: Optional[Dict[str, Any]] = None
     stderr_tail: Dict[str, bytes] = field(default_factory=dict)  # {"last": last stderr line}
 
 
@@ -315,6 +318,9 @@ class EntryLauncher:
                 details="terminated because the agent stopped; runs again when the agent restarts",
             )
             return result
+        if running.ended_by is not None:
+            await self._killed_end(entry, ended, result, running.ended_by)
+            return None  # ended by the operator: no reboot request, whatever it left behind
         reboot = result.exit_code == REBOOT_EXIT_CODE or os.path.exists(
             os.path.join(item.workdir, REBOOT_FILE)
         )
@@ -344,6 +350,25 @@ class EntryLauncher:
         self.state.wake()
         return result
 
+    async def _killed_end(
+        self, entry: ScheduleEntry, ended: Dict[str, Any], result: ProcessResult, kill: Dict[str, Any]
+    ) -> None:
+        """Report and journal the end of ``entry`` that ``vmr-host kill`` asked for: not a failure
+        (``status: killed``, ``ended_by: operator``), the signal it was sent and the one that
+        ended it (SIGKILL when it outlived the grace period)."""
+        self.state.emit(
+            EventType.ENTRY_EXITED,
+            **ended,
+            duration=result.duration,
+            status="killed",
+            details=killed_text(kill, result),
+            **kill,
+        )
+        later = self._journal_done(entry.index, DONE, result.exit_code)
+        if later is not None:
+            await later
+        self.state.wake()
+
     def _not_run(self, item: Prepared, running: Running, code: int) -> str:
         """Why an entry exited 127 ("command not found") or 126 ("not executable"), naming the program."""
         word = first_word(item.line)
@@ -370,6 +395,47 @@ class EntryLauncher:
             loop = asyncio.get_running_loop()
             await asyncio.gather(*(loop.run_in_executor(None, r.process.kill_tree) for r in running))
 
+    def kill(self, index: int, signame: str, grace: float, by: Optional[str]) -> Tuple[bool, str]:
+        """``vmr-host kill``: send signal ``SIG<signame>`` to running entry ``index``'s process
+        tree, SIGKILL what is left after ``grace`` s (a worker thread); its ``entry_exited`` then
+        says ``ended_by: operator`` (and ``requested_by: by``). A negative-time entry ends its
+        stage's wait like any end: the stage finishes and the next one begins.
+
+        Returns:
+            (True, what was done) or (False, why not: the entry is not running, and whether it
+            never started, ended, could not run, or is no entry of the schedule).
+        """
+        running = self.running.get(index)
+        if running is None or running.killed:
+            return False, self._not_running(index)
+        first = signal.Signals[f"SIG{signame}"]
+        if running.ended_by is None:
+            running.ended_by = {"ended_by": "operator", "requested_by": by, "kill_signal": first.name,
+                                "grace": grace}  # fmt: skip
+            loop = asyncio.get_running_loop()
+            job = loop.run_in_executor(None, running.process.kill_tree, grace, int(first))
+            job.add_done_callback(lambda f: f.cancelled() or f.exception())
+        after = "" if first == signal.SIGKILL else f", SIGKILL to what is left after {grace:g} s"
+        return True, f"{first.name} sent to entry {index}'s process tree (pid {running.process.pid}){after}"
+
+    def _not_running(self, index: int) -> str:
+        """Why entry ``index`` cannot be killed: it is not running, and what became of it."""
+        entries = self.state.schedule.entries
+        if not 0 <= index < len(entries):
+            return f"no entry {index}: the schedule has {len(entries)} entries (0-{len(entries) - 1})"
+        if entries[index].on_host:
+            return f"entry {index} is an on_host entry: it runs on the host, not in this VM"
+        state = self.state.journal.entry_state(index)
+        if state is None:
+            return f"entry {index} is not running: it has not started"
+        if state == FAILED:
+            return f"entry {index} is not running: it could not run (entry_failed)"
+        if state == RUNNING:
+            return f"entry {index} is not running: it ended, its end is being reported"
+        code = self.state.journal.entry_outcomes()[index][1]
+        how = f"exit code {code}" if code is not None else "by a signal, or with data only"
+        return f"entry {index} is not running: it ended ({how})"
+
     def recover(self, schedule_entries: List[ScheduleEntry]) -> None:
         """Entries the journal says were running when the agent stopped: terminate what is left
         of their process trees, report them interrupted, and let them run again."""
@@ -379,6 +445,16 @@ class EntryLauncher:
                 continue
             pid = rec.get("pid")
             killed = self.state.processes.kill_leftover(int(pid), rec.get("create_time"), 3.0) if pid else []
+            kill = self.state.journal.killed_by(index)
+            if kill is not None:  # vmr-host kill asked for its end: it does not run again
+                self.state.emit(
+                    EventType.ENTRY_EXITED, index=index, executable=schedule_entries[index].executable,
+                    exit_code=rec.get("exit_code"), signal=None, status="killed", killed_pids=killed,
+                    details=f"{killed_text(kill, None)}; the agent restarted before its end was reported",
+                    **kill,
+                )  # fmt: skip
+                self.state.journal.mark_done(index, DONE, rec.get("exit_code"))
+                continue
             self.state.emit(
                 EventType.ENTRY_INTERRUPTED,
                 index=index,
@@ -403,3 +479,26 @@ class EntryLauncher:
             }
             for r in self.running.values()
         ]
+
+
+def killed_text(kill: Dict[str, Any], result: Optional[ProcessResult]) -> str:
+    """What an entry ended by ``vmr-host kill`` says of its end: ``killed by operator (SIGTERM)``,
+    then how it ended when that is not by the signal sent (SIGKILL after the grace period, or an
+    exit code: the program caught the signal and exited)."""
+    sent = str(kill.get("kill_signal"))
+    text = f"killed by operator ({sent})"
+    if result is None or (result.signal is not None and signal_name(result.signal) == sent):
+        return text
+    if result.signal == signal.SIGKILL:
+        return text + f": still running after the {kill.get('grace'):g} s grace period, ended by SIGKILL"
+    if result.signal is not None:
+        return text + f": ended by {signal_name(result.signal)}"
+    return text + f": it exited with code {result.exit_code}"
+
+
+def signal_name(number: int) -> str:
+    """``15`` -> ``SIGTERM``; a number no signal has -> ``signal 99``."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
