@@ -43,7 +43,9 @@ _SPELLED = [n for n, c in COMMANDS.items() if any(f.flags is not None for f in c
 @pytest.mark.parametrize("name", _SPELLED)
 def test_every_field_the_cli_spells_is_an_argument_of_its_command(name: str) -> None:
     command = COMMANDS[name]
-    args = parser().parse_args([name])
+    required = [w for f in command.fields if f.flags and f.kind != "names" and f.default is None
+                for w in (f.flags[0], "1")]  # fmt: skip
+    args = parser().parse_args([name, *required])
     values = vars(args)
     spelled = [f for f in command.fields if f.flags is not None]
     assert all(f.name in values for f in spelled)

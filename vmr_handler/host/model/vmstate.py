@@ -134,11 +134,14 @@ def run_status(p: Optional[Payload]) -> Optional[str]:
     """The status of an entry run an entry report's payload tells, None for another report:
     ``started``; ``entry_exited`` is ``success`` or ``error`` as the agent said (a data-only
     entry has no exit code and succeeded; a requested reboot is a success), else by its exit
-    code (0 = success); ``entry_failed`` is ``failed`` (it could not run); ``entry_interrupted``
-    is ``interrupted``. ``error`` and ``failed`` make a failed entry (:data:`FAILED_RUNS`)."""
+    code (0 = success), and ``killed`` when the operator ended it (``ended_by``, ``vmr-host
+    kill``); ``entry_failed`` is ``failed`` (it could not run); ``entry_interrupted`` is
+    ``interrupted``. ``error`` and ``failed`` make a failed entry (:data:`FAILED_RUNS`)."""
     if isinstance(p, EntryStarted):
         return "started"
     if isinstance(p, EntryExited):
+        if p.ended_by == "operator":
+            return "killed"
         if p.status in ("success", "error"):
             return p.status
         return "success" if p.exit_code == 0 else "error"
@@ -253,6 +256,8 @@ class VmState:
         # where the VM is now: entries running (index -> host UTC seen started),
         # the break it is held at, the pause it is in, the last entry started
         self.running: Dict[int, float] = {}
+        #: entries that ended, index -> how (``exit code 0``, ``killed by operator (SIGTERM)``)
+        self.ended: Dict[int, str] = {}
         self.at_break: Optional[Dict[str, Any]] = None
         #: break index -> host UTC of the RESUME that ended it, as the agent reported (its
         #: journal keeps them across its restarts): a ``break_started`` of one that comes after
@@ -370,6 +375,7 @@ class VmState:
             self.max_lateness = p.lateness
         if p.index is not None:
             self.running.pop(p.index, None)
+            self.ended.pop(p.index, None)
             self.running[p.index] = received
             if len(self.running) > MAX_RUNNING:
                 del self.running[next(iter(self.running))]
@@ -377,19 +383,25 @@ class VmState:
 
     def _entry_failed(self, p: EntryFailed, received: float) -> None:
         self.failures += 1
-        self._ended(p.index)
+        self._ended(p.index, "it could not run")
 
     def _entry_exited(self, p: EntryExited, received: float) -> None:
-        if run_status(p) in FAILED_RUNS:
+        status = run_status(p)
+        if status in FAILED_RUNS:
             self.failures += 1
-        self._ended(p.index)
+        self._ended(p.index, short(p.details.string) or status)
 
     def _entry_interrupted(self, p: EntryInterrupted, received: float) -> None:
-        self._ended(p.index)
+        self._ended(p.index, None)  # it runs again when the agent restarts
 
-    def _ended(self, index: Optional[int]) -> None:
+    def _ended(self, index: Optional[int], how: Optional[str]) -> None:
         if index is not None:
             self.running.pop(index, None)
+            if how is not None:
+                self.ended.pop(index, None)
+                self.ended[index] = how
+                if len(self.ended) > MAX_RUNNING:
+                    del self.ended[next(iter(self.ended))]
 
     def _break_started(self, p: BreakStarted, received: float) -> None:
         if p.index in self.ended_breaks:
@@ -429,13 +441,15 @@ class VmState:
     # ------------------------------------------------------------------ checkpoint
     def snapshot(self) -> Dict[str, Any]:
         """What the stored reports set, JSON safe (the restart checkpoint): the
-        members of :data:`REPLAYED`, ``running`` as ``[[index, host UTC], ...]``, the latest
+        members of :data:`REPLAYED`, ``running`` as ``[[index, host UTC], ...]``, ``ended`` as
+        ``[[index, how], ...]``, the latest
         ``kpi`` and ``kpi_history`` (lists of :data:`KPI_SERIES` values). A schedule only *sent*
         is saved as ``pending`` (it is sent again at the next handshake)."""
         data = {k: getattr(self, k) for k in REPLAYED}
         if data["schedule_state"] == "sent":
             data["schedule_state"] = "pending"
         data["running"] = [[i, t] for i, t in self.running.items()]
+        data["ended"] = [[i, how] for i, how in self.ended.items()]
         data["completion"] = self.completion
         data["kpi"] = self.kpi
         data["kpi_history"] = [list(sample) for sample in self.kpi_history]
@@ -450,6 +464,7 @@ class VmState:
         try:
             values = {k: data[k] for k in REPLAYED}
             running = {int(i): float(t) for i, t in data["running"]}
+            ended = {int(i): str(how) for i, how in data.get("ended", [])}  # absent: an older host's
         except (KeyError, TypeError, ValueError) as exc:
             raise SavedStateError(f"not a VM state snapshot: {exc!r}") from exc
         if values["schedule_state"] not in ("pending", "accepted", "rejected") or not isinstance(
@@ -464,6 +479,7 @@ class VmState:
         for k, v in values.items():
             setattr(self, k, v)
         self.running = running
+        self.ended = ended
         self.kpi = kpi
         self.kpi_history = deque(history, maxlen=KPI_HISTORY)
 
