@@ -161,15 +161,17 @@ def kill_tree(
         root = psutil.Process(pid)
         if create_time is not None and abs(root.create_time() - create_time) > 0.01:
             return []
-        procs = [*root.children(recursive=True), root]
+        procs = [root, *root.children(recursive=True)]
     except psutil.Error:
         return []
+    # the root first: a parent that saw its children end first could exit 0 in between
     for proc in procs:
         try:
             proc.send_signal(first)
         except psutil.Error:
             pass
-    alive = _wait_tree(procs, 0.0 if first == signal.SIGKILL else timeout)
+    left = set(_wait_tree(procs, 0.0 if first == signal.SIGKILL else timeout))
+    alive = [p for p in procs if p in left]  # the root first again
     for proc in alive:
         try:
             proc.kill()
