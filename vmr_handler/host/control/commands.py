@@ -239,8 +239,8 @@ def _checked(command: ControlCommand, field: Field, value: Any) -> Any:
             f"{command.name}: '{field.name}' must be one of {', '.join(field.choices)}, not {value!r}"
         )
     if field.bounds is not None and not field.bounds[0] <= value <= field.bounds[1]:
-        least, most = field.bounds
-        raise RequestRefused(f"{command.name}: '{field.name}' must be {least:g}-{most:g}, not {value!r}")
+        least, most = (int(b) if field.kind == "int" else f"{b:g}" for b in field.bounds)
+        raise RequestRefused(f"{command.name}: '{field.name}' must be {least}-{most}, not {value!r}")
     return value
 
 
