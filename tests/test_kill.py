@@ -89,6 +89,10 @@ def test_kill_a_stage_entry_then_trees_and_the_refusals(env: HostEnv) -> None:
     # killed is not failed: status and logs say so
     env.wait_for(lambda: env.status()["vms"][0]["state"] == "complete", "a completes")
     assert env.status()["vms"][0]["failures"] == 0
+    table = env.cli("status").stdout
+    notes = ("entry 3 killed by operator (SIGTERM); entry 2 killed by operator (SIGTERM): still running "
+             "after the 1 s grace period, ended by SIGKILL; 3 entries killed by operator")
+    assert notes in table, table
     logs = env.cli("logs", "a").stdout
     assert "details=killed by operator (SIGTERM)" in logs and "ended_by=operator" in logs
 

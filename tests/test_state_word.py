@@ -355,7 +355,8 @@ def test_an_entry_the_operator_killed_is_not_a_failed_entry() -> None:
     state.apply(Event("entry_exited", 3.0, "e2", data), 4.0)
     state.apply(Event("entry_exited", 3.0, "e3", {**crashed, "index": 3}), 4.0)
     assert state.failures == 1 and state.running == {}
-    assert state.ended == {2: "killed by operator (SIGTERM)", 3: "killed by signal 15"}
+    assert state.ended == {2: ("killed by operator (SIGTERM)", "killed"), 3: ("killed by signal 15", "error")}
+    assert state.fields()["phase"]["killed"] == {"2": "killed by operator (SIGTERM)"}
     again = VmState("vm1", "d", "sched-1", FakeExperiment())  # type: ignore[arg-type]
     again.restore(state.snapshot())  # the restart checkpoint keeps how entries ended
     assert again.ended == state.ended

@@ -256,8 +256,9 @@ class VmState:
         # where the VM is now: entries running (index -> host UTC seen started),
         # the break it is held at, the pause it is in, the last entry started
         self.running: Dict[int, float] = {}
-        #: entries that ended, index -> how (``exit code 0``, ``killed by operator (SIGTERM)``)
-        self.ended: Dict[int, str] = {}
+        #: entries that ended, index -> (how: ``exit code 0``, ``killed by operator (SIGTERM)``...;
+        #: its run status, :func:`run_status`)
+        self.ended: Dict[int, Tuple[str, str]] = {}
         self.at_break: Optional[Dict[str, Any]] = None
         #: break index -> host UTC of the RESUME that ended it, as the agent reported (its
         #: journal keeps them across its restarts): a ``break_started`` of one that comes after
@@ -383,18 +384,18 @@ class VmState:
 
     def _entry_failed(self, p: EntryFailed, received: float) -> None:
         self.failures += 1
-        self._ended(p.index, "it could not run")
+        self._ended(p.index, ("it could not run", "failed"))
 
     def _entry_exited(self, p: EntryExited, received: float) -> None:
-        status = run_status(p)
+        status = run_status(p) or "error"
         if status in FAILED_RUNS:
             self.failures += 1
-        self._ended(p.index, short(p.details.string) or status)
+        self._ended(p.index, (short(p.details.string) or status, status))
 
     def _entry_interrupted(self, p: EntryInterrupted, received: float) -> None:
         self._ended(p.index, None)  # it runs again when the agent restarts
 
-    def _ended(self, index: Optional[int], how: Optional[str]) -> None:
+    def _ended(self, index: Optional[int], how: Optional[Tuple[str, str]]) -> None:
         if index is not None:
             self.running.pop(index, None)
             if how is not None:
@@ -442,14 +443,14 @@ class VmState:
     def snapshot(self) -> Dict[str, Any]:
         """What the stored reports set, JSON safe (the restart checkpoint): the
         members of :data:`REPLAYED`, ``running`` as ``[[index, host UTC], ...]``, ``ended`` as
-        ``[[index, how], ...]``, the latest
+        ``[[index, how, status], ...]``, the latest
         ``kpi`` and ``kpi_history`` (lists of :data:`KPI_SERIES` values). A schedule only *sent*
         is saved as ``pending`` (it is sent again at the next handshake)."""
         data = {k: getattr(self, k) for k in REPLAYED}
         if data["schedule_state"] == "sent":
             data["schedule_state"] = "pending"
         data["running"] = [[i, t] for i, t in self.running.items()]
-        data["ended"] = [[i, how] for i, how in self.ended.items()]
+        data["ended"] = [[i, how, status] for i, (how, status) in self.ended.items()]
         data["completion"] = self.completion
         data["kpi"] = self.kpi
         data["kpi_history"] = [list(sample) for sample in self.kpi_history]
@@ -464,7 +465,7 @@ class VmState:
         try:
             values = {k: data[k] for k in REPLAYED}
             running = {int(i): float(t) for i, t in data["running"]}
-            ended = {int(i): str(how) for i, how in data.get("ended", [])}  # absent: an older host's
+            ended = {int(i): (str(how), str(st)) for i, how, st in data.get("ended", [])}  # absent: older
         except (KeyError, TypeError, ValueError) as exc:
             raise SavedStateError(f"not a VM state snapshot: {exc!r}") from exc
         if values["schedule_state"] not in ("pending", "accepted", "rejected") or not isinstance(
@@ -516,6 +517,7 @@ class VmState:
             "phase": {
                 "stage_time": self.stage_time,
                 "running_entries": sorted(self.running),
+                "killed": {str(i): how for i, (how, st) in self.ended.items() if st == "killed"},
                 "at_break": dict(self.at_break) if self.at_break else None,
                 "paused": dict(self.paused) if self.paused else None,
                 "last_entry": dict(self.last_entry) if self.last_entry else None,

@@ -271,9 +271,9 @@ def _not_killable(x: Experiment, vm: str, index: int) -> Optional[Exception]:
     state = session.state
     if index in state.running:
         return None
-    how = state.ended.get(index)
-    if how is not None:
-        return EntryNotRunning(f"entry {index} is not running on {vm}: it ended ({how})")
+    ended = state.ended.get(index)
+    if ended is not None:
+        return EntryNotRunning(f"entry {index} is not running on {vm}: it ended ({ended[0]})")
     return EntryNotRunning(
         f"entry {index} is not running on {vm}: it has not started (or is no entry of its schedule: "
         f"vmr-host schedule {vm} lists them)"
