@@ -91,7 +91,7 @@ def test_kill_a_stage_entry_then_trees_and_the_refusals(env: HostEnv) -> None:
     assert env.status()["vms"][0]["failures"] == 0
     table = env.cli("status").stdout
     notes = ("entry 3 killed by operator (SIGTERM); entry 2 killed by operator (SIGTERM): still running "
-             "after the 1 s grace period, ended by SIGKILL; 3 entries killed by operator")
+             "after the 1 s grace period, ended by SIGKILL; 3 entries killed (operator or timeout)")
     assert notes in table, table
     logs = env.cli("logs", "a").stdout
     assert "details=killed by operator (SIGTERM)" in logs and "ended_by=operator" in logs

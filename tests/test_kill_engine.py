@@ -99,3 +99,48 @@ def test_an_agent_restarted_before_the_killed_entry_ended_does_not_run_it_again(
         assert resent == {"ok": True, "index": 0, "details": "sent", "repeated": True}
 
     run(go())
+
+
+def test_a_timeout_ends_a_stage_entry_and_a_positive_one_at_their_instant(tmp_path: Path) -> None:
+    sched = [
+        {"start_time": -20, "executable": "hang", "timeout": 5},
+        {"start_time": -10, "executable": "next"},
+        {"start_time": 2, "executable": "long", "timeout": 7.5},
+        {"start_time": 3, "executable": "quick", "timeout": 100},
+    ]
+
+    async def go() -> None:
+        script = {"hang": (1000.0, 0, b""), "long": (1000.0, 0, b""), "quick": (1.0, 0, b"")}
+        h = Harness(tmp_path, sched, script)
+        await h.start()
+        assert await h.finish() == EXIT_OK
+        start = await h.started()
+        assert h.processes.started_at("next") == [T0 + 5.0]  # the stage ended with its timed-out entry
+        ends = {e.data["index"]: e for e in h.of("entry_exited")}
+        assert ends[0].timestamp == T0 + 5.0 and ends[2].timestamp == start + 2 + 7.5
+        for index, seconds in ((0, 5), (2, 7.5)):
+            d = ends[index].data
+            assert d["ended_by"] == "timeout" and d["status"] == "timeout" and d["timeout"] == seconds
+            assert d["details"] == f"timed out after {seconds:g} s (SIGTERM)" and d["grace"] == 10.0
+        assert ends[3].data["status"] == "success" and "ended_by" not in ends[3].data
+        assert h.processes.kills == [("hang", 15, 10.0), ("long", 15, 10.0)]
+
+    run(go())
+
+
+def test_the_default_timeout_bounds_entries_without_their_own(tmp_path: Path) -> None:
+    sched = [
+        {"start_time": -20, "executable": "hang"},
+        {"start_time": -10, "executable": "own", "timeout": 50},
+    ]
+
+    async def go() -> None:
+        script = {"hang": (1000.0, 0, b""), "own": (1000.0, 0, b"")}
+        h = Harness(tmp_path, sched, script, default_timeout=30.0)
+        await h.start()
+        assert await h.finish() == EXIT_OK
+        ends = {e.data["index"]: e for e in h.of("entry_exited")}
+        assert ends[0].timestamp == T0 + 30.0 and ends[0].data["timeout"] == 30.0
+        assert ends[1].timestamp == T0 + 80.0 and ends[1].data["timeout"] == 50.0
+
+    run(go())

@@ -33,6 +33,7 @@ from vmr_handler.agent.machine.executor import (
     shell_command,
 )
 from vmr_handler.agent.state.journal import DONE, FAILED, RUNNING
+from vmr_handler.core.clock import Timer
 from vmr_handler.core.errors import EntryError
 from vmr_handler.core.events import Event, EventType, encode_output
 from vmr_handler.core.schedule.commands import command_line, first_word, program_missing, target_path
@@ -40,6 +41,8 @@ from vmr_handler.core.schedule.model import ScheduleEntry, TransferOut
 
 log = logging.getLogger(__name__)
 
+#: Seconds a timed-out entry's tree has between SIGTERM and SIGKILL.
+TIMEOUT_GRACE = 10.0
 #: What a shell's exit codes 126/127 mean (POSIX).
 _SHELL_CODES = {NOT_EXECUTABLE_EXIT_CODE: "not executable", NOT_FOUND_EXIT_CODE: "command not found"}
 
@@ -54,8 +57,10 @@ class Running:
     process: Process
     started_mono: float
     killed: bool = False  # terminated by the agent's own stop/failure
-    #: ended by ``vmr-host kill``: what its ``entry_exited`` says of it (:meth:`EntryLauncher.kill`)
+    #: ended by ``vmr-host kill`` or its timeout: what its ``entry_exited`` says of it
+    #: (:meth:`EntryLauncher.kill`, :meth:`EntryLauncher._time_out`)
     ended_by: Optional[Dict[str, Any]] = None
+    timer: Optional[Timer] = None  # its timeout, while it runs
     stderr_tail: Dict[str, bytes] = field(default_factory=dict)  # {"last": last stderr line}
 
 
@@ -264,6 +269,10 @@ class EntryLauncher:
         self.running[entry.index] = running
         self.state.journal.mark_running(entry.index, pid, process.create_time)  # pid: cleanup after a crash
         self.state.journal_changed()
+        timeout = entry.timeout or self.state.config.default_timeout
+        if timeout:
+            clock = self.state.clock
+            running.timer = clock.call_at(clock.time() + timeout, self._time_out, running, timeout)
         extra: Dict[str, Any] = {}
         if scheduled is not None:
             extra = {"scheduled": scheduled, "spawned_at": spawned_at, "lateness": spawned_at - scheduled}
@@ -304,6 +313,8 @@ class EntryLauncher:
             return None
         result = await running.process.wait()
         self.running.pop(entry.index, None)
+        if running.timer is not None:
+            running.timer.cancel()
         ended = {  # which entry, and how its process ended: the same in either report
             "index": entry.index,
             "executable": entry.executable,
@@ -360,7 +371,7 @@ class EntryLauncher:
             EventType.ENTRY_EXITED,
             **ended,
             duration=result.duration,
-            status="killed",
+            status="timeout" if kill.get("ended_by") == "timeout" else "killed",
             details=killed_text(kill, result),
             **kill,
         )
@@ -409,14 +420,36 @@ class EntryLauncher:
         if running is None or running.killed:
             return False, self._not_running(index)
         first = signal.Signals[f"SIG{signame}"]
-        if running.ended_by is None:
-            running.ended_by = {"ended_by": "operator", "requested_by": by, "kill_signal": first.name,
-                                "grace": grace}  # fmt: skip
-            loop = asyncio.get_running_loop()
-            job = loop.run_in_executor(None, running.process.kill_tree, grace, int(first))
-            job.add_done_callback(lambda f: f.cancelled() or f.exception())
+        mark = {"ended_by": "operator", "requested_by": by, "kill_signal": first.name, "grace": grace}
+        if not self._end_tree(running, mark):
+            return True, f"entry {index} is being ended already ({(running.ended_by or {}).get('ended_by')})"
         after = "" if first == signal.SIGKILL else f", SIGKILL to what is left after {grace:g} s"
         return True, f"{first.name} sent to entry {index}'s process tree (pid {running.process.pid}){after}"
+
+    def _time_out(self, running: Running, timeout: float) -> None:
+        """``running``'s entry ran for its ``timeout`` s: its tree is ended as by ``vmr-host kill``
+        (SIGTERM, SIGKILL after :data:`TIMEOUT_GRACE` s) and its ``entry_exited`` says
+        ``ended_by: timeout``. The mark is journaled first: an agent restarted meanwhile does
+        not run it again."""
+        if self.running.get(running.entry.index) is not running or running.killed:
+            return
+        mark = {"ended_by": "timeout", "timeout": timeout, "kill_signal": "SIGTERM", "grace": TIMEOUT_GRACE}
+        if self._end_tree(running, mark):
+            self.state.journal.mark_killed(running.entry.index, mark)
+            self.state.journal_changed()
+
+    def _end_tree(self, running: Running, mark: Dict[str, Any]) -> bool:
+        """Send ``mark["kill_signal"]`` to ``running``'s process tree and SIGKILL to what is left
+        after ``mark["grace"]`` s (a worker thread), unless it is being ended already; ``mark``
+        is what its ``entry_exited`` will say. Returns whether it was ended now."""
+        if running.ended_by is not None:
+            return False
+        running.ended_by = mark
+        first = int(signal.Signals[mark["kill_signal"]])
+        loop = asyncio.get_running_loop()
+        job = loop.run_in_executor(None, running.process.kill_tree, mark["grace"], first)
+        job.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return True
 
     def _not_running(self, index: int) -> str:
         """Why entry ``index`` cannot be killed: it is not running, and what became of it."""
@@ -449,7 +482,8 @@ class EntryLauncher:
             if kill is not None:  # vmr-host kill asked for its end: it does not run again
                 self.state.emit(
                     EventType.ENTRY_EXITED, index=index, executable=schedule_entries[index].executable,
-                    exit_code=rec.get("exit_code"), signal=None, status="killed", killed_pids=killed,
+                    exit_code=rec.get("exit_code"), signal=None, killed_pids=killed,
+                    status="timeout" if kill.get("ended_by") == "timeout" else "killed",
                     details=f"{killed_text(kill, None)}; the agent restarted before its end was reported",
                     **kill,
                 )  # fmt: skip
@@ -487,6 +521,8 @@ def killed_text(kill: Dict[str, Any], result: Optional[ProcessResult]) -> str:
     exit code: the program caught the signal and exited)."""
     sent = str(kill.get("kill_signal"))
     text = f"killed by operator ({sent})"
+    if kill.get("ended_by") == "timeout":
+        text = f"timed out after {kill.get('timeout'):g} s ({sent})"
     if result is None or (result.signal is not None and signal_name(result.signal) == sent):
         return text
     if result.signal == signal.SIGKILL:

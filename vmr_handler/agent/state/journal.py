@@ -388,8 +388,14 @@ class Journal:
         it (in the log, at once), so that an agent restarted before its end was journaled does
         not run it again (:meth:`killed_by`)."""
         self.data.setdefault("kill_ids", {})[kill_id] = outcome
+        if mark is not None and index is not None:
+            self.mark_killed(index, mark)
+
+    def mark_killed(self, index: int, mark: Dict[str, Any]) -> None:
+        """Mark running entry ``index`` as ended by a kill or its timeout (``mark``: what its
+        ``entry_exited`` will say), in the log at once (:meth:`killed_by`)."""
         rec = self.data["entries"].get(str(index))
-        if mark is not None and index is not None and rec is not None and rec.get("state") == RUNNING:
+        if rec is not None and rec.get("state") == RUNNING:
             self._set_entry(index, {**rec, "kill": mark})
 
     def killed_by(self, index: int) -> Optional[Dict[str, Any]]:

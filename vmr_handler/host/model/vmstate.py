@@ -134,14 +134,15 @@ def run_status(p: Optional[Payload]) -> Optional[str]:
     """The status of an entry run an entry report's payload tells, None for another report:
     ``started``; ``entry_exited`` is ``success`` or ``error`` as the agent said (a data-only
     entry has no exit code and succeeded; a requested reboot is a success), else by its exit
-    code (0 = success), and ``killed`` when the operator ended it (``ended_by``, ``vmr-host
-    kill``); ``entry_failed`` is ``failed`` (it could not run); ``entry_interrupted`` is
-    ``interrupted``. ``error`` and ``failed`` make a failed entry (:data:`FAILED_RUNS`)."""
+    code (0 = success), ``killed`` when the operator ended it (``ended_by: operator``,
+    ``vmr-host kill``) and ``timeout`` when its ``timeout`` did; ``entry_failed`` is ``failed``
+    (it could not run); ``entry_interrupted`` is ``interrupted``. ``error`` and ``failed`` make
+    a failed entry (:data:`FAILED_RUNS`)."""
     if isinstance(p, EntryStarted):
         return "started"
     if isinstance(p, EntryExited):
-        if p.ended_by == "operator":
-            return "killed"
+        if p.ended_by in ("operator", "timeout"):
+            return "killed" if p.ended_by == "operator" else "timeout"
         if p.status in ("success", "error"):
             return p.status
         return "success" if p.exit_code == 0 else "error"
@@ -517,7 +518,7 @@ class VmState:
             "phase": {
                 "stage_time": self.stage_time,
                 "running_entries": sorted(self.running),
-                "killed": {str(i): how for i, (how, st) in self.ended.items() if st == "killed"},
+                "killed": {str(i): how for i, (how, st) in self.ended.items() if st in ("killed", "timeout")},
                 "at_break": dict(self.at_break) if self.at_break else None,
                 "paused": dict(self.paused) if self.paused else None,
                 "last_entry": dict(self.last_entry) if self.last_entry else None,
