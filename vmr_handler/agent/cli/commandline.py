@@ -49,6 +49,15 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _timeout(text: str) -> float:
+    import argparse
+
+    value = _seconds(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be seconds > 0, got {text!r}")
+    return value
+
+
 _CLI = "vmr_handler.agent.cli."
 _CONTROL = _CLI + "control_client:"
 
@@ -177,6 +186,13 @@ def _add_run_local_options(run: argparse.ArgumentParser) -> None:
         help="shell command run on a reboot request (default: systemctl reboot || reboot)",
     )
     run.add_argument("--quiet", action="store_true", help="no readable log on stderr")
+    run.add_argument(
+        "--default-timeout",
+        type=_timeout,
+        metavar="SECONDS",
+        help="end a program entry without a timeout of its own after SECONDS (SIGTERM, then SIGKILL "
+        "10 s later; default: none, or the host's serve --default-timeout)",
+    )
     run.add_argument(
         "--kpi-interval",
         type=_seconds,
@@ -419,6 +435,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             allow_classes=list(allow),
             clock_skew=args.debug_clock_skew or 0.0,
             quiet=args.quiet,
+            default_timeout=args.default_timeout,
         )
         name = _setting(args, settings, "vm_name", None)
         if name:
@@ -448,6 +465,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         resources_dir=args.resources or os.path.dirname(os.path.abspath(args.local)),
         start_buffer=float(_setting(args, settings, "start_buffer", 60.0)),
         reboot_command=_setting(args, settings, "reboot_command", None) or DEFAULT_REBOOT_COMMAND,
+        default_timeout=args.default_timeout,
     )
     import asyncio
 

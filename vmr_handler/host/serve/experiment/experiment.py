@@ -206,6 +206,11 @@ class Experiment(HostEntryPort):
         """Seconds between two KPI samples of each agent (``--kpi-interval``), told in ``welcome``."""
         return self.config.kpi_interval
 
+    @property
+    def default_timeout(self) -> Optional[float]:
+        """Seconds an entry without a ``timeout`` may run (``--default-timeout``), told in ``welcome``."""
+        return self.config.default_timeout
+
     def on_stored(self, vm: str, events: List[Event], received: float) -> None:
         """``vm``'s new reports were stored and applied: tell every watcher (a failing watcher
         is logged, never lets a report go unacknowledged)."""

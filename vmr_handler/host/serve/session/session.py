@@ -519,6 +519,7 @@ class VmSession:
             "resumes": [r.id for r in pending],
             "run": self.host.run_id,  # the agent takes only start times of this run
             "kpi_interval": self.host.kpi_interval,  # the agent samples its VM
+            "default_timeout": self.host.default_timeout,  # unless the agent has its own
         }
         self._send([self.events.make(WELCOME, welcome)])
         if digest != self.spec.digest:
