@@ -148,3 +148,29 @@ def test_a_forged_kill_on_the_topic_is_refused_when_the_host_signs() -> None:
         if rogue is not None:
             rogue.close()
         env.close()
+
+
+@pytest.mark.parametrize("transport", ["unix", "mqtt"])
+def test_timeouts_end_a_stage_entry_and_a_positive_one(transport: str) -> None:
+    schedule = [
+        {"start_time": -5, "executable": "/bin/sh", "arguments": TREE, "timeout": 1},
+        {"start_time": -1, "executable": "/bin/echo", "arguments": "next stage"},
+        {"start_time": 1, "executable": "/bin/sleep", "arguments": "1000"},  # the host's default bounds it
+    ]
+    env = HostEnv({"a": schedule}, start_buffer=0.5, transport=transport)
+    try:
+        env.start_host("--default-timeout", "1.5")
+        env.start_agent("a")
+        tree = _tree(env, "a", 0)
+        first = env.wait_event("a", "entry_exited", index=0)["event"]["data"]
+        assert first["ended_by"] == "timeout" and first["status"] == "timeout" and first["timeout"] == 1
+        assert first["details"] == "timed out after 1 s (SIGTERM)" and first["signal"] == 15
+        assert env.wait_for(lambda: _gone(tree), "the timed-out entry's tree gone")
+        env.wait_event("a", "entry_exited", index=1, status="success")  # the next stage ran
+        last = env.wait_event("a", "entry_exited", index=2)["event"]["data"]
+        assert last["ended_by"] == "timeout" and last["timeout"] == 1.5
+        assert last["duration"] >= 1.5
+        env.wait_for(lambda: env.status()["vms"][0]["state"] == "complete", "a completes")
+        assert env.status()["vms"][0]["failures"] == 0
+    finally:
+        env.close()
