@@ -364,9 +364,10 @@ class EntryLauncher:
     async def _killed_end(
         self, entry: ScheduleEntry, ended: Dict[str, Any], result: ProcessResult, kill: Dict[str, Any]
     ) -> None:
-        """Report and journal the end of ``entry`` that ``vmr-host kill`` asked for: not a failure
-        (``status: killed``, ``ended_by: operator``), the signal it was sent and the one that
-        ended it (SIGKILL when it outlived the grace period)."""
+        """Report and journal the end of ``entry`` that ``vmr-host kill`` or its timeout asked for
+        (``kill``: :attr:`Running.ended_by`): not a failure (``status: killed`` or ``timeout``,
+        ``ended_by``), the signal it was sent and the one that ended it (SIGKILL when it
+        outlived the grace period)."""
         self.state.emit(
             EventType.ENTRY_EXITED,
             **ended,
@@ -516,9 +517,11 @@ class EntryLauncher:
 
 
 def killed_text(kill: Dict[str, Any], result: Optional[ProcessResult]) -> str:
-    """What an entry ended by ``vmr-host kill`` says of its end: ``killed by operator (SIGTERM)``,
-    then how it ended when that is not by the signal sent (SIGKILL after the grace period, or an
-    exit code: the program caught the signal and exited)."""
+    """What an entry ended by ``vmr-host kill`` or its timeout says of its end (``kill``: its
+    :attr:`Running.ended_by`; ``result``: how its process ended, None when unknown):
+    ``killed by operator (SIGTERM)`` or ``timed out after 30 s (SIGTERM)``, then how it ended when
+    that is not by the signal sent (SIGKILL after the grace period, or an exit code: the program
+    caught the signal and exited)."""
     sent = str(kill.get("kill_signal"))
     text = f"killed by operator ({sent})"
     if kill.get("ended_by") == "timeout":
