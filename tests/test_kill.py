@@ -6,6 +6,7 @@ The engine's rules on a fake clock: tests/test_kill_engine.py."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Dict, Iterator, List
 
@@ -93,6 +94,8 @@ def test_kill_a_stage_entry_then_trees_and_the_refusals(env: HostEnv) -> None:
     notes = ("entry 3 killed by operator (SIGTERM); entry 2 killed by operator (SIGTERM): still running "
              "after the 1 s grace period, ended by SIGKILL; 3 entries killed (operator or timeout)")
     assert notes in table, table
+    rows = json.loads(env.cli("schedule", "show", "a", "--json").stdout)["entries"]
+    assert [r["runs"][-1]["status"] for r in rows] == ["killed", "success", "killed", "killed"]
     logs = env.cli("logs", "a").stdout
     assert "details=killed by operator (SIGTERM)" in logs and "ended_by=operator" in logs
 
