@@ -194,7 +194,7 @@ COMMANDS: Dict[str, ControlCommand] = {
             (
                 _VMS,
                 Field("all", "bool", False, "every VM where the entry runs", flags=("--all",)),
-                Field("entry", "int", None, "the entry's index (as vmr-host schedule shows it)",
+                Field("entry", "int", None, "the entry's index (vmr-host schedule show VM lists them)",
                       flags=("--entry",), bounds=(0, 2**31)),
                 Field("signal", "text", "TERM", "the signal sent first (default TERM)",
                       flags=("--signal",), choices=KILL_SIGNALS),
