@@ -5,11 +5,13 @@ journaled). Real processes, agents and hosts: tests/test_kill.py."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any, Coroutine
 
 from tests.enginefakes import T0, Harness
 from vmr_handler.agent.engine.engine import EXIT_OK
+from vmr_handler.core.schedule import load_schedule_bytes
 
 
 def run(coro: Coroutine[Any, Any, None]) -> None:
@@ -142,5 +144,23 @@ def test_the_default_timeout_bounds_entries_without_their_own(tmp_path: Path) ->
         ends = {e.data["index"]: e for e in h.of("entry_exited")}
         assert ends[0].timestamp == T0 + 30.0 and ends[0].data["timeout"] == 30.0
         assert ends[1].timestamp == T0 + 80.0 and ends[1].data["timeout"] == 50.0
+
+    run(go())
+
+
+def test_an_appended_batch_keeps_its_entries_timeouts(tmp_path: Path) -> None:
+    async def go() -> None:
+        h = Harness(tmp_path, [{"start_time": 5, "executable": "e0"}], {"more": (1000.0, 0, b"")},
+                    start_buffer=0.0, stay=True)  # fmt: skip
+        await h.start()
+        start = await h.started()
+        await h.clock.advance_to(start + 30.0)
+        raw = json.dumps([{"start_time": 60, "executable": "more", "timeout": 12}]).encode()
+        assert h.engine.append("b1", load_schedule_bytes(raw), raw)["first_index"] == 1
+        await h.clock.advance_to(start + 100.0)
+        ended = next(e for e in h.of("entry_exited") if e.data["index"] == 1)
+        assert ended.timestamp == start + 72.0 and ended.data["ended_by"] == "timeout"
+        h.engine.stop()
+        assert await h.stopped() == EXIT_OK
 
     run(go())
