@@ -146,7 +146,12 @@ class Harness:
         self.journal = Journal(self.config.state_dir, self.schedule.digest)
         self.schedule = restore(self.schedule, self.journal, self.config.state_dir)  # batches appended before
         self.engine = Engine(
-            self.schedule, self.config, self.events.append, self.clock, self.processes, self.journal
+            schedule=self.schedule,
+            config=self.config,
+            sink=self.events.append,
+            clock=self.clock,
+            processes=self.processes,
+            journal=self.journal,
         )
         self.task: Optional[asyncio.Task[int]] = None
 

@@ -40,12 +40,15 @@ def run_executable(
     return record
 
 
-def _drop(start_time: float, location: str, item: Record, preload: bool, moved: str) -> Record:
+def _drop(
+    start_time: float, location: str, item: Record, preload: bool, moved: str, move: str = "mv"
+) -> Record:
     """``DropContentScheduleEntry`` / ``DropFileScheduleEntry``: with a preload move command the
-    data goes to ``moved`` in the working dir and ``mv <moved> <location>`` runs at the time."""
+    data goes to ``moved`` in the working dir and ``mv <moved> <location>`` runs at the time
+    (``move`` on a Windows endpoint)."""
     if preload:
         return reference_record(
-            start_time, executable="mv", arguments=f"{moved} {location}", data=[{"location": moved, **item}]
+            start_time, executable=move, arguments=f"{moved} {location}", data=[{"location": moved, **item}]
         )
     return reference_record(start_time, data=[{"location": location, **item}])
 
@@ -63,6 +66,28 @@ def drop_file(
 ) -> Record:
     """``Vertex.drop_file``: preloaded by default (the file in the working dir, ``mv`` at the time)."""
     return _drop(start_time, location, {"filename": filename, "executable": executable}, preload, filename)
+
+
+def windows_drop_file(start_time: float, location: str, filename: str) -> Record:
+    """``Vertex.drop_file`` on an ``AbstractWindowsEndpoint``: the preload runs ``move``."""
+    item = {"filename": filename, "executable": False}
+    return _drop(start_time, location, item, True, filename, move="move")
+
+
+def run_powershell(
+    start_time: float, script: str, arguments: Optional[str] = None, batch: bool = False
+) -> Record:
+    """firewheel_repo_windows' ``PowershellScheduleEntry`` as the schedule plugin pickles it (its
+    class flipped back to ``ScheduleEntry``): the script dropped, run by ``powershell`` (or by
+    ``powershell_wrapper.exe`` for a batch shell)."""
+    full = f"{script} {arguments}" if arguments else script
+    data: List[Record] = [{"location": script, "filename": script, "executable": False}]
+    if batch:
+        wrapper = "powershell_wrapper.exe"
+        data.append({"location": wrapper, "filename": wrapper, "executable": False})
+        return reference_record(start_time, executable=wrapper, arguments=full, data=data)
+    args = f"-ExecutionPolicy Bypass -File {full}"
+    return reference_record(start_time, executable="powershell", arguments=args, data=data)
 
 
 def add_vm_resource(

@@ -38,6 +38,20 @@ SHARES = (
     ("at break", 0.03),
     ("running", 0.04),
 )
+#: The state word (host/model/stateword.py) each way a VM was made ends in, as every view says
+#: it; ``with failures`` completes with a failed entry (a problem), ``interrupted`` (the log ends
+#: in an entry its agent was stopped in) and ``running`` are ``running`` as far as the logs tell.
+WORDS = {
+    "failed": "failed",
+    "rejected": "schedule_rejected",
+    "with failures": "complete",
+    "interrupted": "running",
+    "at break": "at_break",
+    "running": "running",
+    "complete": "complete",
+}
+#: The ways made that are problems (a failed VM, a refused schedule, a failed entry).
+PROBLEM_KINDS = frozenset({"failed", "rejected", "with failures"})
 COMMANDS = (
     "/usr/bin/iperf3 -c 10.0.0.{peer} -t {dur} --json",
     "/opt/exp/bin/load --rate {rate} --target http://10.0.0.{peer}:8080/",
@@ -53,7 +67,7 @@ class Generated:
 
     Attributes:
         logs: the logs directory. vms: VM names, sorted. start: experiment start (UTC).
-        kinds: VM -> what was made of it (a category of ``host/report/fold.py`` CATEGORIES).
+        kinds: VM -> what was made of it (one of :data:`SHARES`, or ``complete``).
         late: VMs with entries late by 50-500 ms. restarts: VMs whose agent restarted.
         lines: log records written.
     """
@@ -65,6 +79,14 @@ class Generated:
     late: List[str] = field(default_factory=list)
     restarts: List[str] = field(default_factory=list)
     lines: int = 0
+
+    def words(self) -> Dict[str, str]:
+        """VM -> the state word its logs end in (:data:`WORDS`)."""
+        return {vm: WORDS[kind] for vm, kind in self.kinds.items()}
+
+    def problems(self) -> List[str]:
+        """The VMs that are problems (:data:`PROBLEM_KINDS`), sorted."""
+        return sorted(vm for vm, kind in self.kinds.items() if kind in PROBLEM_KINDS)
 
 
 class _Vm:
@@ -410,6 +432,9 @@ def generate(
                     )
                 end += 0.01
                 v.ev(end, "schedule_complete", entries=entries + 2, failures=0)
+            elif kinds[vm] == "with failures":  # it goes on after the failed entry, and completes
+                end += 0.01
+                v.ev(end, "schedule_complete", status="success", ran=entries + 2, exited_nonzero=1)
         v.kpis(boots[vm], end, kpi_interval, 10 + v.rng.random() * 50)
         out.lines += v.write(os.path.join(logs, f"{vm}.jsonl"))
     resumes = [

@@ -253,6 +253,16 @@ def test_plan_and_check_show_and_warn(tmp_path):
             "cannot run a program",
         ),
         ({"start_time": 1, "data": [{"location": "/x", "interval": -1}]}, "data[0].interval", "must be"),
+        (
+            {"start_time": 1, "data": [{"location": "/x", "destination": "out/dir"}]},
+            "data[0].destination",
+            "must be an absolute directory on the host",
+        ),
+        (
+            {"start_time": 1, "data": [{"location": "/x", "destination": "/srv/../etc"}]},
+            "data[0].destination",
+            "must not have a '..' component",
+        ),
     ],
 )
 def test_resume_and_transfer_entries_are_validated(tmp_path, record, field, words):
@@ -310,8 +320,8 @@ def test_a_missing_program_does_not_hold_the_barrier_through_vmr_host(transport)
 
 
 def test_a_file_dropped_without_executable_is_not_made_executable(tmp_path, agents):
-    """FIREWHEEL chmods +x every drop (its bug); here the flag holds: exit 126, explained, and
-    ``check`` warns about the schedule before it runs."""
+    """The flag holds, as in FIREWHEEL 3.1.0 (a drop is chmodded only when its ``executable``
+    is true): exit 126, explained, and ``check`` warns about the schedule before it runs."""
     res = tmp_path / "res"
     res.mkdir()
     (res / "tool.sh").write_text("#!/bin/sh\necho tool ran\n")
@@ -326,7 +336,8 @@ def test_a_file_dropped_without_executable_is_not_made_executable(tmp_path, agen
     exited = a.by_index("entry_exited")[1][0]["data"]
     assert exited["exit_code"] == 126
     assert f"'{tool}' is not executable (mode 0o644)" in exited["details"]
-    assert "FIREWHEEL makes every dropped file executable" in exited["details"]
+    assert "made executable only when its data item says executable: true" in exited["details"]
+    assert "(as in FIREWHEEL 3.1.0)" in exited["details"]
     path = tmp_path / "s.pkl"
     path.write_bytes(fw.firewheel_pickle(records))
     check = cli("check", str(path))

@@ -4,8 +4,9 @@ A guest can make the host hash its files again at their last chunk (chunks out o
 rewritten bytes); that runs in a worker thread, one file at a time per VM, but without a
 budget one VM could keep a core busy. :class:`~vmr_handler.host.serve.session.intake.TransferIntake` spends
 the missing bytes from a token bucket; a hash over the budget waits, the VM's later transfer
-reports wait behind it, and it still completes. Real files, a real event loop, the budget's
-clock frozen (the delay is computed, not timed).
+reports wait behind it, and it still completes. Real files, a real event loop and worker
+threads; the budget and the deferred hash on a :class:`~vmr_handler.core.clock.FakeClock`, so
+the hash starts at its exact instant.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, List, Tuple
 
 import pytest
 
+from vmr_handler.core.clock import FakeClock
 from vmr_handler.core.events import Event
 from vmr_handler.host.model.vmstate import Counters
 from vmr_handler.host.serve.files.transfers import TransferStore
@@ -45,6 +47,10 @@ def _chunk(n: int, name: str, offset: int, data: bytes, whole: bytes, last: bool
 
 
 def test_hashing_over_the_budget_waits_and_still_completes_in_order(tmp_path: Path) -> None:
+    """Two 799-byte hashes spend 1598 bytes of a 1000-byte burst at 1000 bytes/s: the third
+    starts 0.598 s later on the host's clock, not a millisecond before."""
+    clock = FakeClock()
+    start = clock.time()
     stored: List[Tuple[str, Any]] = []
     remarks: List[str] = []
     store = TransferStore(str(tmp_path), "vm", max_file=10_000, max_total=100_000)
@@ -55,10 +61,11 @@ def test_hashing_over_the_budget_waits_and_still_completes_in_order(tmp_path: Pa
         lambda kind, text, now: remarks.append(text),
         lambda events, now: stored.extend((e.id, e.data.get("details")) for e in events),
         budget=(1000.0, 1000.0),  # bytes/s, burst
-        monotonic=lambda: 0.0,  # frozen: only what is spent counts
+        clock=clock,  # still until advanced: only what is spent counts
     )
 
     async def settle() -> None:
+        """Until the hash under way (a worker thread) is done and logged."""
         for _ in range(400):
             if intake.status()["waiting"] == 0:
                 return
@@ -82,7 +89,14 @@ def test_hashing_over_the_budget_waits_and_still_completes_in_order(tmp_path: Pa
         assert intake.status()["hash_waited_s"] == pytest.approx(0.598)
         assert intake.status()["waiting"] == 1  # f2's hash, not yet run
         assert [i for i, _ in stored][-1] == "id-20"  # its first chunk, stored; the last waits
+        due = start + 0.598  # the debt of 598 bytes at 1000 bytes/s
+        assert clock.next_timer() == due  # f2's hash starts then, on the host's clock
+        await clock.advance_to(due - 0.001)
+        assert clock.next_timer() == due and [i for i, _ in stored][-1] == "id-20"
+        await clock.advance_to(due)  # the debt paid: the hash starts
+        assert clock.next_timer() is None
         await settle()
+        assert intake.status()["waiting"] == 0
 
     asyncio.run(go())
     assert [i for i, _ in stored] == ["id-0", "id-1", "id-10", "id-11", "id-20", "id-21"]

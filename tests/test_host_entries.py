@@ -111,6 +111,7 @@ class Rig:
 
     def new_runner(self, enabled: bool = True, **kw: Any) -> HostEntryRunner:
         kw.setdefault("path", str(self.tmp / "no-minimega-here"))
+        kw.setdefault("specs", {"vm1": self.spec})
         runner = HostEntryRunner(
             enabled,
             str(self.logs),
@@ -249,6 +250,67 @@ def test_resources_file_runs_and_escapes_are_refused(tmp_path: Path) -> None:
         assert all(e["data"]["refused"] and e["data"]["on_host"] for e in failed)
         assert len(rig.events("entry_started")) == 1  # nothing else ran
         assert not any("escaped" in str(e["data"].get("line")) for e in rig.events("output"))
+
+    run(main)
+
+
+def test_the_entry_gets_firewheels_environment(tmp_path: Path) -> None:
+    """FIREWHEEL 3.1.0's ``_build_host_vm_resource_env``: the VM's name and uuid (none known: empty),
+    the Python running the host (its directory first on PATH) and the VM's config as JSON; the
+    host's own environment is kept."""
+    prog = script(
+        tmp_path / "env.sh",
+        'echo "name=$FIREWHEEL_VM_NAME"; echo "uuid=[$FIREWHEEL_VM_UUID]"; echo "py=$FIREWHEEL_PYTHON"\n'
+        'echo "path1=${PATH%%:*}"; echo "config=$FIREWHEEL_VM_CONFIG_JSON"; echo "kept=$VMR_TEST_KEPT"\n'
+        '"$FIREWHEEL_PYTHON" -c "import sys; print(\'runs=\' + sys.executable)"\n',
+    )
+    os.environ["VMR_TEST_KEPT"] = "yes"
+
+    async def main() -> None:
+        rig = Rig(tmp_path, [{"start_time": -1, "executable": prog, "on_host": True}])
+        assert (await rig.answer(rig.ask(0)))["status"] == "success"
+        lines = dict(e["data"]["line"].split("=", 1) for e in rig.events("output"))
+        assert lines["name"] == "vm1" and lines["uuid"] == "[]" and lines["kept"] == "yes"
+        assert lines["py"] == sys.executable == lines["runs"]
+        assert lines["path1"] == os.path.dirname(sys.executable)
+        config = json.loads(lines["config"])
+        assert config == {"vm_name": "vm1", "vm_uuid": "", "schedule": str(tmp_path / "vm1.yaml")}
+
+    try:
+        run(main)
+    finally:
+        del os.environ["VMR_TEST_KEPT"]
+
+
+def test_a_resource_stored_0644_runs_when_its_drop_says_executable(tmp_path: Path) -> None:
+    """FIREWHEEL 3.1.0 chmods the cached copy of a host-side resource whose data item says
+    ``executable: true``; here a copy in the entry's working dir is made executable and run, the
+    file in --resources is left as it is. Without the flag it is refused, saying what to do."""
+    drop = {"location": "tool.sh", "filename": "tool.sh"}
+    entries = [
+        {"start_time": -10, "executable": "tool.sh", "arguments": "a", "on_host": True,
+         "data": [{**drop, "executable": True}]},
+        {"start_time": -10, "executable": "tool.sh", "on_host": True,
+         "data": [{**drop, "executable": False}]},
+    ]  # fmt: skip
+
+    async def main() -> None:
+        rig = Rig(tmp_path, entries)
+        tool = rig.resources / "tool.sh"
+        tool.write_text('#!/bin/sh\necho "tool $1 in $(pwd)"\n')
+        tool.chmod(0o644)
+        ok = await rig.answer(rig.ask(0))
+        assert ok["status"] == "success" and ok["exit_code"] == 0, ok
+        workdir = rig.logs / "host_entries" / "vm1" / "0"
+        assert rig.events("entry_started")[0]["data"]["command"] == f"{workdir / 'tool.sh'} a"
+        assert [e["data"]["line"] for e in rig.events("output")] == [f"tool a in {workdir}"]
+        assert (workdir / "tool.sh").stat().st_mode & 0o777 == 0o755
+        assert tool.stat().st_mode & 0o777 == 0o644  # --resources is never changed
+        refused = await rig.answer(rig.ask(1))
+        assert refused["refused"] is True and refused["status"] == "error"
+        assert "is not executable (mode 0o644)" in refused["details"]
+        assert "set executable: true on that drop" in refused["details"]
+        assert len(rig.events("entry_started")) == 1
 
     run(main)
 

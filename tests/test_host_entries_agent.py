@@ -20,7 +20,8 @@ from tests.hostenv import HostEnv
 def _schedule(marker: str) -> List[Dict[str, Any]]:
     return [
         {"start_time": -10, "executable": "/bin/sh", "on_host": True,
-         "arguments": f"-c 'sleep 1; echo ran on the host; echo negative >> {marker}'"},
+         "arguments": f"-c 'sleep 1; echo ran on the host for $FIREWHEEL_VM_NAME; "
+                      f"echo negative >> {marker}'"},
         {"start_time": -5, "executable": "/bin/sh", "arguments": f"-c 'test -f {marker}'"},
         {"start_time": 1, "executable": "/bin/sh", "on_host": True,
          "arguments": f"-c 'echo positive >> {marker}'"},
@@ -52,7 +53,7 @@ def test_on_host_entries_run_on_the_host_in_the_stage_and_at_their_time(env: Hos
     # at its time: lateness is the host's spawn against the instant the agent computed on its
     # host-synchronised clock, so a sync error of a few ms either way shows (never seconds)
     assert abs(_of(env, "a", "entry_started", 2)[0]["lateness"]) < 5.0
-    assert any("ran on the host" in str(o) for o in _of(env, "a", "output", 0))
+    assert any("ran on the host for a" in str(o) for o in _of(env, "a", "output", 0))  # FIREWHEEL's env
     assert env.events("a", "entry_skipped") == []
     stages = [r["event"]["data"]["stage"] for r in env.events("a", "stage_started")]
     assert stages == [0, 1]

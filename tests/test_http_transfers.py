@@ -274,3 +274,43 @@ def test_upload_refused_for_good_falls_back_to_the_channel(unix_env_factory: Any
     _chunked_once(env, "a", big, data)
     assert len(env.events("a", "schedule_warning")) == 1
     assert "retrying" not in env.agent_log("a")  # a 401 is final: not retried
+
+
+def test_a_transfer_with_a_destination_lands_in_destination_vm_as_firewheel_writes_it(unix_env_factory):
+    """FIREWHEEL 3.1.0 writes a transfer with a ``destination`` to ``<destination>/<vm>/<location>``;
+    here too (a copy; the logs keep theirs), over the channel and over HTTP alike. A destination
+    that cannot be written is said in the VM's log, and the file stays in the logs."""
+    env = unix_env_factory({}, start_buffer=0.5)
+    out = env.root / "vm" / "a" / "out"
+    out.mkdir(parents=True)
+    small, big, notes = out / "small.txt", out / "big.bin", env.root / "vm" / "a" / "notes.txt"
+    small.write_bytes(b"s" * 100)
+    big.write_bytes(os.urandom(HTTP_TRANSFER_MIN * 2))
+    notes.write_bytes(b"notes\n")
+    dest = env.root / "dest"
+    (env.root / "plainfile").write_text("not a directory\n")
+    bad = env.root / "plainfile" / "sub"  # cannot be made: its parent is a file (even for root)
+    records = [
+        {"start_time": -5, "data": [{"location": str(out), "interval": None, "destination": str(dest)}]},
+        {"start_time": -5, "data": [{"location": str(notes), "interval": None, "destination": str(bad)}]},
+    ]
+    (env.schedules / "a.json").write_text(json.dumps(records))
+    _start_http_host(env)
+    env.start_agent("a")
+    landed = {p: dest / "a" / str(p).lstrip("/") for p in (small, big)}
+    for path, copy in landed.items():
+        env.wait_for(lambda c=copy, p=path: c.exists() and c.read_bytes() == p.read_bytes(), f"{copy}")
+        assert _copy(env, "a", path).read_bytes() == path.read_bytes()  # the logs keep theirs
+        assert copy.stat().st_mtime == path.stat().st_mtime
+    uploaded = env.wait_event("a", "transfer_uploaded")["event"]["data"]
+    assert uploaded["destinations"] == [str(landed[big])]
+    chunked = [c["event"]["data"] for c in env.events("a", "transfer_chunk")]
+    chunked = [c for c in chunked if c.get("last")]
+    assert [c["destinations"] for c in chunked if c["location"] == str(small)] == [[str(landed[small])]]
+    env.wait_for(lambda: _copy(env, "a", notes).exists(), "notes in the logs")
+    env.wait_for(lambda: "not copied to" in _vm_log(env, "a"), "the failed copy said")
+    said = _vm_log(env, "a")
+    assert f"transfer {str(notes).lstrip('/')!r} not copied to {bad / 'a' / str(notes).lstrip('/')}" in said
+    assert f"it is in {_copy(env, 'a', notes)}" in said
+    transfers = _vm_status(env, "a")["transfers"]
+    assert (transfers["destination_copies"], transfers["destination_failures"]) == (2, 1)

@@ -31,14 +31,17 @@ def oracle(schedule: Schedule, launch_dir: str, path: Optional[str], shell: str)
         workdir = workdirs.get(entry.index, launch_dir)
         line = cmd.command_line(entry, workdir)
         word = cmd.first_word(line)
-        lookup = cmd.dropped_path(entry, workdir) is None and (os.path.isabs(word) or "/" not in word)
+        own = cmd.dropped_item(entry)
+        lookup = own is None and (os.path.isabs(word) or "/" not in word)
         if lookup and cmd.program_missing(word, launch_dir, path):
             warnings.append(f"{entry.label}: program {word!r} is not found")
-        dropper = non_executable.get(os.path.normpath(word)) if os.path.isabs(word) else None
-        if dropper is not None and dropper != entry.index:
-            warnings.append(
-                f"{entry.label}: runs {word!r}, which entry {dropper} drops with executable: false"
-            )
+        if own is not None:
+            dropper = None if own.executable else entry.index
+        else:
+            dropper = non_executable.get(os.path.normpath(word)) if os.path.isabs(word) else None
+        if dropper is not None:
+            who = "it drops itself" if dropper == entry.index else f"entry {dropper} drops"
+            warnings.append(f"{entry.label}: runs {word!r}, which {who} with executable: false")
         problem = syntax_error(line, shell)
         if problem is not None:
             warnings.append(f"{entry.label}: command line {line!r} is not valid shell syntax: {problem}")
@@ -49,7 +52,8 @@ def heads(warnings: List[str]) -> List[str]:
     """The part of each message the oracle spells the same way (up to the fixed explanation)."""
     out = []
     for w in warnings:
-        for cut in (" is not found", " drops with executable: false", " is not valid shell syntax: "):
+        cuts = (" is not found", " with executable: false", " is not valid shell syntax: ")
+        for cut in cuts:
             if cut in w:
                 out.append(w[: w.index(cut) + len(cut)] + (w.split(cut, 1)[1] if "syntax" in cut else ""))
                 break
@@ -135,3 +139,30 @@ def test_a_program_dropped_non_executable_is_warned_even_without_data(tmp_path: 
         w for w in warnings if w.startswith(("entry 1 ", "entry 2 ")) and "entry 0 drops" in w
     ]
     assert sum("which entry 0 drops with executable: false" in w for w in warnings) == 2
+
+
+def test_a_program_an_entry_drops_itself_non_executable_is_warned(tmp_path: Path) -> None:
+    """The entry runs the file it drops itself with executable: false (at a relative location,
+    named by its resource file name or its location, or at an absolute one): exit 126 in
+    FIREWHEEL 3.1.0 and here, so ``check`` warns; the same drops with executable: true do not."""
+    records: List[Dict[str, Any]] = [
+        {"start_time": -3, "executable": "wrap.sh",
+         "data": [{"location": "wrap.sh", "filename": "wrap.sh"}]},
+        {"start_time": -2, "executable": "run.sh", "data": [{"location": "bin/run.sh", "content": "x"}]},
+        {"start_time": -1, "executable": "/opt/self.sh",
+         "data": [{"location": "/opt/self.sh", "content": "y"}]},
+        {"start_time": 1, "executable": "ok.sh",
+         "data": [{"location": "ok.sh", "filename": "ok.sh", "executable": True}]},
+        {"start_time": 2, "executable": "/opt/ok.sh",
+         "data": [{"location": "/opt/ok.sh", "content": "z", "executable": True}]},
+    ]  # fmt: skip
+    schedule = schedule_of(records)
+    warnings = lint_schedule(schedule, str(tmp_path), "/bin:/usr/bin", cmd.find_shell())
+    own = [w for w in warnings if "with executable: false" in w]
+    labels = ["entry 0 ('wrap.sh')", "entry 1 ('run.sh')", "entry 2 ('/opt/self.sh')"]
+    assert [w.split(":")[0] for w in own] == labels
+    assert f"runs '{tmp_path}/-3/wrap.sh/wrap.sh', which it drops itself with executable: false" in own[0]
+    assert f"runs '{tmp_path}/-2/run.sh/bin/run.sh', which it drops itself" in own[1]
+    assert "runs '/opt/self.sh', which it drops itself" in own[2]
+    assert all("exits 126" in w and "set executable: true on that drop" in w for w in own)
+    assert heads(warnings) == oracle(schedule, str(tmp_path), "/bin:/usr/bin", cmd.find_shell())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
@@ -40,7 +41,9 @@ def _placement(journal: Journal, dirs: Dict[int, str], tmp_path: Path, events: E
     def emit(type_: EventType, **data: Any) -> None:
         events.append((type_, data))
 
-    return DataPlacement(dirs, str(tmp_path), emit, journal)
+    return DataPlacement(
+        workdirs=dirs, resources_dir=str(tmp_path), emit=emit, journal=journal, now=time.time
+    )
 
 
 def _preloaded(tmp_path: Path) -> Tuple[Schedule, Dict[int, str], Journal, DataPlacement, Events]:

@@ -4,7 +4,7 @@ byte for byte, what the object path gives: ``json.dumps(plan_json(build_plan(ent
 command_lines(entries, launch_dir)))`` of ``load_schedule``'s entries. Compared on varied
 schedules (pauses, breaks, RESUMEs incl. -inf, stored RESUME entries, negative stages, data
 entries with drops named by the executable, on_host entries, shared working dirs), on invalid
-ones (the same error), and through the real CLI (the hand-parsed path and argparse's)."""
+ones (the same error), and through the real CLI (parsed by the command table's parser)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vmr_handler.agent.cli import commandline as cli
-from vmr_handler.agent.cli._planout import PlanRequest, number_texts, parse_plan_json, plan_json_output
+from vmr_handler.agent.cli._planout import PlanRequest, number_texts, plan_json_output
+from vmr_handler.core.commandtable import command_word, join_negative_values
 from vmr_handler.core.errors import ScheduleError
 from vmr_handler.core.schedule import load_schedule
 from vmr_handler.core.schedule.commands import command_lines, working_dirs, working_dirs_of
@@ -214,44 +215,59 @@ def test_working_dirs_of_a_few_entries_are_those_of_all() -> None:
 
 
 # ---------------------------------------------------------------------------- the command line
-def argparse_request(words: List[str]) -> PlanRequest:
-    args = cli._parser().parse_args(cli._join_negative_infinity(words))
+def parsed(words: List[str]) -> PlanRequest:
+    """What ``vmr-handler WORDS`` hands to ``plan --json``: ``main``'s parse, by the parser the
+    command table makes for ``plan``."""
+    parser = cli._parser(command_word(words, cli.COMMANDS))
+    args = parser.parse_args(join_negative_values(words, parser, cli._seconds))
     return PlanRequest(args.schedule, args.resume, args.launch_dir, args.allow_class)
 
 
-@pytest.mark.parametrize(
-    "words",
-    [
-        ["plan", "s.json", "--json"],
-        ["plan", "--json", "s.json", "--resume", "5", "--resume=-inf", "--resume", "-inf"],
-        ["plan", "s.json", "--json", "--resume", "-3", "--resume", "-.5", "--resume", "1e3", "--resume=-1e3"],
-        ["plan", "s.json", "--json", "--launch-dir", "/l", "--launch-dir=/m", "--allow-class", "a.B"],
-        ["plan", "s.json", "--json", "--json", "--resume", "inf", "--resume", "-Infinity"],
-    ],
-)
-def test_the_hand_parser_reads_what_argparse_reads(words: List[str]) -> None:
-    assert parse_plan_json(words, cli.DEFAULT_LAUNCH_DIR) == argparse_request(words)
+INF = math.inf
 
 
 @pytest.mark.parametrize(
-    "words",
+    "words, expected",
     [
-        ["plan", "s.json"],  # the table
-        ["plan", "s.json", "--json", "--resume", "nan"],
-        ["plan", "s.json", "--json", "--resume", "-1e3"],  # argparse: expected one argument
-        ["plan", "s.json", "--json", "--resume"],
-        ["plan", "s.json", "--json", "--res", "5"],  # abbreviations: argparse's
-        ["plan", "s.json", "--json", "-h"],
-        ["plan", "s.json", "t.json", "--json"],
-        ["plan", "--json"],
-        ["plan", "--json", "--", "s.json"],
-        ["plan", "s.json", "--json", "--launch-dir", "--json"],
-        ["-v", "plan", "s.json", "--json"],
-        ["check", "s.json", "--json"],
+        (["plan", "s.json", "--json"], PlanRequest("s.json", [], LAUNCH, [])),
+        (["plan", "--json", "s.json", "--resume", "5", "--resume=-inf", "--resume", "-inf"],
+         PlanRequest("s.json", [5.0, -INF, -INF], LAUNCH, [])),
+        (["plan", "s.json", "--json", "--resume", "-3", "--resume", "-.5", "--resume", "1e3", "--resume=-1e3",
+          "--resume", "-1e3", "--resume", "-2E-1"],
+         PlanRequest("s.json", [-3.0, -0.5, 1000.0, -1000.0, -1000.0, -0.2], LAUNCH, [])),
+        (["plan", "s.json", "--json", "--launch-dir", "/l", "--launch-dir=/m", "--allow-class", "a.B"],
+         PlanRequest("s.json", [], "/m", ["a.B"])),
+        (["plan", "s.json", "--json", "--json", "--resume", "inf", "--resume", "-Infinity"],
+         PlanRequest("s.json", [INF, -INF], LAUNCH, [])),
+        (["-v", "plan", "s.json", "--js", "--res", "7"], PlanRequest("s.json", [7.0], LAUNCH, [])),
+        (["plan", "s.json", "--json", "--res", "-inf", "--re", "-1e3"],
+         PlanRequest("s.json", [-INF, -1e3], LAUNCH, [])),
+        (["plan", "--json", "--", "-inf.json"], PlanRequest("-inf.json", [], LAUNCH, [])),
+    ],
+)  # fmt: skip
+def test_the_plan_command_line_is_read_by_the_tables_parser(words: List[str], expected: PlanRequest) -> None:
+    assert parsed(words) == expected
+
+
+@pytest.mark.parametrize(
+    "words, why",
+    [
+        (["plan", "s.json", "--json", "--resume", "nan"], "NaN is not a time"),
+        (["plan", "s.json", "--json", "--resume", "-nan"], "NaN is not a time"),
+        (["plan", "s.json", "--json", "--resume", "-x"], "expected one argument"),
+        (["plan", "s.json", "--json", "--resume"], "expected one argument"),
+        (["plan", "s.json", "t.json", "--json"], "unrecognized arguments: t.json"),
+        (["plan", "--json"], "the following arguments are required: schedule"),
+        (["plan", "s.json", "--json", "--launch-dir", "--json"], "expected one argument"),
+        (["plan", "s.json", "--json", "--launch-dir", "-inf"], "expected one argument"),  # not a time
     ],
 )
-def test_anything_else_goes_to_argparse(words: List[str]) -> None:
-    assert parse_plan_json(words, cli.DEFAULT_LAUNCH_DIR) is None
+def test_bad_plan_command_lines_are_refused_naming_why(
+    words: List[str], why: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parsed(words)
+    assert exc.value.code == 2 and why in capsys.readouterr().err
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -283,16 +299,16 @@ MIXED: List[Dict[str, Any]] = [
 
 
 def test_the_cli_prints_the_object_path_output_both_ways(tmp_path: Path) -> None:
-    """The hand-parsed command imports neither argparse nor logging; ``-v`` (argparse's path)
-    prints the same bytes; both are the object path's text."""
+    """``plan --json`` sets up no logging (nothing to log: a quick start), with or without
+    ``-v``, abbreviated or not; both print the object path's text."""
     path = write_json(tmp_path, MIXED)
-    lean = run_cli("plan", path, "--json", "--resume", "-inf", "--resume=100")
-    full = run_cli("-v", "plan", path, "--json", "--resume", "-inf", "--resume=100")
-    assert lean.returncode == full.returncode == 0, lean.stderr + full.stderr
-    assert lean.stdout == full.stdout == object_path(path, [-math.inf, 100.0]) + "\n"
-    imported = {line.split("|")[-1].strip() for line in lean.stderr.splitlines() if "|" in line}
-    assert "argparse" not in imported and "logging" not in imported
-    assert {"argparse", "logging"} <= {line.split("|")[-1].strip() for line in full.stderr.splitlines()}
+    plain = run_cli("plan", path, "--json", "--resume", "-inf", "--resume=100")
+    other = run_cli("-v", "plan", path, "--js", "--res", "-inf", "--resume", "1e2")
+    assert plain.returncode == other.returncode == 0, plain.stderr + other.stderr
+    assert plain.stdout == other.stdout == object_path(path, [-math.inf, 100.0]) + "\n"
+    for proc in (plain, other):
+        imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
+        assert "argparse" in imported and "logging" not in imported
 
 
 def test_the_cli_refuses_a_bad_schedule_both_ways(tmp_path: Path) -> None:
@@ -303,7 +319,7 @@ def test_the_cli_refuses_a_bad_schedule_both_ways(tmp_path: Path) -> None:
         assert "vmr-handler: error:" in proc.stderr and "entry 0" in proc.stderr and "barrier" in proc.stderr
 
 
-def test_argparse_reports_what_the_hand_parser_leaves(tmp_path: Path) -> None:
+def test_the_cli_says_why_a_resume_time_is_refused(tmp_path: Path) -> None:
     proc = run_cli("plan", write_json(tmp_path, MIXED), "--json", "--resume", "nan")
     assert proc.returncode == 2 and "NaN is not a time" in proc.stderr
 

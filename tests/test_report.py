@@ -15,9 +15,10 @@ import pytest
 from tests.hostenv import HostEnv, fill
 from tests.reportgen import generate
 from vmr_handler.host.cli.vmr_host import main as host_main
+from vmr_handler.host.model.stateword import STATES
 from vmr_handler.host.report import (
-    PROBLEMS,
     ExperimentTimeline,
+    Facts,
     KpiSeries,
     read_jsonl,
     render_html,
@@ -189,7 +190,7 @@ def page() -> str:
 def test_one_lane_per_vm_sorted_with_a_lane_for_a_vm_without_events(page):
     svg = svg_of(page)
     assert [g.get("data-vm") for g in lanes(svg)] == ["vm1", "vm2", "vm3"]
-    assert "state: no events" in title(lane(svg, "vm3").find(NS + "rect"))
+    assert "state: not seen" in title(lane(svg, "vm3").find(NS + "rect"))  # as vmr-host status says
     assert not of_class(lane(svg, "vm3"), "st") and not of_class(lane(svg, "vm3"), "e-success")
     # one self-contained file: its own script and style inline, nothing fetched
     assert page.count("<script") == 2 and "<script src" not in page and "<link" not in page
@@ -276,7 +277,7 @@ def test_summary_table_and_experiment_facts(page):
     assert cells[1] == "failed"
     assert cells[2].endswith("t=-6.5 s")
     assert cells[3:9] == ["1", "4/4", "4 ms", "3 ms", "2", "3"]
-    assert "no events" in next(line for line in page.splitlines() if "<td>vm3</td>" in line)
+    assert "<td>not seen</td>" in next(line for line in page.splitlines() if "<td>vm3</td>" in line)
     assert "1 agent restart(s); 1 control message(s) refused" in page
     assert "<th>configured last</th><td>vm2 at " in page
     assert "<th>start buffer</th><td>5 s</td>" in page
@@ -560,29 +561,29 @@ def test_problems_first_then_by_name_and_counts_per_state_that_filter():
         ),  # not its schedule
     ]
     svg = svg_of(timeline_fragment(fold(records), {}))
-    assert [(d.get("data-vm"), d.get("data-cat")) for d in lane_divs(svg)] == [
-        ("f", "failed"),
-        ("r", "rejected"),
-        ("w", "with failures"),
-        ("i", "interrupted"),
-        ("a", "seen"),
-        ("b", "at break"),
-        ("c0", "complete"),
-        ("c1", "complete"),
+    # the words of vmr-host status (host/model/stateword.py); problems first in their order
+    assert [(d.get("data-vm"), d.get("data-cat"), d.get("data-problem")) for d in lane_divs(svg)] == [
+        ("f", "failed", "1"),
+        ("r", "schedule_rejected", "1"),
+        ("a", "seen", "1"),  # heard from, no schedule accepted: a problem as in status
+        ("i", "seen", "1"),
+        ("w", "complete", "1"),  # complete with a failed entry: a problem
+        ("b", "at_break", None),
+        ("c0", "complete", None),
+        ("c1", "complete", None),
     ]
-    assert [lane.get("data-vm") for lane in lanes(svg)] == ["f", "r", "w", "i", "a", "b", "c0", "c1"]
+    assert [lane.get("data-vm") for lane in lanes(svg)] == ["f", "r", "a", "i", "w", "b", "c0", "c1"]
     bar = next(d for d in svg.iter("div") if d.get("class") == "tl-bar")
     assert "".join(next(bar.iter("b")).itertext()) == "8 VMs:"
     buttons = [b for b in bar.iter("button") if b.get("class") == "tl-count"]
     assert [(b.text, b.get("data-cat")) for b in buttons] == [
         ("1 failed", "failed"),
-        ("1 rejected", "rejected"),
-        ("1 with failures", "with failures"),
-        ("1 interrupted", "interrupted"),
-        ("1 at break", "at break"),
-        ("1 seen", "seen"),
-        ("2 complete", "complete"),
+        ("1 schedule rejected", "schedule_rejected"),
+        ("2 seen", "seen"),
+        ("1 at break", "at_break"),
+        ("3 complete", "complete"),
     ]
+    assert "5 problem(s)" in "".join(bar.itertext())
     assert next(bar.iter("input")).get("class") == "tl-filter"
     assert "entry 3: unknown key" in title(lane(svg, "r").find(NS + "rect"))  # why it was rejected
 
@@ -678,14 +679,17 @@ def test_generated_logs_fold_into_what_they_were_made_as(tmp_path):
     for vm in g.vms:
         for r in read_jsonl(str(tmp_path / f"{vm}.jsonl"), []):
             tl.vm(vm).add(r)
-    assert {vm: tl.vms[vm].category for vm in g.vms} == g.kinds
+    assert {vm: tl.vms[vm].word(g.start) for vm in g.vms} == g.words()
     assert set(g.kinds.values()) == {
         "failed", "rejected", "with failures", "interrupted", "at break", "running", "complete",
     }  # fmt: skip
     svg = svg_of(timeline_fragment(tl, json.loads((tmp_path / "experiment.json").read_text())))
-    cats = [d.get("data-cat") for d in lane_divs(svg)]
-    problems = [c for c in cats if c in PROBLEMS]
-    assert cats[: len(problems)] == sorted(problems, key=PROBLEMS.index)  # problems first, in order
+    divs = lane_divs(svg)
+    assert sorted(d.get("data-vm") for d in divs if d.get("data-problem")) == g.problems()
+    shown = [d.get("data-vm") for d in divs]
+    lead = shown[: len(g.problems())]
+    assert sorted(lead) == g.problems()  # problems first, in the order of the words
+    assert [STATES.index(g.words()[vm]) for vm in lead] == sorted(STATES.index(g.words()[vm]) for vm in lead)
     assert all(of_class(lane(svg, vm), "late") for vm in g.late if g.kinds[vm] == "complete")
     assert all(of_class(lane(svg, vm), "m-restart", "path") for vm in g.restarts)
 
@@ -711,8 +715,8 @@ def test_kpi_sparklines_per_vm_in_the_table():
     tl = fold(records)
     assert tl.vms["a"].cpu.samples == 10 and tl.vms["a"].mem.last == pytest.approx(50.0)
     page = render_html(tl, {})
-    row_a = next(line for line in page.splitlines() if line.startswith('<tr data-vm="a"'))
-    row_b = next(line for line in page.splitlines() if line.startswith('<tr data-vm="b"'))
+    row_a = next(line for line in page.splitlines() if line.startswith("<tr") and ' data-vm="a"' in line)
+    row_b = next(line for line in page.splitlines() if line.startswith("<tr") and ' data-vm="b"' in line)
     cpu, mem = ET.fromstring(f"<r>{row_a}</r>").iter(NS + "svg")
     assert title(cpu) == "CPU: last 90 %, min 0 %, max 90 % (10 samples)"
     points = [tuple(map(float, p.split(","))) for p in next(cpu.iter(NS + "polyline")).get("points").split()]
@@ -745,3 +749,18 @@ def test_the_fragment_is_what_the_console_embeds_with_open_spans_up_to_now():
     assert float(svg.get("data-t1")) > START + 100
     assert [lane.get("data-vm") for lane in lanes(svg)] == ["vm1", "vm2", "vm3"]  # vm3: expected, no log
     assert "sleep 600" in title(running)
+
+
+def test_configured_last_is_the_vm_the_barrier_waited_for_not_an_excluded_late_joiner():
+    barrier = {
+        **EXPERIMENT["barrier"],
+        # vm3 was excluded by the operator, then joined late: it configured after the start was set
+        "configured": {"vm1": T0 + 3.6, "vm2": T0 + 5.0, "vm3": T0 + 40.0, "vm4": T0 + 4.0},
+        "expected": ["vm1", "vm2", "vm3", "vm4"],
+        "excluded": ["vm3"],
+    }
+    facts = Facts.read({**EXPERIMENT, "barrier": barrier}, ExperimentTimeline())
+    assert facts.last_configured() == ("vm2", T0 + 5.0)
+    # not excluded, but it configured after the host set the start (T0 + 5): it did not hold it
+    late = {**barrier, "excluded": [], "configured": {**barrier["configured"], "vm3": T0 + 6.0}}
+    assert Facts.read({**EXPERIMENT, "barrier": late}, ExperimentTimeline()).last_configured()[0] == "vm2"

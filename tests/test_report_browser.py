@@ -23,7 +23,8 @@ from typing import Any, Dict, Iterator, List, Tuple
 import pytest
 
 from tests.reportgen import generate
-from vmr_handler.host.report import PROBLEMS, write_report
+from vmr_handler.host.model.stateword import STATES
+from vmr_handler.host.report import write_report
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 REPO = Path(__file__).resolve().parent.parent
@@ -150,18 +151,18 @@ def test_render_time_and_a_screenshot(page: Any, tmp_path: Path) -> None:
 def test_problems_come_first_with_their_counts(page: Any, report: Tuple[Any, Path]) -> None:
     g = report[0]
     lanes = shown_lanes(page)
-    assert len(lanes) == N and {vm: cat for vm, cat in lanes} == g.kinds
-    cats = [cat for _, cat in lanes]
-    n_problems = sum(1 for c in cats if c in PROBLEMS)
-    assert n_problems > 0 and all(c in PROBLEMS for c in cats[:n_problems])
-    assert cats[:n_problems] == sorted(cats[:n_problems], key=PROBLEMS.index)
-    rest = [vm for vm, cat in lanes[n_problems:]]
+    assert len(lanes) == N and {vm: cat for vm, cat in lanes} == g.words()  # the words of status
+    problems = g.problems()
+    lead = [vm for vm, _ in lanes[: len(problems)]]
+    assert sorted(lead) == problems  # problems first, in the order of the words, then by name
+    assert lead == sorted(lead, key=lambda vm: (STATES.index(g.words()[vm]), vm))
+    rest = [vm for vm, cat in lanes[len(problems) :]]
     assert rest == sorted(rest)  # then by name
-    counts = collections.Counter(g.kinds.values())
+    counts = collections.Counter(g.words().values())
     bar = " ".join(page.execute_script("return document.querySelector('.tl-counts').textContent;").split())
-    assert bar.startswith(f"{N} VMs: {counts['failed']} failed · {counts['rejected']} rejected")
-    assert f"{counts['complete']} complete" in bar
-
+    rejected = counts["schedule_rejected"]
+    assert bar.startswith(f"{N} VMs: {counts['failed']} failed · {rejected} schedule rejected")
+    assert f"{counts['complete']} complete" in bar and f"{len(problems)} problem(s)" in bar
 
 # every shape laid out in a lane: its box, its lane's plot box and its lane's box
 _SHAPES = """
@@ -289,7 +290,7 @@ def test_zoom_and_pan_change_the_axis(page: Any) -> None:
 
 
 def test_a_click_on_an_entry_shows_its_details(page: Any) -> None:
-    bar = page.find_element("css selector", '.tl-lane[data-cat="with failures"] .e-error')
+    bar = page.find_element("css selector", '.tl-lane[data-problem="1"][data-cat="complete"] .e-error')
     page.execute_script("arguments[0].scrollIntoView({block: 'center'});", bar)
     frames(page)
     bar.click()

@@ -48,7 +48,14 @@ class FlakySink:
 def _engine(h: Harness, sink: FlakySink, limits: HoldLimits, made: List[Event]) -> Engine:
     """``h``'s engine again, on a hold in front of ``sink`` that notes every report made."""
     hold = ReportHold(sink, h.clock, limits, note=made.append)
-    h.engine = Engine(h.schedule, h.config, hold, h.clock, h.processes, h.journal)
+    h.engine = Engine(
+        schedule=h.schedule,
+        config=h.config,
+        sink=hold,
+        clock=h.clock,
+        processes=h.processes,
+        journal=h.journal,
+    )
     return h.engine
 
 

@@ -52,4 +52,4 @@ def test_the_timeline_draws_that_break_ended() -> None:
     first, later = timeline.breaks
     assert first.index == 0 and first.end is not None  # schedule show: not "break since"
     assert later.index == 4 and later.end is None
-    assert timeline.category == "at break"  # held at break #4 only
+    assert timeline.word(None) == "at_break"  # held at break #4 only

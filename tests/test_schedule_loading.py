@@ -18,6 +18,7 @@ from typing import Any, Dict, List
 import pytest
 import yaml
 
+from tests import fwhelpers as fw
 from tests.agent import cli
 from tests.refpickle import REFERENCE_CLASS, reference_pause, reference_pickle, reference_record
 from vmr_handler.core.errors import (
@@ -25,6 +26,7 @@ from vmr_handler.core.errors import (
     ScheduleFormatError,
     ScheduleValidationError,
     UnsafePickleError,
+    WindowsScheduleError,
 )
 from vmr_handler.core.schedule import (
     ContentDrop,
@@ -721,3 +723,67 @@ def test_timeout_is_seconds_on_a_program_entry_of_yaml_and_json_only():
     schedule = load_schedule_bytes(reference_pickle([reference_record(-1), record], 3))
     assert schedule.entries[1] == ScheduleEntry(1, 3.0, "/bin/true") and schedule.entries[1].timeout is None
     assert "timeout" in schedule.warnings[0]
+
+
+# ------------------------------------------------------------------ Windows schedules
+def test_a_windows_schedule_is_refused_at_load_naming_each_windows_entry(tmp_path):
+    """FIREWHEEL's Windows entries, pickled as its schedule plugin does: PowerShell (plain and
+    through the batch wrapper), a drop preloaded with ``move``, a ``.ps1``/``.bat`` run directly
+    and a drive-letter path; the Linux entries around them are not named."""
+    records = [
+        fw.run_executable(-300, "/bin/true"),
+        fw.run_powershell(-250, "set_hostname.ps1", "win-1"),
+        fw.run_powershell(-200, "configure_ips.ps1", batch=True),
+        fw.windows_drop_file(-100, "C:\\tools\\x.txt", "x.txt"),
+        fw.run_executable(-50, "add_remote_desktop_user.bat", "alice", vm_resource=True),
+        fw.run_executable(-40, "C:\\Windows\\system32\\ipconfig", "/all"),
+        fw.run_executable(-30, "cleanup.ps1"),
+        fw.drop_file(-20, "/opt/tool.sh", "tool.sh"),
+    ]
+    with pytest.raises(WindowsScheduleError) as info:
+        load_schedule_bytes(fw.firewheel_pickle(records))
+    assert [(i, exe) for i, exe, _why in info.value.entries] == [
+        (1, "powershell"),
+        (2, "powershell_wrapper.exe"),
+        (3, "move"),
+        (4, "add_remote_desktop_user.bat"),
+        (5, "C:\\Windows\\system32\\ipconfig"),
+        (6, "cleanup.ps1"),
+    ]
+    text = str(info.value)
+    assert text.startswith("a Windows schedule (6 of 8 entries are for a Windows guest: ")
+    assert "entry 1 ('powershell') runs Windows PowerShell" in text
+    assert "entry 3 ('move') runs move, the Windows shell's mv" in text
+    assert "entry 6 ('cleanup.ps1') runs a PowerShell script (.ps1)" in text
+    assert "entry 0 " not in text and "entry 7 " not in text
+    assert "vmr-handler has no Windows agent" in text
+    assert isinstance(info.value, ScheduleError)
+    path = tmp_path / "win.yaml"  # the same refusal for YAML, and for the columns of plan --json
+    path.write_text(yaml.safe_dump([{"start_time": -1, "executable": "powershell.exe", "arguments": "-c x"}]))
+    with pytest.raises(WindowsScheduleError, match=r"entry 0 \('powershell.exe'\) runs Windows PowerShell"):
+        load_schedule(str(path))
+    from vmr_handler.core.schedule.loader import load_schedule_columns
+
+    with pytest.raises(WindowsScheduleError):
+        load_schedule_columns(str(path))
+    linux = [
+        fw.run_executable(-3, "pwsh", "-c 'Get-Date'"),  # PowerShell on Linux
+        fw.run_executable(-2, "/usr/local/bin/move-logs", "now"),
+        fw.run_executable(-1, "/bin/sh", "run.ps1"),  # a script argument, run by a Linux shell
+        fw.drop_file(1, "/srv/files/setup.exe", "setup.exe"),  # a file served, not run
+    ]
+    assert len(load_schedule_bytes(fw.firewheel_pickle(linux)).entries) == 4  # Linux look-alikes load
+
+
+def test_check_names_a_windows_schedule_and_the_agent_refuses_it(tmp_path):
+    records = [fw.run_powershell(-10, "enable_rdp.ps1"), fw.run_executable(-5, "/bin/true")]
+    path = tmp_path / "win1.pkl"
+    path.write_bytes(fw.firewheel_pickle(records))
+    check = cli("check", str(path))
+    assert check.returncode == 2, check.stderr
+    named = "a Windows schedule (1 of 2 entries are for a Windows guest: entry 0 ('powershell')"
+    assert named in check.stderr
+    assert "OK" not in check.stdout
+    run = cli("run", "--local", str(path), "--state-dir", str(tmp_path / "state"))
+    assert run.returncode == 2, run.stderr
+    assert "a Windows schedule" in run.stderr and not (tmp_path / "state" / "journal.json").exists()

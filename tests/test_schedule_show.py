@@ -90,3 +90,55 @@ def test_schedule_show_refuses_what_it_cannot_show(env: HostEnv) -> None:
     (env.logs / "schedules.json").unlink()
     res = _show(env, "vm1")
     assert res.returncode == 2 and "start vmr-host serve on these logs once" in res.stderr
+
+
+def test_the_stages_keep_the_agents_numbers_after_exec() -> None:
+    stages = [
+        {"start_time": -20, "executable": "/bin/echo", "arguments": "first stage"},
+        {"start_time": -10, "executable": "/bin/echo", "arguments": "second stage"},
+        {"start_time": 1, "executable": "/bin/echo", "arguments": "positive"},
+    ]
+    env = HostEnv({"vm1": stages}, start_buffer=0.5)
+    try:
+        env.start_host()
+        env.start_agent("vm1")
+        env.wait_event("vm1", "schedule_complete")
+        res = subprocess.run(
+            [sys.executable, "-m", "vmr_handler.host", "exec", "vm1", "--logs", str(env.logs),
+             "--", "/bin/echo", "hi"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert res.returncode == 0, res.stdout + res.stderr
+        rows = _rows(env, "vm1")
+        # the agent's own numbers: stage 0 at -20 and 1 at -10 (the exec entry, at -100000, is
+        # appended: it never renumbers them), then the exec entry's stage as the agent gave it
+        assert [(r["start_time"], r["stage"]) for r in rows[:3]] == [(-20, 0), (-10, 1), (1, None)]
+        assert len(rows) == 4 and rows[3]["stage"] not in (None, 0, 1)
+        assert rows[3]["runs"][0]["status"] == "success"
+        stage_started = [e["event"]["data"] for e in env.events("vm1", "stage_started")]
+        assert [(d["stage"], d["start_time"]) for d in stage_started][:2] == [(0, -20), (1, -10)]
+        assert rows[3]["stage"] == stage_started[-1]["stage"]
+    finally:
+        env.close()
+
+
+def test_a_stored_resume_says_which_break_it_ended() -> None:
+    # as FIREWHEEL's `vm resume` stores it: a break at -inf, then a RESUME entry at -inf
+    stored = [
+        {"start_time": float("-inf"), "pause_duration": "inf"},
+        {"start_time": float("-inf"), "data": [{"resume": True}]},
+        {"start_time": -5, "executable": "/bin/echo", "arguments": "configured"},
+    ]
+    env = HostEnv({"vm1": stored}, start_buffer=0.5)
+    try:
+        env.start_host()
+        env.start_agent("vm1")
+        env.wait_event("vm1", "schedule_complete")
+        rows = _rows(env, "vm1")
+        assert rows[0]["holds"][0]["end"] is not None  # the break is over, never "since"
+        assert rows[1]["kind"] == "resume" and rows[1]["resumed"]["ended_break"] == 0
+        text = _show(env, "vm1").stdout.splitlines()
+        assert "ended break #0 at " in text[3] and "break since" not in "\n".join(text)
+        assert env.status()["vms"][0]["state"] == "complete"
+    finally:
+        env.close()

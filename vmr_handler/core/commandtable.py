@@ -9,19 +9,25 @@ as ``"module:function"`` text. Help, shell completion and dispatch all read the 
   summary, for the help; all of them with their arguments for completion and tests), so
   running one command imports only that command's module and what it needs;
 * :func:`command_word` finds that command in the words (the global flags take no value);
+* :func:`join_negative_values` lets an option whose declared ``type`` reads negative numbers
+  take ``-inf`` or ``-1e3`` as its value, which argparse would take for an option;
 * :func:`resolve` imports a ``"module:function"``.
 
-Imports only ``importlib`` (and ``argparse`` types for the checker): the lean control commands
-(``status``, ``resume``) go through here too.
+Imports only ``importlib`` at import time, ``argparse`` when a parser is built and ``typing``
+only for the checker (:data:`TYPE_CHECKING`): the lean control commands (``status``,
+``resume``) go through here too.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-if TYPE_CHECKING:  # the parser is built only when a command is parsed (``plan --json`` skips it)
+#: False when run, True for the type checker (mypy takes any ``TYPE_CHECKING`` as true): the
+#: lean command paths never import ``typing`` (2-3 ms), their annotations are strings.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
     import argparse
+    from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 #: ``build_parser(..., only=ALL)``: fill every command's parser (completion, tests).
 ALL = "*"
@@ -35,7 +41,8 @@ class Command:
         summary: the line ``--help`` lists the command with.
         arguments: ``"module:function"`` that adds the command's arguments to its parser.
         run: ``"module:function"`` that runs the parsed ``argparse.Namespace``; the exit code.
-        lean: starts with no logging set up (the control commands: nothing to log, quick start).
+        lean: starts with no logging set up (the control commands, ``plan``, ``check``: nothing
+            to log, a quick start; their modules import no ``typing``, :data:`TYPE_CHECKING`).
         rest: the words after the first ``--`` are the command's own, taken as they are
             (``args.rest``, None without ``--``): ``vmr-host exec VM -- CMD ARG``.
     """
@@ -63,6 +70,66 @@ def command_word(words: Sequence[str], table: Dict[str, Command]) -> Optional[st
     """The command named in ``words`` (the first word that is not an option), or None."""
     word = next((w for w in words if not w.startswith("-")), None)
     return word if word in table else None
+
+
+def join_negative_values(
+    words: Sequence[str], parser: argparse.ArgumentParser, value_type: Callable[[str], Any]
+) -> List[str]:
+    """``words`` with ``OPTION VALUE`` written ``OPTION=VALUE`` where ``OPTION`` is an option
+    string of ``parser`` (or of its sub-parsers) declared with ``type=value_type``, or an
+    abbreviation of only that one, and ``VALUE`` a number starting with ``-`` (``-inf``,
+    ``-1e3``; ``-nan`` too: ``value_type`` then says what is wrong with it). argparse takes a
+    word starting with ``-`` for an option unless it looks like ``-5`` or ``-.5``; joined, it is
+    the option's value. Words after ``--`` are left as they are."""
+    typed, every = _options_of_type(parser, value_type)
+    out = list(words)
+    i = 0
+    while i < len(out) - 1 and out[i] != "--":
+        option, value = out[i], out[i + 1]
+        if value.startswith("-") and _is_number(value) and _names_one_of(option, typed, every):
+            out[i : i + 2] = [f"{option}={value}"]
+        i += 1
+    return out
+
+
+def _options_of_type(
+    parser: argparse.ArgumentParser, value_type: Callable[[str], Any]
+) -> Tuple[Set[str], Set[str]]:
+    """The option strings declared with ``type=value_type``, and all option strings, of
+    ``parser`` and its sub-parsers (those it made: :func:`build_parser` makes only the
+    command's). Reads ``parser._actions``, as shtab and argcomplete do: argparse lists them
+    nowhere else."""
+    typed: Set[str] = set()
+    every: Set[str] = set()
+    parsers = [parser]
+    while parsers:
+        for action in parsers.pop()._actions:
+            every.update(action.option_strings)
+            if action.type is value_type:
+                typed.update(action.option_strings)
+            if isinstance(action.choices, dict):  # the sub-parsers, by command name
+                parsers.extend(action.choices.values())
+    return typed, every
+
+
+def _names_one_of(word: str, typed: Set[str], every: Set[str]) -> bool:
+    """True when ``word`` is one of ``typed``, or a ``--`` abbreviation of one of them and of no
+    other option of ``every`` (argparse's ``allow_abbrev``)."""
+    if word in typed:
+        return True
+    if not word.startswith("--") or "=" in word or word in every:
+        return False
+    matches = [option for option in every if option.startswith(word)]
+    return len(matches) == 1 and matches[0] in typed
+
+
+def _is_number(word: str) -> bool:
+    """True when ``float`` reads ``word`` (``inf``, ``nan`` and exponents included)."""
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
 
 
 def split_rest(words: Sequence[str], command: Optional[Command]) -> Tuple[List[str], Optional[List[str]]]:

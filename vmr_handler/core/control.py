@@ -10,19 +10,21 @@ from __future__ import annotations
 import json
 import os
 import socket
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
-
-if TYPE_CHECKING:
-    import asyncio
 
 from vmr_handler.core.errors import ControlError, RequestRefused
+
+TYPE_CHECKING = False  # no ``typing`` on the lean paths (core.commandtable.TYPE_CHECKING)
+if TYPE_CHECKING:
+    import asyncio
+    from typing import Any, Callable, Dict, Optional
+
+    #: What answers one command: the request dict in, the result dict out.
+    Handler = Callable[[Dict[str, Any]], Dict[str, Any]]
 
 SOCKET_NAME = "control.sock"
 MAX_REQUEST = 64 * 1024
 #: Longest unix socket path the kernel accepts (sun_path is 108 bytes with the NUL).
 MAX_SOCKET_PATH = 107
-
-Handler = Callable[[Dict[str, Any]], Dict[str, Any]]
 
 
 def socket_problem(path: str, what: str, shorter: str) -> Optional[str]:

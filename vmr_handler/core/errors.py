@@ -14,6 +14,7 @@ raise one re-export its name (``vmr_handler.host.logs.store.TransferRefused`` is
      |    +-- ScheduleFormatError    bytes are not a pickle/YAML/JSON list of entries
      |    +-- UnsafePickleError      the pickle names a global outside the allow-list
      |    +-- ScheduleValidationError  entries break SPEC section 3/4 rules (all problems listed)
+     |    +-- WindowsScheduleError     entries written for a Windows guest (no Windows agent exists)
      +-- EntryError               one entry cannot be prepared or started (data drop, exec path)
      +-- JournalError             the on-disk journal cannot be read or written
      +-- ControlError             the local control socket cannot be reached
@@ -46,7 +47,9 @@ raise one re-export its name (``vmr_handler.host.logs.store.TransferRefused`` is
 
 from __future__ import annotations
 
-from typing import Sequence
+TYPE_CHECKING = False  # no ``typing`` on the lean paths (core.commandtable.TYPE_CHECKING)
+if TYPE_CHECKING:
+    from typing import Sequence, Tuple
 
 
 class VmrError(Exception):
@@ -90,6 +93,20 @@ class ScheduleValidationError(ScheduleError):
         super().__init__(
             f"{len(self.problems)} problem(s) in schedule:\n" + "\n".join(f"  - {p}" for p in self.problems)
         )
+
+
+class WindowsScheduleError(ScheduleError):
+    """A schedule written for a Windows guest (PowerShell, ``move``, ``.ps1``/``.bat``/``.exe``
+    programs, drive-letter paths): vmr-handler has no Windows agent, so it is refused at load
+    (:mod:`vmr_handler.core.schedule.guestos`).
+
+    Attributes:
+        entries: ``(entry index, executable, why)`` of every Windows entry found.
+    """
+
+    def __init__(self, message: str, entries: Sequence[Tuple[int, str, str]]) -> None:
+        super().__init__(message)
+        self.entries = list(entries)
 
 
 class EntryError(VmrError):

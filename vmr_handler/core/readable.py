@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, List, Mapping, Optional, Sequence
+from collections.abc import Mapping
 
 from vmr_handler.core.fsutil import utc_text
+
+TYPE_CHECKING = False  # no ``typing`` on the lean paths (core.commandtable.TYPE_CHECKING)
+if TYPE_CHECKING:
+    from typing import Any, List, Optional, Sequence
 
 #: A float at least this large in an event is a UTC time, seconds since the epoch (2001-09-09 on);
 #: experiment and schedule times are far smaller.

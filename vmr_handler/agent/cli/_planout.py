@@ -4,10 +4,9 @@ The JSON is the one ``json.dumps(plan_json(build_plan(...), command_lines(...)))
 (:func:`vmr_handler.agent.cli.commandline.plan_json`), byte for byte, made without an object per entry:
 the schedule is validated into columns (:func:`~vmr_handler.core.schedule.loader.load_schedule_columns`),
 planned as columns (:func:`~vmr_handler.core.timeline.plan_columns`), and the text is joined
-from one column of strings per field. The plain form of the command is parsed here by hand
-(:func:`parse_plan_json`): no argparse, no logging, nothing else imported (the ``status``/
-``resume`` lean path does the same, :mod:`vmr_handler.agent.cli.control_client`); any other form
-goes to the argparse front end, which ends in :func:`print_plan_json` too.
+from one column of strings per field. The command line is parsed as every other one, by the
+parser of the ``plan`` row of the command table (:data:`vmr_handler.agent.cli.commandline.COMMANDS`,
+no logging set up), which hands a :class:`PlanRequest` to :func:`print_plan_json`.
 tests/test_plan_fast.py compares this output with the object path on varied schedules.
 """
 
@@ -17,7 +16,7 @@ import math
 import sys
 from bisect import bisect_left
 from itertools import repeat
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, NamedTuple, Sequence
 
 if TYPE_CHECKING:
     from vmr_handler.core.schedule.model import ScheduleEntry
@@ -34,58 +33,6 @@ class PlanRequest(NamedTuple):
     resumes: List[float]
     launch_dir: str
     allow_classes: List[str]
-
-
-#: Options taking a value, as ``--name VALUE`` or ``--name=VALUE``.
-_VALUE_OPTIONS = ("--resume", "--launch-dir", "--allow-class")
-
-
-def parse_plan_json(argv: Sequence[str], launch_dir: str) -> Optional[PlanRequest]:
-    """``argv`` (without the program name) as a :class:`PlanRequest` when it is exactly
-    ``plan SCHEDULE --json`` with any number of ``--resume SECONDS``, ``--launch-dir DIR`` and
-    ``--allow-class NAME`` (also ``--name=VALUE``), in any order; ``launch_dir``: the default.
-    Else None: the argparse front end takes it (help, errors, abbreviations, ``-v``), with the
-    same meaning: a value starting with ``-`` is taken only where argparse takes it (a negative
-    number, and ``-inf`` after ``--resume``)."""
-    if not argv or argv[0] != "plan" or "--json" not in argv:
-        return None
-    schedule: Optional[str] = None
-    values: Dict[str, List[str]] = {name: [] for name in _VALUE_OPTIONS}
-    words = list(argv[1:])
-    while words:
-        word = words.pop(0)
-        name, eq, value = word.partition("=")
-        if word == "--json":
-            continue
-        if name in values and not eq:
-            if not words or (words[0].startswith("-") and not _negative(words[0], name)):
-                return None
-            value = words.pop(0)
-        elif name not in values:
-            if word.startswith("-") or schedule is not None:
-                return None
-            schedule = word
-            continue
-        values[name].append(value)
-    resumes: List[float] = []
-    for text in values["--resume"]:
-        try:
-            resumes.append(float(text))  # accepts inf / -inf, as cli._seconds
-        except ValueError:
-            return None
-    if schedule is None or any(r != r for r in resumes):  # not a number, NaN: argparse says why
-        return None
-    launch = values["--launch-dir"][-1] if values["--launch-dir"] else launch_dir
-    return PlanRequest(schedule, resumes, launch, values["--allow-class"])
-
-
-def _negative(word: str, option: str) -> bool:
-    """True when argparse takes ``word`` as the value of ``option``: a negative number (its
-    ``^-\\d+$|^-\\d*\\.\\d+$``), or ``-inf`` after ``--resume`` (cli._join_negative_infinity)."""
-    whole, dot, fraction = word[1:].partition(".")
-    if (whole.isdecimal() and not dot) or ((not whole or whole.isdecimal()) and fraction.isdecimal()):
-        return True
-    return option == "--resume" and word.lower() in ("-inf", "-infinity")
 
 
 def print_plan_json(request: PlanRequest) -> int:

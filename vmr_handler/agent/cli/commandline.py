@@ -1,9 +1,10 @@
 """``vmr-handler`` command line: argparse front end only, no logic of its own.
 
 Commands: ``run --local``, ``plan``, ``check``, ``status``, ``resume``, ``completion``, one
-table (:data:`COMMANDS`) for help, completion and dispatch. ``status`` and ``resume`` run
-:mod:`vmr_handler.agent.cli.control_client` with no logging set up: this module imports
-nothing heavy at the top, each command imports what it needs when it runs.
+table (:data:`COMMANDS`) for help, completion, parsing and dispatch. ``status`` and ``resume``
+run :mod:`vmr_handler.agent.cli.control_client`, and ``plan`` and ``check`` run, with no logging
+set up: this module imports nothing heavy at the top (no ``typing`` either), each command
+imports what it needs when it runs.
 Exit codes: 0 success; 1 the VM failed (run) or the agent could not be reached
 (status/resume); 2 bad usage or a schedule that cannot be used.
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 from vmr_handler.agent.cli.control_client import DEFAULT_STATE_DIR, number_text
 from vmr_handler.core.commandtable import (
@@ -22,13 +22,16 @@ from vmr_handler.core.commandtable import (
     build_parser,
     command_word,
     completion_command,
+    join_negative_values,
     resolve,
     top_parser,
 )
 from vmr_handler.core.errors import ControlError, JournalError, ScheduleError, UsageError, VmrError
 
-if TYPE_CHECKING:  # imported where used: `--version`, `status` and `resume` start quickly
+TYPE_CHECKING = False  # no ``typing`` on the lean paths (core.commandtable.TYPE_CHECKING)
+if TYPE_CHECKING:  # argparse is imported where used: `--version`, `status` and `resume` start quickly
     import argparse
+    from typing import Any, Callable, Dict, List, Optional, Sequence
 
     from vmr_handler.core.schedule import Schedule
     from vmr_handler.core.timeline import Plan
@@ -41,6 +44,12 @@ DEFAULT_FW_CFG = "/sys/firmware/qemu_fw_cfg/by_name/opt/org.vmr/config/raw"
 
 
 def _seconds(text: str) -> float:
+    """A time in seconds (float; ``inf`` and ``-inf`` too, given as a separate word as well:
+    :func:`~vmr_handler.core.commandtable.join_negative_values`).
+
+    Raises:
+        argparse.ArgumentTypeError: NaN (``float`` raises ValueError for words that are no number).
+    """
     import argparse
 
     value = float(text)  # accepts inf / -inf
@@ -67,10 +76,10 @@ COMMANDS: Dict[str, Command] = {
     "run": Command("play a schedule on this machine",
                    _CLI + "commandline:add_run", _CLI + "commandline:cmd_run"),
     "plan": Command("print when every entry fires (pure timeline, nothing runs)",
-                    _CLI + "commandline:add_plan", _CLI + "commandline:cmd_plan"),
+                    _CLI + "commandline:add_plan", _CLI + "commandline:cmd_plan", lean=True),
     "check": Command("validate a schedule (exit 2 with the errors); warn about programs not found here "
                      "and shell syntax errors in command lines",
-                     _CLI + "commandline:add_check", _CLI + "commandline:cmd_check"),
+                     _CLI + "commandline:add_check", _CLI + "commandline:cmd_check", lean=True),
     "status": Command("show where the running agent is",
                       _CONTROL + "add_status", _CONTROL + "run", lean=True),
     "resume": Command("send RESUME to the running agent",
@@ -314,7 +323,7 @@ def _commands(schedule: Schedule, launch_dir: str) -> Dict[int, str]:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """``plan``: stored RESUME entries count as RESUMEs before the start (the agent applies them
-    when it loads the schedule), before the ``--resume`` ones. ``--json``: :mod:`.planout`."""
+    when it loads the schedule), before the ``--resume`` ones. ``--json``: :mod:`._planout`."""
     if args.json:
         from vmr_handler.agent.cli._planout import PlanRequest, print_plan_json
 
@@ -513,34 +522,17 @@ def run_completion(args: argparse.Namespace) -> int:
     return 0
 
 
-def _join_negative_infinity(argv: Sequence[str]) -> List[str]:
-    """``--resume -inf`` -> ``--resume=-inf`` (argparse would take ``-inf`` for an option)."""
-    out = list(argv)
-    i = 0
-    while i < len(out) - 1:
-        if out[i] in ("--resume", "--start-buffer") and out[i + 1].lower() in ("-inf", "-infinity"):
-            out[i : i + 2] = [f"{out[i]}={out[i + 1]}"]
-        i += 1
-    return out
-
-
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the ``vmr-handler`` console script. Returns the exit code."""
     words = sys.argv[1:] if argv is None else argv
-    if words[:1] == ["plan"]:
-        from vmr_handler.agent.cli._planout import parse_plan_json, print_plan_json
-
-        request = parse_plan_json(words, DEFAULT_LAUNCH_DIR)
-        if request is not None:  # the plain `plan --json`: no argparse, no logging
-            return _outcome(functools.partial(print_plan_json, request))
     name = command_word(words, COMMANDS)
     parser = _parser(name)
-    args = parser.parse_args(_join_negative_infinity(words))
+    args = parser.parse_args(join_negative_values(words, parser, _seconds))
     if name is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     command = COMMANDS[name]
-    if not command.lean:
+    if not command.lean:  # run: its engine and connection log
         import logging
 
         level = logging.DEBUG if args.verbose else logging.WARNING

@@ -1,8 +1,9 @@
 """``vmr-handler status|resume``: the control commands, kept lean.
 
 What these two commands import besides the command table
-(:mod:`vmr_handler.agent.cli.commandline`): the standard library's ``argparse``/``json``/``sys``
-and :mod:`vmr_handler.core.control` (no logging, nothing of the engine). Exit codes: 0 success,
+(:mod:`vmr_handler.agent.cli.commandline`): the standard library's ``argparse``/``json``/
+``socket``/``sys`` and :mod:`vmr_handler.core.control` (no logging, nothing of the engine, no
+``typing``). Exit codes: 0 success,
 1 the agent could not be reached or answered with an error.
 
 When no agent answers, ``status`` (``--wait`` too) reads how the last ``run --local`` in the
@@ -13,10 +14,12 @@ state directory ended (:data:`LAST_RUN`, written as it ends) and answers like
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Dict, NamedTuple
+from collections import namedtuple
 
+TYPE_CHECKING = False  # no ``typing`` on the lean paths (core.commandtable.TYPE_CHECKING)
 if TYPE_CHECKING:
     import argparse
+    from typing import Any, Dict
 
 #: ``--state-dir`` when none is given.
 DEFAULT_STATE_DIR = "/var/lib/vmr-handler"
@@ -29,15 +32,18 @@ WAIT_INTERVAL = 1.0
 LAST_RUN = "last-run.json"
 
 
-class ControlCommand(NamedTuple):
-    """``status`` or ``resume`` to the agent using ``state_dir``; ``json``: print the raw reply;
-    ``wait`` (``status --wait``): ask until the schedule is complete or failed, like
-    ``cloud-init status --wait``."""
+_ControlFields = namedtuple(
+    "_ControlFields", ("command", "state_dir", "json", "wait"), defaults=(DEFAULT_STATE_DIR, False, False)
+)
 
-    command: str
-    state_dir: str = DEFAULT_STATE_DIR
-    json: bool = False
-    wait: bool = False
+
+class ControlCommand(_ControlFields):
+    """A named tuple (``collections``': ``typing.NamedTuple`` would import ``typing`` on the
+    lean path): ``command`` (str) is ``status`` or ``resume`` to the agent using ``state_dir``
+    (str); ``json`` (bool): print the raw reply; ``wait`` (bool, ``status --wait``): ask until
+    the schedule is complete or failed, like ``cloud-init status --wait``."""
+
+    __slots__ = ()
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:

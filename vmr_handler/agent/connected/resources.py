@@ -163,6 +163,14 @@ class Resources:
             atomic_write(os.path.join(root, FETCH_ERRORS), json.dumps(failed).encode())
         return root
 
+    async def fetch_appended(self, announced: Mapping[str, Mapping[str, Any]], batch: Schedule) -> str:
+        """An appended batch's files: ``announced`` (``{file name: {"sha256", "size"[, "url",
+        "token"]}}`` of its ``schedule_append`` event) joins :attr:`announced`, then
+        :meth:`fetch_all` fetches what ``batch`` drops; the resource directory's path (the
+        engine's :class:`~vmr_handler.agent.engine.ports.BatchResources`)."""
+        self.announced.update({name: dict(info) for name, info in announced.items()})
+        return await self.fetch_all(batch)
+
     async def fetch_one(self, name: str, target: str) -> Optional[str]:
         """Download one resource with resume-from-offset retries; None on success, else why not."""
         tmp = target + ".part"

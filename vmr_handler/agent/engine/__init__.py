@@ -16,6 +16,6 @@ General layout::
     hostcalls    on_host entries, the agent's part
     _reminders   what it waits for, said now and then
 
-May import: ``agent.state``, ``agent.machine``, ``transports``, ``core`` (one known exception:
-``appends`` takes ``Resources`` from ``agent.connected.resources``).
+May import: ``agent.state``, ``agent.machine``, ``transports``, ``core``. What it needs from
+above (an appended batch's files) it declares in ``ports`` and is handed.
 """

@@ -26,7 +26,7 @@ import math
 import os
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-from vmr_handler.agent.connected.resources import Resources
+from vmr_handler.agent.engine.ports import BatchResources
 from vmr_handler.agent.engine.shared import EngineState
 from vmr_handler.agent.engine.status import append_answer
 from vmr_handler.agent.state.journal import Journal
@@ -182,10 +182,11 @@ def keep_appended(
 
 
 async def appended_answer(
-    event: Event, append: AppendFn, resources: Resources, allowed_classes: Optional[Iterable[str]]
+    event: Event, append: AppendFn, resources: BatchResources, allowed_classes: Optional[Iterable[str]]
 ) -> Dict[str, Any]:
     """Apply one ``schedule_append`` event: decode and check the batch (sha256, size, the
-    restricted loader and validation), fetch the VM-resource files it drops, ``append`` it
+    restricted loader and validation), fetch the VM-resource files it drops through
+    ``resources`` (the connected agent's), ``append`` it
     (:meth:`vmr_handler.agent.engine.engine.Engine.append`). Returns the ``result`` data to
     answer with (never raises for bad input: a refusal is an error result that says why, and
     nothing is appended)."""
@@ -204,8 +205,8 @@ async def appended_answer(
         return result_data(event.id, False, f"batch refused: {exc}")
     announced = data.get("resources")
     if isinstance(announced, dict):
-        resources.announced.update({str(k): v for k, v in announced.items() if isinstance(v, dict)})
-        await resources.fetch_all(batch)
+        files = {str(k): v for k, v in announced.items() if isinstance(v, dict)}
+        await resources.fetch_appended(files, batch)
     try:
         outcome = append(event.id, batch, raw)
     except (AppendRefused, JournalError) as exc:

@@ -96,7 +96,14 @@ def open_engine(
     """
     journal = Journal(config.state_dir, schedule.digest)
     schedule = restore(schedule, journal, config.state_dir, allowed_classes)
-    return Engine(schedule, config, sink, clock or SystemClock(), SystemProcesses(), journal)
+    return Engine(
+        schedule=schedule,
+        config=config,
+        sink=sink,
+        clock=clock or SystemClock(),
+        processes=SystemProcesses(),
+        journal=journal,
+    )
 
 
 class Engine:
@@ -112,8 +119,8 @@ class Engine:
         processes: the process port (:class:`~vmr_handler.agent.machine.executor.SystemProcesses`).
         journal: this schedule's journal (:func:`open_engine` opens it in ``config.state_dir``).
 
-    Construct it inside the running event loop. In local mode the experiment start time is
-    ``configured_at + config.start_buffer``.
+    Construct it inside the running event loop, every argument by keyword. In local mode the
+    experiment start time is ``configured_at + config.start_buffer``.
 
     Raises (from :meth:`run`):
         JournalError: the state directory cannot be written.
@@ -121,6 +128,7 @@ class Engine:
 
     def __init__(
         self,
+        *,
         schedule: Schedule,
         config: EngineConfig,
         sink: Callable[[Event], None] | ReportHold,

@@ -389,8 +389,9 @@ class EntryLauncher:
             if os.path.isfile(path) and not os.access(path, os.X_OK):
                 mode = oct(os.stat(path).st_mode & 0o777)
                 return (
-                    f": {word!r} is not executable (mode {mode}); a drop keeps its executable flag here, "
-                    "where FIREWHEEL makes every dropped file executable (docs/firewheel.md)"
+                    f": {word!r} is not executable (mode {mode}); a drop is made executable only when "
+                    "its data item says executable: true (as in FIREWHEEL 3.1.0): set it on that drop "
+                    "(docs/firewheel.md)"
                 )
         elif program_missing(word, item.workdir, (self.state.env or os.environ).get("PATH")):
             return f": {word!r} was not found (no such file, not on the PATH); the schedule goes on"

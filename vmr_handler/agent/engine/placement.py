@@ -26,7 +26,6 @@ import asyncio
 import dataclasses
 import os
 import threading
-import time
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from vmr_handler.agent.machine.executor import PlacedFile, drops, make_workdir, place_data
@@ -98,16 +97,21 @@ class DataPlacement:
         emit: reports ``data_placed`` and ``schedule_warning`` events.
         journal: keeps whose data was placed (:attr:`~vmr_handler.agent.state.journal.Journal.placements`,
             appended to in place; the caller saves the journal).
-        now: reference UTC seconds (the engine's clock), recorded with each group.
+        now: reference UTC seconds now, epoch (the engine's ``clock.time``), recorded with
+            each group.
+
+    All by keyword: ``DataPlacement(workdirs=..., resources_dir=..., emit=..., journal=...,
+    now=...)``.
     """
 
     def __init__(
         self,
+        *,
         workdirs: Dict[int, str],
         resources_dir: str,
         emit: Emit,
         journal: Journal,
-        now: Callable[[], float] = time.time,
+        now: Callable[[], float],
     ) -> None:
         self._workdirs = workdirs
         self._resources = resources_dir

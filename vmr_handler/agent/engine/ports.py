@@ -2,7 +2,9 @@
 
 The engine (:mod:`vmr_handler.agent.engine.engine`) is given its parts -- a
 :class:`~vmr_handler.core.clock.Clock`, a :class:`Processes` port, a journal and an event
-sink -- and never discovers them. The real ports are
+sink -- and never discovers them. An appended batch's files come through a
+:class:`BatchResources` (the connected agent's
+:class:`~vmr_handler.agent.connected.resources.Resources`). The real ports are
 :class:`~vmr_handler.agent.machine.executor.SystemProcesses`
 (asyncio subprocesses, psutil process trees) and :class:`~vmr_handler.core.clock.SystemClock`;
 tests pass a :class:`~vmr_handler.core.clock.FakeClock` and scripted processes.
@@ -11,11 +13,12 @@ tests pass a :class:`~vmr_handler.core.clock.FakeClock` and scripted processes.
 from __future__ import annotations
 
 import signal
-from typing import Dict, List, Optional, Protocol
+from typing import Any, Dict, List, Mapping, Optional, Protocol
 
 from vmr_handler.agent.machine.executor import OutputCallback, ProcessResult
+from vmr_handler.core.schedule.model import Schedule
 
-__all__ = ["OutputCallback", "Process", "Processes"]
+__all__ = ["BatchResources", "OutputCallback", "Process", "Processes"]
 
 
 class Process(Protocol):
@@ -51,3 +54,13 @@ class Processes(Protocol):
 
     async def reboot(self, command: str, env: Optional[Dict[str, str]]) -> None:
         """Run the reboot ``command`` with the shell (failures are logged, never raised)."""
+
+
+class BatchResources(Protocol):
+    """Fetches the VM-resource files an appended batch drops, before the batch is appended."""
+
+    async def fetch_appended(self, announced: Mapping[str, Mapping[str, Any]], batch: Schedule) -> str:
+        """Add ``announced`` (``{file name: {"sha256", "size"[, "url", "token"]}}``, as the
+        ``schedule_append`` event announced them) to what the schedule announced, then fetch
+        every file ``batch`` drops into the resource directory; that directory's path. A file
+        that cannot be fetched is reported, never raised (its entry fails when it needs it)."""

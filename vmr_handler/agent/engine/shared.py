@@ -100,7 +100,11 @@ class EngineState:
         self.env = child_environment(config.env)
         self.events = EventFactory(self.clock.time)
         self.data = DataPlacement(
-            self.workdirs, config.resources_dir, self.emit, self.journal, self.clock.time
+            workdirs=self.workdirs,
+            resources_dir=config.resources_dir,
+            emit=self.emit,
+            journal=self.journal,
+            now=self.clock.time,
         )
         self.syncer = SyncSoon(self.journal)
 

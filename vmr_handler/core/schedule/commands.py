@@ -18,10 +18,13 @@ import os
 import re
 import shlex
 import shutil
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from vmr_handler.core.errors import EntryError
 from vmr_handler.core.schedule.model import ContentDrop, FileDrop, ScheduleEntry
+
+#: A data item that drops a file: content, or a VM resource.
+DropItem = Union[ContentDrop, FileDrop]
 
 
 def format_start_time(start_time: float) -> str:
@@ -90,8 +93,8 @@ def target_path(location: str, workdir: str) -> str:
     return location if os.path.isabs(location) else os.path.normpath(os.path.join(workdir, location))
 
 
-def dropped_path(entry: ScheduleEntry, workdir: str) -> Optional[str]:
-    """Absolute path of the file this entry drops that its executable names, else None.
+def dropped_item(entry: ScheduleEntry) -> Optional[DropItem]:
+    """The drop of this entry (at a relative location) that its executable names, else None.
 
     The executable names a drop when it equals the drop's location or that location's base
     name, or (file drops) the VM-resource file name, as the reference's ``create_paths`` does
@@ -108,8 +111,15 @@ def dropped_path(entry: ScheduleEntry, workdir: str) -> Optional[str]:
         if isinstance(item, FileDrop):
             names.add(item.filename)
         if exe in names or os.path.normpath(exe) in names:
-            return target_path(item.location, workdir)
+            return item
     return None
+
+
+def dropped_path(entry: ScheduleEntry, workdir: str) -> Optional[str]:
+    """Absolute path (under the working dir ``workdir``) of the file this entry drops that its
+    executable names (:func:`dropped_item`), else None."""
+    item = dropped_item(entry)
+    return target_path(item.location, workdir) if item is not None else None
 
 
 def exec_path(entry: ScheduleEntry, workdir: str) -> str:

@@ -254,10 +254,28 @@ def _transfer_item(raw: Mapping[str, Any], where: str, field: str, problems: _Pr
     if interval == 0:
         interval = None  # the reference loops only on a truthy interval: 0 is once
     destination = raw.get("destination")
-    if destination is not None and not isinstance(destination, str):
-        problems.add(where, f"{field}.destination", f"must be a string or null, got {show(destination)}")
-        return None
+    if destination is not None:
+        why = destination_problem(destination)
+        if why is not None:
+            problems.add(where, f"{field}.destination", f"{why}, got {show(destination)}")
+            return None
     return TransferOut(location, interval, destination)
+
+
+def destination_problem(destination: Any) -> Optional[str]:
+    """Why a transfer's ``destination`` (a directory on the host: files land in
+    ``<destination>/<vm>/<location>``, FIREWHEEL ``schedule_entry.py`` ``add_file_transfer``)
+    cannot be used, or None: it must be an absolute path without ``..`` or NUL, at most 4096
+    bytes."""
+    if not isinstance(destination, str):
+        return "must be a string (an absolute directory on the host) or null"
+    if not destination.startswith("/"):
+        return "must be an absolute directory on the host (it is where <destination>/<vm>/ is made)"
+    if "\x00" in destination or len(destination.encode("utf-8", "replace")) > 4096:
+        return "must be a path without NUL, at most 4096 bytes"
+    if ".." in destination.split("/"):
+        return "must not have a '..' component"
+    return None
 
 
 _ItemCheck = Callable[[Mapping[str, Any], str, str, _Problems], Optional[DataItem]]

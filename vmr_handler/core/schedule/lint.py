@@ -8,8 +8,10 @@ host rather than the guest, so they are warnings: ``check --strict`` turns them 
   file, not on ``PATH``): in the guest it would be the entry's exit 127;
 * a command line the shell cannot parse (``bash -n``, else ``sh -n``): the reference hands
   ``<exec path> <arguments>`` unquoted to bash, so a stray quote is a syntax error there too;
-* a program that another entry drops with ``executable: false``: the reference makes every
-  dropped file executable, vmr-handler follows the flag (``docs/firewheel.md``).
+* a program that an entry (another one, or the entry that runs it) drops with
+  ``executable: false``: the file is left without its executable bits, here as in FIREWHEEL
+  3.1.0 (``load_files_in_target`` chmods a drop only when its ``executable`` is true), so the
+  entry exits 126 (``docs/firewheel.md``).
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import subprocess
 from typing import Dict, List, Optional
 
 from vmr_handler.core.schedule.commands import (
+    DropItem,
     command_line,
-    dropped_path,
+    dropped_item,
     find_shell,
     first_word,
     program_missing,
@@ -131,6 +134,25 @@ class _Lint:
             self.entry(entry, warnings)
         return warnings
 
+    def non_executable_warning(
+        self, entry: ScheduleEntry, word: str, own: Optional[DropItem]
+    ) -> Optional[str]:
+        """The warning when ``entry`` runs ``word``, a file dropped with ``executable: false``:
+        by ``entry`` itself (``own``, its drop that its executable names, or a drop at the
+        absolute path ``word``) or by another entry."""
+        if own is not None:
+            dropper: Optional[int] = entry.index if not own.executable else None
+        else:
+            dropper = self.non_executable.get(os.path.normpath(word)) if os.path.isabs(word) else None
+        if dropper is None:
+            return None
+        who = "it drops itself" if dropper == entry.index else f"entry {dropper} drops"
+        return (
+            f"{entry.label}: runs {word!r}, which {who} with executable: false; the file is left "
+            "without its executable bits (as in FIREWHEEL 3.1.0), so the entry exits 126: set "
+            "executable: true on that drop, or run the file through its interpreter (/bin/sh FILE)"
+        )
+
     def entry(self, entry: ScheduleEntry, warnings: List[str]) -> None:
         """Append the warnings of one entry that runs a program."""
         if entry.data and not self.workdirs:
@@ -138,20 +160,17 @@ class _Lint:
         workdir = self.workdirs.get(entry.index, self.launch_dir)
         line = command_line(entry, workdir)
         word = first_word(line)
-        lookup = dropped_path(entry, workdir) is None and (os.path.isabs(word) or "/" not in word)
+        own = dropped_item(entry)
+        lookup = own is None and (os.path.isabs(word) or "/" not in word)
         if lookup and self._is_missing(word):
             warnings.append(
                 f"{entry.label}: program {word!r} is not found on this machine (no such file, not on "
                 "PATH, not a shell builtin); in a guest without it the entry exits 127 and the "
                 "schedule goes on"
             )
-        dropper = self.non_executable.get(os.path.normpath(word)) if os.path.isabs(word) else None
-        if dropper is not None and dropper != entry.index:
-            warnings.append(
-                f"{entry.label}: runs {word!r}, which entry {dropper} drops with executable: false; "
-                "FIREWHEEL makes every dropped file executable, vmr-handler keeps the flag (exit 126 "
-                "here): set executable: true on that drop"
-            )
+        warning = self.non_executable_warning(entry, word, own)
+        if warning is not None:
+            warnings.append(warning)
         if line not in self.checked:
             self.checked[line] = syntax_error(line, self.shell)
         problem = self.checked[line]

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Mapping, Option
 
 from vmr_handler.core.errors import ScheduleFormatError
 from vmr_handler.core.gcpause import paused_gc
+from vmr_handler.core.schedule.guestos import refuse_windows
 from vmr_handler.core.schedule.limits import MAX_ENTRIES
 from vmr_handler.core.schedule.model import Schedule
 from vmr_handler.core.schedule.validate import ScheduleColumns, validate_columns, validate_records
@@ -174,6 +175,7 @@ def load_schedule_bytes(data: bytes, allowed_classes: Optional[Iterable[str]] = 
 
     Raises:
         ScheduleFormatError, UnsafePickleError, ScheduleValidationError.
+        WindowsScheduleError: entries written for a Windows guest (:mod:`.guestos`).
     """
     with paused_gc():  # a big schedule is many small objects: collection passes double the load time
         return _load(data, allowed_classes)
@@ -204,6 +206,7 @@ def _records(
             f"entry {MAX_ENTRIES:,} and later: the schedule has {len(records):,} entries, more than the "
             f"limit of {MAX_ENTRIES:,}"
         )
+    refuse_windows(records)
     return fmt, records
 
 
@@ -213,7 +216,8 @@ def load_schedule_columns(path: str, allowed_classes: Optional[Iterable[str]] = 
     :func:`load_schedule` does, with the same errors.
 
     Raises:
-        ScheduleFormatError, UnsafePickleError, ScheduleValidationError: as :func:`load_schedule`.
+        ScheduleFormatError, UnsafePickleError, ScheduleValidationError, WindowsScheduleError: as
+            :func:`load_schedule`.
     """
 
     def columns(data: bytes) -> ScheduleColumns:
@@ -240,7 +244,8 @@ def read_schedule(path: str, allowed_classes: Optional[Iterable[str]] = None) ->
 
     Raises:
         OSError: the file cannot be read.
-        ScheduleFormatError, UnsafePickleError, ScheduleValidationError: as :func:`load_schedule_bytes`.
+        ScheduleFormatError, UnsafePickleError, ScheduleValidationError, WindowsScheduleError: as
+            :func:`load_schedule_bytes`.
     """
     with open(path, "rb") as fh:
         data = fh.read()

@@ -176,3 +176,15 @@ def entry_drops(entries: Iterable[ScheduleEntry]) -> Dict[str, Tuple[int, ...]]:
                 if entry.index not in indices:
                     indices.append(entry.index)
     return {name: tuple(indices) for name, indices in out.items()}
+
+
+def entry_destinations(entries: Iterable[ScheduleEntry]) -> Tuple[Tuple[str, str], ...]:
+    """``(location, destination)`` of every transfer-out item of ``entries`` that names a
+    destination (the host copies what it receives from ``location`` to
+    ``<destination>/<vm>/``), in schedule order, each pair once."""
+    out: Dict[Tuple[str, str], None] = {}
+    for entry in entries:
+        for item in entry.data:
+            if isinstance(item, TransferOut) and item.destination is not None:
+                out[(item.location, item.destination)] = None
+    return tuple(out)

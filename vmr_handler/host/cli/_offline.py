@@ -22,9 +22,7 @@ from vmr_handler.host.cli.logs import records
 from vmr_handler.host.logs.store import CHECKPOINT_SUFFIX, JSONL_SUFFIX, Checkpoint
 from vmr_handler.host.model.stateword import Presence, is_problem
 from vmr_handler.host.model.vmstate import Counters, VmState, frames_status
-
-#: Prefix of the ids of the ``schedule`` events the host sends (their ``result`` accepts or rejects).
-SCHEDULE_ID_PREFIX = "schedule-"
+from vmr_handler.host.model.where import where
 
 
 class _Recorder:
@@ -68,7 +66,7 @@ def _replay(
             saved, start = data["state"]["vm"], int(data["offset"])
         except (KeyError, TypeError, ValueError):
             saved, start = None, 0
-    state = VmState(vm, "", "", host)
+    state = VmState(vm, "", None, host)  # any schedule event's answer accepts or rejects it
     if saved is not None:
         try:
             state.restore(saved)
@@ -79,10 +77,6 @@ def _replay(
         read += 1
         ev = rec["event"]
         try:
-            answers = str((ev.get("data") or {}).get("answers", ""))
-            schedule_answer = ev.get("type") == "result" and answers.startswith(SCHEDULE_ID_PREFIX)
-            if schedule_answer and not state.schedule_id:
-                state.schedule_id = answers  # its result accepts or rejects the schedule
             event = Event(str(ev["type"]), float(ev["timestamp"]), str(ev["id"]), dict(ev.get("data") or {}))
             state.apply(event, float(rec.get("host_received") or event.timestamp))
         except (KeyError, TypeError, ValueError, AttributeError, PayloadError):
@@ -112,12 +106,13 @@ def offline_status(logs: str, now: Optional[float] = None) -> Dict[str, Any]:
     vms = []
     for vm in sorted(set(names) | set(expected)):
         path = os.path.join(logs, f"{vm}.jsonl")
-        state, read = _replay(vm, path, host) if vm in names else (VmState(vm, "", "", host), {})
+        state, read = _replay(vm, path, host) if vm in names else (VmState(vm, "", None, host), {})
         # nobody can tell whether its agent is gone (no host watched it): never lost here
         word = state.word(start, now, Presence(False, state.last_seen is not None))
         vms.append({
             "vm": vm, "expected": vm in expected, "connected": False, "silent": None,
-            "state": word, "problem": is_problem(word, state.failures), "gone_for": None,
+            "state": word, "problem": is_problem(word, state.failures),
+            "where": where(state, word, start, now), "gone_for": None,
             "lost_after": None, **state.fields(),
             "frames": frames_status(DecoderStats()), "refused": Counters().refused(), "read": read,
         })  # fmt: skip

@@ -3,8 +3,9 @@
 A RESUME is on the critical path of an experiment: from the operator's command to the next
 entry's fork it should take < 100 ms. This module is all those three commands import besides
 the command table (:mod:`vmr_handler.host.cli.vmr_host`): the standard library's
-``argparse``/``json``/``os``/``sys`` and :mod:`vmr_handler.core.control` (no logging, no host
-configuration). ``benchmarks/bench_cli_start.py`` measures what the path costs.
+``argparse``/``json``/``os``/``socket``/``sys`` and :mod:`vmr_handler.core.control` (no logging,
+no host configuration, no ``typing``). ``benchmarks/bench_cli_start.py`` measures what the
+path costs.
 
 Exit codes as the rest of ``vmr-host``: 0 success, 1 runtime error (no running host), 2 bad
 usage or a request the host refused.
@@ -12,35 +13,40 @@ usage or a request the host refused.
 
 from __future__ import annotations
 
-import argparse
 import sys
-from typing import Any, Dict, NamedTuple, Optional, Sequence
+from collections import namedtuple
 
 from vmr_handler.host.cli.options import DEFAULT_LOGS, add_logs
 from vmr_handler.host.logs.logsdir import ask_host
+
+TYPE_CHECKING = False  # no ``typing`` on the lean paths (core.commandtable.TYPE_CHECKING)
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any, Dict, Sequence
 
 EXIT_OK = 0
 EXIT_RUNTIME = 1
 EXIT_USAGE = 2
 
 
-class ClientCommand(NamedTuple):
-    """One control command: ``command`` (``status``, ``resume``, ``release``, ``kill``), the logs
-    dir, ``--json``, the VMs named (``resume``, ``kill``), ``--all`` (``resume``, ``kill``),
-    ``--exclude`` (``release``), and ``kill``'s ``--entry``, ``--signal`` and ``--grace`` (s)."""
+_ClientFields = namedtuple(
+    "_ClientFields",
+    ("command", "logs", "json", "vms", "all", "exclude", "states", "force", "dry_run", "entry", "signal",
+     "grace"),
+    defaults=(DEFAULT_LOGS, False, (), False, (), (), False, False, None, "TERM", 10.0),
+)  # fmt: skip
 
-    command: str
-    logs: str = DEFAULT_LOGS
-    json: bool = False
-    vms: Sequence[str] = ()
-    all: bool = False
-    exclude: Sequence[str] = ()
-    states: Sequence[str] = ()
-    force: bool = False
-    dry_run: bool = False
-    entry: Optional[int] = None
-    signal: str = "TERM"
-    grace: float = 10.0
+
+class ClientCommand(_ClientFields):
+    """One control command, a named tuple (``collections``'; ``typing.NamedTuple`` would import
+    ``typing`` on the lean path): ``command`` (str: ``status``, ``resume``, ``release``,
+    ``kill``), ``logs`` (str, the logs dir), ``json`` (bool, ``--json``), ``vms`` (tuple of str,
+    the VMs named: ``status``, ``resume``, ``kill``), ``all`` (bool, ``resume --all``, ``kill
+    --all``), ``exclude`` (tuple of str, ``release --exclude``), ``states`` (tuple of str,
+    ``status --state``), ``force`` and ``dry_run`` (bool, ``resume``), and ``kill``'s ``entry``
+    (int or None), ``signal`` (str, ``TERM``...) and ``grace`` (float, seconds)."""
+
+    __slots__ = ()
 
 
 def add_status(status: argparse.ArgumentParser) -> None:

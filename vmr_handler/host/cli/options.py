@@ -2,16 +2,19 @@
 the commands a hint prints, and the refusal of VM names the host does not know.
 
 The logs directory is ``--logs DIR``, else the environment variable ``VMR_LOGS``, else
-``./vmr-logs``. Imports only the standard library's ``argparse`` and ``os`` at import time, so
+``./vmr-logs``. Imports only the standard library's ``os`` at import time, so
 that any command module (the lean control commands included) can take it without an import
 cycle.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-from typing import Iterable, Optional, Sequence
+
+TYPE_CHECKING = False  # no ``typing`` on the lean paths (core.commandtable.TYPE_CHECKING)
+if TYPE_CHECKING:
+    import argparse
+    from typing import Iterable, Optional, Sequence
 
 #: ``--logs`` when neither it nor :data:`ENV_LOGS` is given.
 DEFAULT_LOGS = "vmr-logs"

@@ -13,6 +13,7 @@ import math
 import os
 import signal
 import socket
+from typing import TYPE_CHECKING, List
 
 from vmr_handler.core.errors import UsageError
 from vmr_handler.host.cli.control_client import EXIT_OK, EXIT_RUNTIME
@@ -22,6 +23,11 @@ from vmr_handler.host.serve.channels.mqtt_options import add_serve_mqtt, mqtt_op
 from vmr_handler.host.serve.config import HostConfig, Limits
 from vmr_handler.host.serve.http.options import http_options
 from vmr_handler.host.serve.specs import load_specs
+
+if TYPE_CHECKING:
+    from vmr_handler.host.serve.control_api import ControlApi
+    from vmr_handler.host.serve.experiment.experiment import Experiment
+    from vmr_handler.host.serve.server import Companion, CompanionFactory
 
 log = logging.getLogger("vmr_handler.host")
 
@@ -251,6 +257,24 @@ def build_config(args: argparse.Namespace) -> HostConfig:
     )
 
 
+def companions(config: HostConfig) -> List[CompanionFactory]:
+    """The services ``config`` runs alongside the serving process: the operators' console with
+    ``--console`` (:mod:`vmr_handler.host.console`, imported only then), else none."""
+    options = config.console
+    if options is None:
+        return []
+
+    def console(experiment: Experiment, control: ControlApi) -> Companion:
+        from vmr_handler.host.console.app import Console
+        from vmr_handler.host.console.live import LiveExperiment
+        from vmr_handler.host.serve.channels.factory import channel_mode
+
+        live = LiveExperiment(experiment, channel_mode(config))
+        return Console(options, config.logs, live, control)
+
+    return [console]
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the host controller until SIGTERM/SIGINT (exit 0), or fail at set-up (1/2)."""
     import asyncio
@@ -259,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
     from vmr_handler.host.serve.server import HostServer
 
     config = build_config(args)
-    server = HostServer(config, open_channels)
+    server = HostServer(config, open_channels, companions=companions(config))
     server.open()
 
     async def main() -> None:

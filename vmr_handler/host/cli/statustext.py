@@ -2,7 +2,7 @@
 
 What an operator needs first: who the experiment waits for and why, and what to
 do about it. So: the start (UTC and how far), counts per state, one row per VM with where it
-is in experiment time (at break #N since T, paused, entries running, t=+X), then one hint
+is in experiment time (``where``: :mod:`vmr_handler.host.model.where`, the host's text), then one hint
 line per VM that needs someone (failed, lost, held at a break, not connected while the barrier
 waits for it), each with the command that moves it on. The state words and their order are
 the model's (:mod:`vmr_handler.host.model.stateword`).
@@ -17,18 +17,12 @@ from vmr_handler.core.fsutil import utc_text
 from vmr_handler.core.readable import duration, kpi_brief
 from vmr_handler.host.cli.options import host_command
 from vmr_handler.host.model.stateword import FAILED_STATES, STATES, WAITING_STATES
+from vmr_handler.host.model.where import exp_time
 
 #: ``--state`` filter words and the VMs they keep.
 FILTERS = ("failed", "lost", "at-break", "late", "paused", "running", "complete", "waiting")
 #: Lateness from which a VM counts as ``late`` (seconds).
 LATE = 0.1
-
-
-def exp_time(start: Optional[float], at: Optional[float]) -> str:
-    """Experiment time of UTC ``at`` as ``t=+12.3s`` (``t=-4.0s`` before the start; '' when unknown)."""
-    if start is None or at is None:
-        return ""
-    return f"t={at - start:+.1f}s"
 
 
 def when(at: Optional[float], start: Optional[float]) -> str:
@@ -41,45 +35,6 @@ def when(at: Optional[float], start: Optional[float]) -> str:
 
 def _ago(now: float, ts: Optional[float]) -> str:
     return "-" if ts is None else f"{duration(now - ts)} ago"
-
-
-def phase(vm: Dict[str, Any], start: Optional[float], now: float) -> str:
-    """Where the VM is: ``at break #6 since t=+12.0s``, ``paused (#3, 5.0 s)``, ``entries 4, 5
-    running``, ``t=+30.2s``, ``stage -10 running``..."""
-    ph = vm.get("phase") or {}
-    if vm.get("failed"):
-        return "failed"
-    if ph.get("at_break"):
-        b = ph["at_break"]
-        return f"at break #{b['index']} since {exp_time(start, b['since']) or utc_text(b['since'])}"
-    if ph.get("paused"):
-        p = ph["paused"]
-        return f"paused (#{p['index']}, {duration(p['duration'])})"
-    if vm.get("complete"):
-        return "complete" + completion_note(vm.get("completion"))
-    running = ph.get("running_entries") or []
-    if running:
-        names = ", ".join(str(i) for i in running[:6]) + (" ..." if len(running) > 6 else "")
-        return f"entr{'y' if len(running) == 1 else 'ies'} {names} running"
-    if start is not None and now >= start and vm.get("configured_at") is not None:
-        return exp_time(start, now)
-    stage_time = ph.get("stage_time")
-    if isinstance(stage_time, (int, float)) and vm.get("configured_at") is None:
-        return f"stage {stage_time:g}"
-    return "configured" if vm.get("configured_at") is not None else "-"
-
-
-def completion_note(completion: Optional[Dict[str, Any]]) -> str:
-    """What a VM's ``schedule_complete`` counted, in words: `` (12 ran, 1 exited non-zero, 2
-    could not start)``; '' when the agent sent no counts."""
-    if not completion or completion.get("ran") is None:
-        return ""
-    parts = [f"{completion['ran']} ran"]
-    if completion.get("exited_nonzero"):
-        parts.append(f"{completion['exited_nonzero']} exited non-zero")
-    if completion.get("not_started"):
-        parts.append(f"{completion['not_started']} could not start")
-    return f" ({', '.join(parts)})"
 
 
 def kpi_cell(vm: Dict[str, Any], now: float) -> str:
@@ -234,7 +189,7 @@ def format_status(
                 vm["vm"],
                 conn,
                 vm["state"],
-                phase(vm, start, now),
+                str(vm.get("where") or "-"),
                 _ago(now, vm["last_seen"]),
                 "-" if late is None else duration(late),
                 str(vm["failures"]),

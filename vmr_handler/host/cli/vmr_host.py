@@ -14,9 +14,7 @@ the running host refused).
 
 from __future__ import annotations
 
-import argparse
 import sys
-from typing import Dict, List, Optional
 
 from vmr_handler.core.commandtable import (
     ALL,
@@ -28,6 +26,11 @@ from vmr_handler.core.commandtable import (
     split_rest,
     top_parser,
 )
+
+TYPE_CHECKING = False  # no ``typing`` on the lean paths (core.commandtable.TYPE_CHECKING)
+if TYPE_CHECKING:
+    import argparse
+    from typing import Dict, List, Optional
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
 _CLI = "vmr_handler.host.cli."

@@ -30,7 +30,7 @@ from vmr_handler.host.console.events import EventQuery, page
 from vmr_handler.host.console.live import LiveExperiment
 from vmr_handler.host.console.openapi import openapi_document
 from vmr_handler.host.console.stream import KEEPALIVE, sse
-from vmr_handler.host.console.views import timeline_end, timeline_ends, vm_detail
+from vmr_handler.host.console.views import live_words, timeline_end, timeline_ends, vm_detail
 from vmr_handler.host.control.commands import rest_commands
 from vmr_handler.host.report.render import timeline_fragment
 from vmr_handler.host.serve.config import ConsoleOptions
@@ -271,18 +271,20 @@ class Console:
 
     async def _render(self) -> str:
         """The fragment, rendered again (in a worker thread, :meth:`LiveExperiment.read_held`)
-        when the timeline or the lost VMs changed and enough time passed; requests meanwhile
-        share it. A lost VM's open spans end when its agent was last heard from
+        when the timeline, the lost VMs or a VM's state word changed and enough time passed;
+        requests meanwhile share it. A lost VM's open spans end when its agent was last heard from
         (:func:`~vmr_handler.host.console.views.timeline_ends`), a finished experiment's at its
         last event (:func:`~vmr_handler.host.console.views.timeline_end`)."""
         f, clock, exp = self._fragment, self.live.clock, self.live.experiment
         async with self._render_lock:
             began, at = clock.monotonic(), clock.time()
-            ends = timeline_ends(exp, at)
-            key = (self.live.version, sorted(ends.items()))
+            ends, words = timeline_ends(exp, at), live_words(exp, at)
+            key = (self.live.version, sorted(ends.items()), sorted(words.items()))
             if f["version"] != key and began - f["at"] >= max(RENDER_EVERY, f["cost"] / RENDER_SHARE):
                 state, now = exp.state_dict(), timeline_end(exp, at)
-                text = await self.live.read_held(lambda tl: timeline_fragment(tl, state, now, None, ends))
+                text = await self.live.read_held(
+                    lambda tl: timeline_fragment(tl, state, now, None, ends, words)
+                )
                 f.update(version=key, at=began, text=text, cost=clock.monotonic() - began)
         return str(f["text"])
 

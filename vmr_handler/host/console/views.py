@@ -14,6 +14,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple, cast
 
 from vmr_handler.core.events import json_safe
 from vmr_handler.host.model.stateword import PROBLEM_STATES, STATES, finished, is_problem
+from vmr_handler.host.model.where import where
 from vmr_handler.host.report.fold import VmTimeline
 from vmr_handler.host.serve.experiment.experiment import Experiment
 from vmr_handler.host.serve.session.session import VmSession
@@ -27,7 +28,8 @@ def _safe(data: Dict[str, Any]) -> Dict[str, Any]:
 def vm_row(session: VmSession, start_time: Optional[float], now: float) -> Dict[str, Any]:
     """The row of one VM: ``vm``, ``state`` (the one word:
     :mod:`~vmr_handler.host.model.stateword`), ``problem``, ``connected``, ``gone_for`` (s the
-    agent has been gone, None while it talks), ``stage``, ``at_break`` / ``paused`` (entry
+    agent has been gone, None while it talks), ``where`` (in words, as ``vmr-host status`` says it:
+    :mod:`~vmr_handler.host.model.where`), ``stage``, ``at_break`` / ``paused`` (entry
     index or None), ``running`` (entries running), ``failures`` (failed entries),
     ``failed_entry``, ``max_lateness`` (s), ``last_seen`` (UTC) and ``kpi`` (the latest sample,
     or None)."""
@@ -42,6 +44,7 @@ def vm_row(session: VmSession, start_time: Optional[float], now: float) -> Dict[
             "expected": session.expected,
             "connected": session.connected,
             "gone_for": presence.gone_for,
+            "where": where(st, word, start_time, now),
             "stage": st.stage_text(),
             "at_break": st.at_break.get("index") if st.at_break else None,
             "paused": st.paused.get("index") if st.paused else None,
@@ -76,6 +79,13 @@ def timeline_end(experiment: Experiment, now: float) -> Optional[float]:
     sessions = experiment.sessions.items()
     words = ((s.state.word(start, now, s.presence()), name in active) for name, s in sessions)
     return None if finished(words) else now
+
+
+def live_words(experiment: Experiment, now: float) -> Dict[str, str]:
+    """VM -> its state word at UTC ``now`` (the host's one model, liveness included): the
+    words the console's timeline draws its lanes with, as every row and count says them."""
+    start = experiment.barrier.start_time
+    return {name: s.state.word(start, now, s.presence()) for name, s in experiment.sessions.items()}
 
 
 def timeline_ends(experiment: Experiment, now: float) -> Dict[str, float]:

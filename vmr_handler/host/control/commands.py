@@ -24,8 +24,6 @@ Refusals: every request can be refused with :class:`~vmr_handler.core.errors.Req
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple, Type
-
 from vmr_handler.core.errors import (
     BarrierError,
     BatchError,
@@ -36,8 +34,10 @@ from vmr_handler.core.errors import (
     VmrError,
 )
 
+TYPE_CHECKING = False  # no ``typing`` on the lean paths (core.commandtable.TYPE_CHECKING)
 if TYPE_CHECKING:
     import argparse
+    from typing import Any, Dict, List, Mapping, Optional, Tuple, Type
 
 #: The signals ``kill`` may send first (``vmr_handler.core.wire.protocol.KILL_SIGNALS``, kept
 #: here too: the lean CLI imports nothing of the protocol), and its longest grace, seconds.

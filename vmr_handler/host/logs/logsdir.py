@@ -8,7 +8,26 @@ Imports nothing at import time beyond the standard library (the lean command pat
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Mapping, Protocol
+
+TYPE_CHECKING = False  # no ``typing`` on the lean paths (core.commandtable.TYPE_CHECKING)
+if TYPE_CHECKING:
+    from typing import Any, Dict, Mapping, Protocol
+
+    class DeliveredSchedule(Protocol):
+        """What the index says of one VM's schedule (a ``VmSpec`` of ``host.serve.config``)."""
+
+        @property
+        def schedule_path(self) -> str:
+            """The schedule file the host read."""
+
+        @property
+        def format(self) -> str:
+            """``yaml``, ``json`` or ``pickle``."""
+
+        @property
+        def digest(self) -> str:
+            """The sha256 of its bytes."""
+
 
 #: Name of the host control socket inside the logs directory.
 CONTROL_SOCKET = "vmr-host.sock"
@@ -45,22 +64,6 @@ def ask_host(logs: str, payload: Dict[str, Any]) -> Dict[str, Any]:
             "there): give the running host's --logs DIR, or set VMR_LOGS"
         )
     return request_at(path, payload)
-
-
-class DeliveredSchedule(Protocol):
-    """What the index says of one VM's schedule (a ``VmSpec`` of ``host.serve.config``)."""
-
-    @property
-    def schedule_path(self) -> str:
-        """The schedule file the host read."""
-
-    @property
-    def format(self) -> str:
-        """``yaml``, ``json`` or ``pickle``."""
-
-    @property
-    def digest(self) -> str:
-        """The sha256 of its bytes."""
 
 
 def write_index(logs: str, specs: Mapping[str, DeliveredSchedule]) -> None:

@@ -121,6 +121,11 @@ def state_word(state: Reported, start_time: Optional[float], now: float, presenc
     return word
 
 
+def spoken(word: str) -> str:
+    """A state word as people read it: ``at_break`` -> ``at break``."""
+    return word.replace("_", " ")
+
+
 def is_problem(word: str, failed_entries: int) -> bool:
     """Whether a VM is a problem (sorted first, counted in ``problems``, ``?problems=1``): its
     word is one of :data:`PROBLEM_STATES`, or one of its entries failed."""

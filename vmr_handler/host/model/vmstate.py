@@ -33,14 +33,17 @@ from vmr_handler.core.payloads import (
     StageFinished,
     StageStarted,
     VmFailed,
-    parse_payload,
 )
 from vmr_handler.core.wire.protocol import DecoderStats
 from vmr_handler.host.logs.text import printable
 from vmr_handler.host.model.stateword import FAILED_RUNS, Presence, state_word
 
 _P = TypeVar("_P", bound=Payload)
-_Apply = Callable[[Any, float], None]
+_Apply = Tuple[Type[Payload], Callable[[Any, float], None]]
+
+#: How the id of every ``schedule`` event begins (``host/serve/session/_delivery.py``): a
+#: ``result`` answering such an id is the VM's answer to its schedule.
+SCHEDULE_ANSWER = "schedule-"
 
 
 class ReportHost(Protocol):
@@ -56,6 +59,20 @@ class ReportHost(Protocol):
     def on_outcome(self, vm: str, outcome: str, details: Optional[str], at: float) -> None:
         """``vm`` reported ``outcome`` (``failed`` or ``complete``) at host UTC ``at``, with
         ``details`` (the cause of a failure); told live and when the logs are replayed."""
+
+
+class Untold:
+    """A :class:`ReportHost` told nothing: a VM's reports folded for a view of the logs (the
+    report, ``schedule show``) rather than for the serving experiment."""
+
+    def on_configured(self, vm: str, at: float) -> None:
+        """Nothing (:meth:`ReportHost.on_configured`)."""
+
+    def on_resume_answer(self, vm: str, resume_id: str, data: Mapping[str, Any], at: float) -> None:
+        """Nothing (:meth:`ReportHost.on_resume_answer`)."""
+
+    def on_outcome(self, vm: str, outcome: str, details: Optional[str], at: float) -> None:
+        """Nothing (:meth:`ReportHost.on_outcome`)."""
 
 
 #: Entries kept as running per VM (a guest reporting more starts than ends cannot grow the
@@ -159,8 +176,9 @@ def short(text: Optional[str], limit: int = 128) -> Optional[str]:
 
 
 def _on(kind: Type[_P], apply: Callable[[_P, float], None]) -> Tuple[str, _Apply]:
-    """A row of :class:`VmState`'s table: ``kind``'s event type and what applies it."""
-    return kind.TYPE, apply
+    """A row of :class:`VmState`'s table: ``kind``'s event type, its payload class and what
+    applies it."""
+    return kind.TYPE, (kind, apply)
 
 
 def add_stats(base: DecoderStats, more: DecoderStats) -> DecoderStats:
@@ -221,14 +239,21 @@ class Counters:
 class VmState:
     """One VM's state from its hello and its reports.
 
+    The one fold of a VM's reports into its state: the serving host keeps one per VM (live,
+    and rebuilt from the checkpoint and the log's tail at restart), and the views of the logs
+    (the report's and the console's timeline, ``schedule show``) fold the same reports through
+    one each (:class:`~vmr_handler.host.report.fold.VmTimeline`), so every view applies the
+    same rules (docs/host.md, "One truth").
+
     Args:
         name: the VM (its channel's name).
-        digest: sha256 of its schedule.
-        schedule_id: id of the ``schedule`` event (a ``result`` answering it accepts or rejects it).
-        host: told when the VM is configured and when it answers a RESUME.
+        digest: sha256 of its schedule ("" when unknown).
+        schedule_id: id of the ``schedule`` event (a ``result`` answering it accepts or rejects
+            it); None: any ``schedule`` event's (:data:`SCHEDULE_ANSWER`), for a view of the logs.
+        host: told when the VM is configured and when it answers a RESUME (:class:`Untold`).
     """
 
-    def __init__(self, name: str, digest: str, schedule_id: str, host: ReportHost) -> None:
+    def __init__(self, name: str, digest: str, schedule_id: Optional[str], host: ReportHost) -> None:
         self.name = name
         self.digest = digest
         self.schedule_id = schedule_id
@@ -275,7 +300,7 @@ class VmState:
         #: the latest KPI sample (:func:`kpi_record`) and the last :data:`KPI_HISTORY` ones
         self.kpi: Optional[Dict[str, Any]] = None
         self.kpi_history: Deque[_Sample] = deque(maxlen=KPI_HISTORY)
-        #: report type -> what its typed payload changes (payload, host UTC received)
+        #: report type -> its payload class and what the payload changes (payload, host UTC received)
         self._appliers: Dict[str, _Apply] = dict(
             [
                 _on(AgentStarted, self._agent_started),
@@ -324,9 +349,18 @@ class VmState:
         """
         if self.last_seen is None or received > self.last_seen:
             self.last_seen = received
-        applier = self._appliers.get(ev.type)
-        if applier is not None:
-            applier(parse_payload(ev), received)
+        row = self._appliers.get(ev.type)
+        if row is not None:
+            kind, apply = row
+            apply(kind.parse(ev.data), received)
+
+    def take(self, payload: Payload, received: float) -> None:
+        """Update this VM's state from a report's typed payload (already parsed, e.g. by the
+        report's fold), received at host UTC ``received``; a payload of a type the table does
+        not hold changes nothing."""
+        row = self._appliers.get(payload.TYPE)
+        if row is not None and isinstance(payload, row[0]):  # not the report's own KPI reading
+            row[1](payload, received)
 
     def _agent_started(self, p: AgentStarted, received: float) -> None:
         """A new agent run: what ran in the last one is over; a failure becomes history (the
@@ -423,7 +457,8 @@ class VmState:
             self.at_break = None
 
     def _result(self, p: Result, received: float) -> None:
-        if p.answers == self.schedule_id:
+        mine = self.schedule_id
+        if p.answers == mine or (mine is None and p.answers.startswith(SCHEDULE_ANSWER)):
             self.schedule_state = "accepted" if p.ok else "rejected"
             self.schedule_details = short(p.details, 2000)
         else:

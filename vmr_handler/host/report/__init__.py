@@ -23,8 +23,9 @@ Two layers:
 
 Modules: :mod:`~vmr_handler.host.report.text` (cleaning guest strings, formatting numbers),
 :mod:`~vmr_handler.host.report.facts` (spans, entry runs, markers, KPI series),
-:mod:`~vmr_handler.host.report.fold` (the fold: one handler per event type, the lanes'
-categories), :mod:`~vmr_handler.host.report.experiment` (what ``experiment.json`` says),
+:mod:`~vmr_handler.host.report.fold` (the fold: one handler per event type, and the host's
+one model of each VM, which gives its lane's state word),
+:mod:`~vmr_handler.host.report.experiment` (what ``experiment.json`` says),
 :mod:`~vmr_handler.host.report.svg` (one lane's picture), :mod:`~vmr_handler.host.report.axis`
 (time axis, lines across the lanes, legend), :mod:`~vmr_handler.host.report.chart` (the
 fragment: counts, lanes in order, the collapsed group), :mod:`~vmr_handler.host.report.table`
@@ -42,21 +43,19 @@ much); at most :data:`MAX_ITEMS` spans and markers of each kind are kept per VM 
 are counted). All times are UTC epoch seconds unless said otherwise; "experiment time" is
 seconds after the experiment start time (negative before it).
 
-May import: ``host.logs``, ``core``.
+May import: ``host.model``, ``host.logs``, ``core``.
 """
 
 from __future__ import annotations
 
 from vmr_handler.host.report.axis import MAX_RESUME_LINES
-from vmr_handler.host.report.chart import COLLAPSE_OVER
+from vmr_handler.host.report.chart import COLLAPSE_OVER, lane_words
 from vmr_handler.host.report.experiment import Facts
 from vmr_handler.host.report.facts import EntryRun, KpiSeries, Marker, Span
 from vmr_handler.host.report.files import cmd_report, read_jsonl, write_report
 from vmr_handler.host.report.fold import (
-    CATEGORIES,
     MAX_ITEMS,
     MAX_SKEW,
-    PROBLEMS,
     ExperimentTimeline,
     VmTimeline,
 )
@@ -65,14 +64,12 @@ from vmr_handler.host.report.svg import LABELS_UP_TO
 from vmr_handler.host.report.text import MAX_LABEL
 
 __all__ = [
-    "CATEGORIES",
     "COLLAPSE_OVER",
     "LABELS_UP_TO",
     "MAX_ITEMS",
     "MAX_LABEL",
     "MAX_RESUME_LINES",
     "MAX_SKEW",
-    "PROBLEMS",
     "EntryRun",
     "ExperimentTimeline",
     "Facts",
@@ -81,6 +78,7 @@ __all__ = [
     "Span",
     "VmTimeline",
     "cmd_report",
+    "lane_words",
     "read_jsonl",
     "render_html",
     "render_report",

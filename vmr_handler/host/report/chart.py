@@ -17,18 +17,21 @@ import html
 import math
 import time
 from collections import Counter
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from vmr_handler.host.model.stateword import STATES, is_problem, spoken
 from vmr_handler.host.report.axis import AXIS_H, MAX_RESUME_LINES, axis_svg, legend_html, overlay_svg
 from vmr_handler.host.report.experiment import Facts
-from vmr_handler.host.report.fold import CATEGORIES, PROBLEMS, ExperimentTimeline, VmTimeline
+from vmr_handler.host.report.fold import ExperimentTimeline, VmTimeline
 from vmr_handler.host.report.svg import LABELS_UP_TO, PLOT_W, Lanes, Scale, aggregate_svg, lane_svg
 
 #: Over this many VMs, the VMs that need no one (not a problem, not at a break) start
 #: collapsed into one aggregate lane (a click shows them; a filter shows what it matches).
 COLLAPSE_OVER = 300
-#: Categories kept out of the collapsed group.
-ATTENTION = (*PROBLEMS, "at break")
+#: State words kept out of the collapsed group, with every problem.
+ATTENTION = ("at_break",)
+#: Each word's rank: the order of the counts and of the problem lanes.
+_RANK = {w: i for i, w in enumerate(STATES)}
 
 
 #: The hatchings of pauses and breaks (``url(#vmr-hp)``, ``url(#vmr-hb)`` in timeline.css).
@@ -48,18 +51,39 @@ def lane_height(n: int) -> float:
     return 40.0 if n <= 8 else 28.0 if n <= 20 else 20.0 if n <= 60 else 14.0
 
 
-def order(vms: Sequence[VmTimeline], collapse: bool) -> Tuple[List[VmTimeline], List[VmTimeline]]:
-    """The lanes in order, problems first (by :data:`~vmr_handler.host.report.fold.PROBLEMS`
-    order, then by name), then the others by name; and the VMs of the collapsed group (the
-    others that are not at a break) when ``collapse``, else []."""
-    rank = {c: i for i, c in enumerate(PROBLEMS)}
-    cats = {v.name: v.category for v in vms}
-    lead = sorted((v for v in vms if cats[v.name] in rank), key=lambda v: (rank[cats[v.name]], v.name))
-    rest = sorted((v for v in vms if cats[v.name] not in rank), key=lambda v: v.name)
+def lane_words(
+    vms: Sequence[VmTimeline],
+    start: Optional[float],
+    now: Optional[float],
+    live: Optional[Mapping[str, str]] = None,
+) -> Dict[str, str]:
+    """Each lane's state word (:data:`~vmr_handler.host.model.stateword.STATES`): the running
+    host's (``live``, liveness included: the console) when it has one for the VM, else what
+    the VM's logs tell at UTC ``now`` (None: its last event), the experiment starting at UTC
+    ``start`` (:meth:`~vmr_handler.host.report.fold.VmTimeline.word`)."""
+    live = live or {}
+    return {v.name: live.get(v.name) or v.word(start, now) for v in vms}
+
+
+def problem(v: VmTimeline, words: Mapping[str, str]) -> bool:
+    """Whether lane ``v`` is a problem, by the rule of every view
+    (:func:`~vmr_handler.host.model.stateword.is_problem`)."""
+    return is_problem(words[v.name], v.failures)
+
+
+def order(
+    vms: Sequence[VmTimeline], words: Mapping[str, str], collapse: bool
+) -> Tuple[List[VmTimeline], List[VmTimeline]]:
+    """The lanes in order: the problems first (by their words' order in
+    :data:`~vmr_handler.host.model.stateword.STATES`, then by name), then the others by name;
+    and the VMs of the collapsed group (the others that are not at a break) when ``collapse``,
+    else []."""
+    lead = sorted((v for v in vms if problem(v, words)), key=lambda v: (_RANK.get(words[v.name], 99), v.name))
+    rest = sorted((v for v in vms if not problem(v, words)), key=lambda v: v.name)
     if not collapse:
         return lead + rest, []
-    shown = [v for v in rest if cats[v.name] in ATTENTION]
-    return lead + shown, [v for v in rest if cats[v.name] not in ATTENTION]
+    shown = [v for v in rest if words[v.name] in ATTENTION]
+    return lead + shown, [v for v in rest if words[v.name] not in ATTENTION]
 
 
 def time_range(tl: ExperimentTimeline, facts: Facts, end: Optional[float]) -> Optional[Tuple[float, float]]:
@@ -80,15 +104,18 @@ def time_range(tl: ExperimentTimeline, facts: Facts, end: Optional[float]) -> Op
     return t0 - pad, t1 + pad
 
 
-def _bar(vms: Sequence[VmTimeline]) -> str:
-    """Counts per category (buttons: a click filters), the filter box, zoom buttons."""
-    counts = Counter(v.category for v in vms)
+def _bar(vms: Sequence[VmTimeline], words: Mapping[str, str]) -> str:
+    """Counts per state word, in their order (buttons: a click filters), the problems, the
+    filter box, zoom buttons."""
+    counts = Counter(words[v.name] for v in vms)
     buttons = ' <span class="tl-sep">·</span> '.join(
         f'<button type="button" class="tl-count" data-cat="{c}" aria-pressed="false" '
-        f'title="show only these {counts[c]} VMs (click again: all)">{counts[c]} {c}</button>'
-        for c in CATEGORIES  # fixed words: nothing to escape
-        if counts[c]
+        f'title="show only these {counts[c]} VMs (click again: all)">{counts[c]} {spoken(c)}</button>'
+        for c in sorted(counts, key=lambda w: _RANK.get(w, 99))  # the model's words: nothing to escape
     )
+    problems = sum(1 for v in vms if problem(v, words))
+    if problems:
+        buttons += f' <span class="tl-sep">·</span> <span class="tl-problems">{problems} problem(s)</span>'
     zoom = "".join(
         f'<button type="button" data-zoom="{z}" title="{tip}">{label}</button>'
         for z, label, tip in (
@@ -115,20 +142,21 @@ def _until(g: Lanes, ends: Optional[Mapping[str, float]], vm: str) -> Lanes:
     return dataclasses.replace(g, end_t=end) if end is not None and end < g.end_t else g
 
 
-def _lane_row(g: Lanes, v: VmTimeline, grouped: bool) -> str:
-    cat = v.category
+def _lane_row(g: Lanes, v: VmTimeline, words: Mapping[str, str], grouped: bool) -> str:
+    word = html.escape(words[v.name])
     name = html.escape(v.name)
     grp = ' data-grp="1"' if grouped else ""
+    bad = ' data-problem="1"' if problem(v, words) else ""
     return (
-        f'<div class="tl-lane" data-vm="{name}" data-cat="{html.escape(cat)}"{grp}>'
-        f'<div class="tl-name" title="{name}: {html.escape(cat)}"><i class="tl-dot"></i>{name}</div>'
-        f"{lane_svg(g, v)}</div>"
+        f'<div class="tl-lane" data-vm="{name}" data-cat="{word}"{bad}{grp}>'
+        f'<div class="tl-name" title="{name}: {spoken(word)}"><i class="tl-dot"></i>{name}</div>'
+        f"{lane_svg(g, v, words[v.name])}</div>"
     )
 
 
-def _aggregate_row(g: Lanes, group: List[VmTimeline]) -> str:
-    counts = Counter(v.category for v in group)
-    what = ", ".join(f"{n} {c}" for c, n in sorted(counts.items(), key=lambda kv: CATEGORIES.index(kv[0])))
+def _aggregate_row(g: Lanes, group: List[VmTimeline], words: Mapping[str, str]) -> str:
+    counts = Counter(words[v.name] for v in group)
+    what = ", ".join(f"{counts[c]} {spoken(c)}" for c in sorted(counts, key=lambda w: _RANK.get(w, 99)))
     return (
         '<div class="tl-lane tl-agg" data-agg="1">'
         f'<div class="tl-name"><button type="button" class="tl-expand" aria-expanded="false" '
@@ -142,6 +170,7 @@ def fragment(
     facts: Facts,
     now: Optional[float] = None,
     ends: Optional[Mapping[str, float]] = None,
+    live: Optional[Mapping[str, str]] = None,
 ) -> str:
     """The timeline fragment (module docstring) of every VM of ``tl`` and every expected VM.
 
@@ -151,6 +180,8 @@ def fragment(
             resumed) are drawn; None: up to the last event of the logs (a finished report).
         ends: VM -> UTC epoch seconds up to which that VM's open spans are drawn instead, when
             earlier (a ``lost`` VM's: when its agent was last heard from).
+        live: VM -> its state word as the running host says it (the console); the others'
+            words are what their logs tell (:func:`lane_words`).
 
     Returns:
         HTML text, ``<div class="vmr-tl" ...>...</div>``.
@@ -158,9 +189,10 @@ def fragment(
     vms = list(tl.vms.values())
     vms += [VmTimeline(n) for n in facts.expected if n not in tl.vms]  # a lane even without a log
     collapse = len(vms) > COLLAPSE_OVER
-    lanes, group = order(vms, collapse)
     last_times = [v.last for v in vms if v.last is not None]
     end = now if now is not None else (max(last_times) if last_times else None)
+    words = lane_words(vms, facts.start, end, live)
+    lanes, group = order(vms, words, collapse)
     span = time_range(tl, facts, end)
     t0, t1 = span if span is not None else (0.0, 1.0)
     origin = facts.start if facts.start is not None else float(math.floor(t0))
@@ -173,7 +205,7 @@ def fragment(
         f'data-x0="0" data-x1="{PLOT_W:g}" data-origin="{origin!r}"{start} data-vms="{len(vms)}">',
         _DEFS,
         '<div class="tl-head">',
-        _bar(vms),
+        _bar(vms, words),
         legend_html(bool(group)),
         f'<div class="tl-axisrow" style="height:{AXIS_H}px"><div class="tl-name tl-axlabel">',
     ]
@@ -186,9 +218,9 @@ def fragment(
         out.append(f'</div><div class="tl-axcell">{axis_svg(x, facts)}</div></div></div>')
     out.append(f'<div class="tl-lanes" style="--lh:{lane_h:g}px">')
     out.append(overlay_svg(x, facts))
-    out += [_lane_row(_until(g, ends, v.name), v, False) for v in lanes]
+    out += [_lane_row(_until(g, ends, v.name), v, words, False) for v in lanes]
     if group:
-        out.append(_aggregate_row(g, group))
-        out += [_lane_row(_until(g, ends, v.name), v, True) for v in group]
+        out.append(_aggregate_row(g, group, words))
+        out += [_lane_row(_until(g, ends, v.name), v, words, True) for v in group]
     out.append("</div></div>")
     return "\n".join(out)

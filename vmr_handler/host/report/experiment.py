@@ -103,8 +103,18 @@ class Facts:
         return f
 
     def last_configured(self) -> Optional[Tuple[str, float]]:
-        """The VM that configured last and when (UTC), among the expected ones when known."""
-        pool = {k: v for k, v in self.configured.items() if not self.expected or k in self.expected}
+        """The VM that configured last and when (UTC) among those the barrier waited for: the
+        expected ones when known, never one the operator excluded or released (it did not hold
+        the start), nor one that configured after the host set the start (a late joiner: it got
+        the start already set, SPEC section 4)."""
+        left_out = set(self.excluded) | set(self.released)
+        pool = {
+            k: v
+            for k, v in self.configured.items()
+            if (not self.expected or k in self.expected)
+            and k not in left_out
+            and (self.set_at is None or v <= self.set_at)
+        }
         if not pool:
             return None
         vm = max(pool, key=lambda k: pool[k])

@@ -4,7 +4,8 @@
 {"timestamp", "type", "id", "data"}}``, ``docs/host.md``) one at a time and keeps per VM a
 :class:`VmTimeline`: spans, markers and counters, each entry run's command line and last
 output lines (:data:`~vmr_handler.host.report.facts.TAIL_LINES`), and KPI series of bounded
-length; the lane's category (:data:`CATEGORIES`, problems first). Each event type the report
+length; and, through the host's one model of a VM
+(:class:`~vmr_handler.host.model.vmstate.VmState`), its state word. Each event type the report
 shows has one small handler method, found through the table :data:`_FOLD`, which takes the
 event's typed payload (:mod:`vmr_handler.core.payloads`; the raw data of the event is at hand
 for the two fields no payload reads: an entry's ``command``, an output ``line``).
@@ -33,7 +34,6 @@ from vmr_handler.core.payloads import (
     EntryFailed,
     EntryInterrupted,
     EntryStarted,
-    ExperimentStarted,
     Kpi,
     Number,
     Output,
@@ -50,8 +50,8 @@ from vmr_handler.core.payloads import (
     StartTimeSet,
     VmFailed,
 )
-from vmr_handler.host.model.stateword import FAILED_RUNS
-from vmr_handler.host.model.vmstate import run_status
+from vmr_handler.host.model.stateword import Presence, reported_word
+from vmr_handler.host.model.vmstate import SCHEDULE_ANSWER, Untold, VmState, run_status
 from vmr_handler.host.report.facts import COMMAND_CHARS, TAIL_CHARS, EntryRun, KpiSeries, Marker, Span
 from vmr_handler.host.report.text import _MAPS, MAX_LABEL, _clean, _num, _num_text
 
@@ -59,18 +59,6 @@ from vmr_handler.host.report.text import _MAPS, MAX_LABEL, _clean, _num, _num_te
 MAX_ITEMS = 5000
 #: An event time further than this from its host receive time (s) is replaced by the latter.
 MAX_SKEW = 86400.0
-#: What a VM's lane is, problems first (:attr:`VmTimeline.category`): the order of the lanes
-#: and of the counts above the timeline.
-CATEGORIES = (
-    "failed", "rejected", "with failures", "interrupted", "at break", "paused", "running",
-    "configured", "configuring", "seen", "no events", "complete",
-)  # fmt: skip
-#: The categories that are problems: their lanes come first.
-PROBLEMS = CATEGORIES[:4]
-#: The ``answers`` of a ``result`` that accepts or rejects the VM's schedule start so
-#: (``host/serve/session/_delivery.py``: the schedule event's id).
-SCHEDULE_ANSWER = "schedule-"
-
 _P = TypeVar("_P", bound=Payload)
 
 
@@ -105,9 +93,11 @@ class VmTimeline:
         configured_at: when the VM reported ``configured`` (its ``at``, UTC).
         vm_start: the start time this VM reported (``start_time_set``), UTC.
         output_lines: output lines of all entries (counted; each run keeps its last few).
-        failures: entry runs that exited non-zero or could not start (``vm_failed`` shows in
-            ``state``). refused: control messages the VM refused. restarts: agent restarts.
-        rejected: the VM's last answer to its schedule was a refusal (``rejection``: why).
+        refused: control messages the VM refused. restarts: agent restarts.
+        rejection: why the VM refused its schedule ("" when it did not).
+        model: the same reports folded by the host's one model of a VM
+            (:class:`~vmr_handler.host.model.vmstate.VmState`): :meth:`word`, :attr:`failures`
+            and :attr:`rejected` read it, so the report says what ``vmr-host status`` says.
         cpu, mem: the VM's ``kpi`` samples, CPU % (of all cores) and memory used % (of
             ``mem_total``), for sparklines.
         dropped: spans/markers over :data:`MAX_ITEMS`, counted only.
@@ -127,24 +117,21 @@ class VmTimeline:
     runs: List[EntryRun] = field(default_factory=list)
     markers: List[Marker] = field(default_factory=list)
     output_lines: int = 0
-    failures: int = 0
     refused: int = 0
     restarts: int = 0
-    rejected: bool = False
     rejection: str = ""
     cpu: KpiSeries = field(default_factory=KpiSeries)
     mem: KpiSeries = field(default_factory=KpiSeries)
-    complete: bool = False
-    failed: bool = False
-    started: bool = False
-    configuring: bool = False
     dropped: int = 0
+    model: VmState = field(init=False, repr=False)
     _open_stage: Dict[Any, Span] = field(default_factory=dict, repr=False)
     _open_pause: Dict[Any, Span] = field(default_factory=dict, repr=False)
     _open_break: Dict[Any, Span] = field(default_factory=dict, repr=False)
     #: break index -> UTC of the RESUME that ended it before its ``break_started`` came (an
     #: agent older than the order "break, then its RESUME"): that break is drawn ended
     _resumed_first: Dict[Any, float] = field(default_factory=dict, repr=False)
+    #: stored RESUME entry index -> (UTC it was applied, the break it ended or None: ignored)
+    stored_resumes: Dict[int, Tuple[float, Optional[int]]] = field(default_factory=dict, repr=False)
     _open_run: Dict[int, EntryRun] = field(default_factory=dict, repr=False)
     _last_run: Dict[int, EntryRun] = field(default_factory=dict, repr=False)
     _agent_seen: bool = field(default=False, repr=False)
@@ -152,47 +139,28 @@ class VmTimeline:
     #: entry's ``command``, an output ``line``)
     _data: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
-    @property
-    def state(self) -> str:
-        """``failed``, ``complete``, ``running``, ``configured``, ``configuring``, ``seen`` or
-        ``no events`` (the furthest the logs show; compare ``vmr-host status`` for live state)."""
-        if self.failed:
-            return "failed"
-        if self.complete:
-            return "complete"
-        if self.started:
-            return "running"
-        if self.configured_at is not None:
-            return "configured"
-        if self.configuring:
-            return "configuring"
-        return "seen" if self.events else "no events"
+    def __post_init__(self) -> None:
+        self.model = VmState(self.name, "", None, Untold())
 
     @property
-    def category(self) -> str:
-        """What the lane is, one of :data:`CATEGORIES`, problems first: ``failed``,
-        ``rejected`` (schedule), ``with failures`` (an entry exited non-zero or could not
-        start), ``interrupted`` (a run was interrupted and the schedule did not complete),
-        ``at break`` / ``paused`` (one is open at the end of the logs), then :attr:`state`."""
-        if self.failed:
-            return "failed"
-        if self.rejected:
-            return "rejected"
-        if self.failures:
-            return "with failures"
-        if not self.complete:
-            if any(r.status == "interrupted" for r in self._last_run.values()):
-                return "interrupted"
-            if self._open_break:
-                return "at break"
-            if self._open_pause:
-                return "paused"
-        return self.state
+    def failures(self) -> int:
+        """Failed entries (docs/host.md, "Terms"): runs that exited non-zero or could not run."""
+        return self.model.failures
 
     @property
-    def problem(self) -> bool:
-        """The lane is a problem (:data:`PROBLEMS`): it comes first."""
-        return self.category in PROBLEMS
+    def rejected(self) -> bool:
+        """The VM's last answer to its schedule was a refusal (:attr:`rejection`: why)."""
+        return self.model.schedule_state == "rejected"
+
+    def word(self, start_time: Optional[float], now: Optional[float] = None) -> str:
+        """The VM's state word (:data:`~vmr_handler.host.model.stateword.STATES`) as its logs
+        tell it at UTC ``now`` (default: its last event), the experiment starting at UTC
+        ``start_time``: the rule of ``vmr-host status``
+        (:func:`~vmr_handler.host.model.stateword.reported_word`) without liveness, which only
+        the running host knows (its live words are passed to the views instead)."""
+        at = now if now is not None else self.last
+        presence = Presence(connected=False, ever=self.events > 0)
+        return reported_word(self.model, start_time, at if at is not None else 0.0, presence)
 
     def latenesses(self) -> List[float]:
         """Lateness (s) of every run of a positive entry that reported one."""
@@ -241,7 +209,9 @@ class VmTimeline:
             self.unreadable += 1
             return
         self._data = data
-        handler(self, t, payload)
+        if handler is not None:
+            handler(self, t, payload)
+        self.model.take(payload, received if received is not None else t)
 
     def _near(self, value: Optional[float], t: float) -> float:
         """``value`` (UTC) if it is within :data:`MAX_SKEW` of ``t``, else ``t``."""
@@ -264,7 +234,6 @@ class VmTimeline:
         self._agent_seen = True
 
     def _on_stage_started(self, t: float, p: StageStarted) -> None:
-        self.configuring = True
         key = _show(p.stage_shown, 20)
         st = _show_number(p.start_time)
         span = Span("stage", t, None, f"stage {st}", [f"stage {st} (#{key})"])
@@ -319,13 +288,11 @@ class VmTimeline:
 
     def _on_entry_exited(self, t: float, p: EntryExited) -> None:
         status = run_status(p) or "error"
-        self.failures += status in FAILED_RUNS  # a failed entry (docs/host.md, "Terms")
         run = self._ended_run(t, p)
         if run is not None:
             run.status = status
 
     def _on_entry_failed(self, t: float, p: EntryFailed) -> None:
-        self.failures += 1  # it could not run: a failed entry
         run = self._ended_run(t, p)
         if run is not None:
             run.status = "failed"
@@ -352,9 +319,6 @@ class VmTimeline:
         start = p.start_time
         if start is not None and abs(start - t) <= MAX_SKEW:
             self.vm_start = start
-
-    def _on_experiment_started(self, t: float, p: ExperimentStarted) -> None:
-        self.started = True
 
     def _on_pause_started(self, t: float, p: PauseStarted) -> None:
         index = _index(p.index)
@@ -387,6 +351,9 @@ class VmTimeline:
 
     def _on_resume_received(self, t: float, p: ResumeReceived) -> None:
         brk = p.ended_break
+        entry = self._data.get("index")
+        if self._data.get("origin") == "schedule entry" and type(entry) is int:
+            self.stored_resumes[entry] = (t, None if p.ignored else brk)
         span = self._open_break.pop(brk, None) if brk is not None else None
         if span is not None:
             span.end = t
@@ -399,7 +366,6 @@ class VmTimeline:
             self._mark("resume", t, f"RESUME received: ended break #{brk}", f"stamped t={_show_number(p.at)}")
 
     def _on_vm_failed(self, t: float, p: VmFailed) -> None:
-        self.failed = True
         for span in self._open_stage.values():  # the stage ends where the VM failed
             span.end, span.kind = t, "failed stage"
             span.tip.append("ended here: the VM failed")
@@ -415,12 +381,8 @@ class VmTimeline:
             _show(p.details),
         )
 
-    def _on_schedule_complete(self, t: float, p: ScheduleComplete) -> None:
-        self.complete = True
-
     def _on_result(self, t: float, p: Result) -> None:
         if p.answers.startswith(SCHEDULE_ANSWER):  # the VM's answer to its schedule
-            self.rejected = not p.ok
             self.rejection = _clean(p.details or "", MAX_LABEL) if not p.ok else ""
             if not p.ok:
                 self._mark("rejected", t, "schedule rejected", self.rejection)
@@ -468,17 +430,17 @@ _Fold = Callable[[VmTimeline, float, Any], None]
 
 
 def _on(
-    kind: Type[_P], fold: Callable[[VmTimeline, float, _P], None]
-) -> Tuple[str, Tuple[Type[Payload], _Fold]]:
+    kind: Type[_P], fold: Optional[Callable[[VmTimeline, float, _P], None]]
+) -> Tuple[str, Tuple[Type[Payload], Optional[_Fold]]]:
     """A row of :data:`_FOLD`: ``kind``'s event type, and its payload class with the method
-    that folds it."""
+    that folds it (None: only :attr:`VmTimeline.model` folds it)."""
     return kind.TYPE, (kind, fold)
 
 
 #: Event type -> the payload class its data is parsed as, and the :class:`VmTimeline` method
 #: that folds it ``(timeline, t, payload)``; the report ignores (and does not parse) every other
 #: type.
-_FOLD: Dict[str, Tuple[Type[Payload], _Fold]] = dict(
+_FOLD: Dict[str, Tuple[Type[Payload], Optional[_Fold]]] = dict(
     [
         _on(AgentStarted, VmTimeline._on_agent_started),
         _on(StageStarted, VmTimeline._on_stage_started),
@@ -491,14 +453,13 @@ _FOLD: Dict[str, Tuple[Type[Payload], _Fold]] = dict(
         _on(RebootRequested, VmTimeline._on_reboot_requested),
         _on(Configured, VmTimeline._on_configured),
         _on(StartTimeSet, VmTimeline._on_start_time_set),
-        _on(ExperimentStarted, VmTimeline._on_experiment_started),
         _on(PauseStarted, VmTimeline._on_pause_started),
         _on(BreakStarted, VmTimeline._on_break_started),
         _on(PauseEnded, VmTimeline._on_pause_ended),
         _on(ResumeReceived, VmTimeline._on_resume_received),
         _on(VmFailed, VmTimeline._on_vm_failed),
         _on(ControlRefused, VmTimeline._on_control_refused),
-        _on(ScheduleComplete, VmTimeline._on_schedule_complete),
+        _on(ScheduleComplete, None),
         _on(Result, VmTimeline._on_result),
         _on(KpiShown, VmTimeline._on_kpi),
     ]

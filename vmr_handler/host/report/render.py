@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from vmr_handler.core.errors import InternalError
 from vmr_handler.core.fsutil import utc_text
-from vmr_handler.host.report.chart import COLLAPSE_OVER, fragment, order
+from vmr_handler.host.report.chart import COLLAPSE_OVER, fragment, lane_words, order
 from vmr_handler.host.report.experiment import Facts
 from vmr_handler.host.report.fold import ExperimentTimeline, VmTimeline
 from vmr_handler.host.report.table import facts_html, vm_table
@@ -61,6 +61,7 @@ def timeline_fragment(
     now: Optional[float] = None,
     table_id: Optional[str] = None,
     ends: Optional[Mapping[str, float]] = None,
+    live: Optional[Mapping[str, str]] = None,
 ) -> str:
     """The timeline as an HTML fragment, no ``<html>``/``<head>``, no script, no style (the page
     loads ``static/timeline.css`` and ``static/timeline.js`` and calls
@@ -75,6 +76,8 @@ def timeline_fragment(
         table_id: the id of a table whose ``tr[data-vm]`` rows the filter also applies to.
         ends: VM -> UTC epoch seconds up to which that VM's open spans are drawn when earlier
             than ``now`` (a ``lost`` VM's: when its agent was last heard from).
+        live: VM -> its state word as the running host says it (the console: liveness
+            included); a VM not in it gets the word its logs tell.
 
     Returns:
         ``<div class="vmr-tl" data-t0 data-t1 data-x0 data-x1 data-origin [data-start]
@@ -84,7 +87,7 @@ def timeline_fragment(
         :data:`~vmr_handler.host.report.chart.COLLAPSE_OVER` VMs, those that need no one are
         collapsed behind one aggregate lane. Well-formed XML.
     """
-    text = fragment(timeline, Facts.read(experiment, timeline), now, ends)
+    text = fragment(timeline, Facts.read(experiment, timeline), now, ends, live)
     if table_id:
         text = text.replace('<div class="vmr-tl', f'<div data-table="{_esc(table_id)}" class="vmr-tl', 1)
     return text
@@ -116,7 +119,9 @@ def render_html(
     facts = Facts.read(experiment, timeline)
     heading = facts.name or title or DEFAULT_TITLE
     vms = list(timeline.vms.values()) + [VmTimeline(n) for n in facts.expected if n not in timeline.vms]
-    rows, _ = order(vms, False)
+    last_times = [v.last for v in vms if v.last is not None]
+    words = lane_words(vms, facts.start, max(last_times) if last_times else None)
+    rows, _ = order(vms, words, False)
     gen = f"report made {utc_text(generated_at)}; " if generated_at is not None else ""
     src = f"logs: {_esc(source, 300)}; " if source else ""
     hint = "click a count to show only those VMs, hover or click a bar for details, wheel on the axis to zoom"
@@ -140,7 +145,7 @@ def render_html(
             "<h2>Experiment</h2>",
             facts_html(facts, vms, notes),
             "<h2>VMs</h2>",
-            vm_table(rows, facts, TABLE_ID),
+            vm_table(rows, facts, words, TABLE_ID),
             f"<script>{script}</script>",
             '<script>VmrTimeline.attach(document.querySelector(".vmr-tl"));</script>',
             "</body></html>",

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 from vmr_handler.core.fsutil import utc_text
+from vmr_handler.host.model.stateword import spoken
 from vmr_handler.host.report.facts import EntryRun, Marker, Span
 from vmr_handler.host.report.fold import VmTimeline
 from vmr_handler.host.report.text import _esc, _rel, _secs
@@ -212,9 +213,9 @@ def _markers(out: List[str], g: Lanes, name: str, markers: List[Marker]) -> None
         out.append(marker(m.kind, g.x(m.at), cy, size, tip, g.x.rel(m.at), g.lane_h))
 
 
-def lane_tip(v: VmTimeline) -> List[str]:
-    """The lane's own tooltip: name, category, counters."""
-    lines = [v.name, f"state: {v.state}" + (f" ({v.category})" if v.category != v.state else "")]
+def lane_tip(v: VmTimeline, word: str) -> List[str]:
+    """The lane's own tooltip: name, state word (``word``), counters."""
+    lines = [v.name, f"state: {spoken(word)}"]
     if v.rejection:
         lines.append(f"schedule rejected: {v.rejection}")
     done = sum(1 for r in v.runs if r.end is not None)
@@ -224,7 +225,7 @@ def lane_tip(v: VmTimeline) -> List[str]:
     return lines
 
 
-def lane_svg(g: Lanes, v: VmTimeline) -> str:
+def lane_svg(g: Lanes, v: VmTimeline, word: str) -> str:
     """One VM's lane: ``<svg class="tl-plot">`` holding ``<g class="lane" data-vm>`` with a
     background rect (the lane's tooltip), pauses, breaks, stages, entry runs, lateness stubs
     and markers, in that order (later ones on top)."""
@@ -232,7 +233,7 @@ def lane_svg(g: Lanes, v: VmTimeline) -> str:
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="tl-plot" height="{g.lane_h:g}">',
         f'<g class="lane" data-vm="{html.escape(name)}">',
-        f'<rect class="bg" x="0" y="0" width="100%" height="{g.lane_h:g}">{title(lane_tip(v))}</rect>',
+        f'<rect class="bg" x="0" y="0" width="100%" height="{g.lane_h:g}">{title(lane_tip(v, word))}</rect>',
     ]
     stage_h = _spans(out, g, name, v)
     _runs(out, g, name, v, stage_h)

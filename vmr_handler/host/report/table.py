@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import html
 import statistics
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 from vmr_handler.core.fsutil import utc_text
+from vmr_handler.host.model.stateword import is_problem, spoken
 from vmr_handler.host.report.experiment import Facts
 from vmr_handler.host.report.facts import KpiSeries
 from vmr_handler.host.report.fold import MAX_ITEMS, VmTimeline
@@ -67,8 +68,11 @@ def _notes(v: VmTimeline, facts: Facts) -> List[str]:
     return notes
 
 
-def vm_table(vms: Sequence[VmTimeline], facts: Facts, table_id: str = "vmr-vms") -> str:
-    """One row per VM, in the order given (the lanes' order): state (the lane's category),
+def vm_table(
+    vms: Sequence[VmTimeline], facts: Facts, words: Mapping[str, str], table_id: str = "vmr-vms"
+) -> str:
+    """One row per VM, in the order given (the lanes' order): state (``words``: VM -> its
+    state word, :func:`~vmr_handler.host.report.chart.lane_words`),
     configured at, stages, entries ended/started, lateness max and p50, failures, output lines,
     CPU % and memory % sparklines, last seen, notes. A problem row has class ``problem``; every
     row ``data-vm`` and ``data-cat`` (the timeline's filter applies to them)."""
@@ -84,10 +88,10 @@ def vm_table(vms: Sequence[VmTimeline], facts: Facts, table_id: str = "vmr-vms")
         if v.configured_at is not None:
             conf = f"{utc_text(v.configured_at)} {_rel(v.configured_at, facts.start)}"
         done = sum(1 for r in v.runs if r.end is not None)
-        cls = ' class="problem"' if v.problem else ""
-        name, cat = html.escape(v.name), html.escape(v.category)
+        cls = ' class="problem"' if is_problem(words[v.name], v.failures) else ""
+        name, cat = html.escape(v.name), html.escape(words[v.name])
         rows.append(
-            f'<tr{cls} data-vm="{name}" data-cat="{cat}"><td>{name}</td><td>{cat}</td><td>{conf}</td>'
+            f'<tr{cls} data-vm="{name}" data-cat="{cat}"><td>{name}</td><td>{spoken(cat)}</td><td>{conf}</td>'
             f'<td class="n">{len(v.stages)}</td><td class="n">{done}/{len(v.runs)}</td>'
             f'<td class="n">{_secs(max(late)) if late else "-"}</td>'
             f'<td class="n">{_secs(statistics.median(late)) if late else "-"}</td>'

@@ -13,6 +13,7 @@ General layout (import rule: ``server > channels | control_api | http > experime
     http/        VM-resource files and transfers over HTTP(S)
     files/       resources in, transfers out: confined, hashed
 
-May import: ``host.model``, ``host.logs``, ``transports``, ``core``. Known exceptions (to
-move): ``server`` starts ``host.console`` (``--console``) and takes two names from ``host.cli``.
+May import: ``host.model``, ``host.logs``, ``host.control``, ``transports``, ``core``. What
+runs alongside (the console of ``--console``) is handed to ``server`` by the command
+(``host.cli.serve``) as a ``Companion``.
 """

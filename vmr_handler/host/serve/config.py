@@ -139,6 +139,8 @@ class VmSpec:
             may request).
         drops: ``(filename, entry indices)`` of the schedule's own drops, by name (what
             ``serve`` and ``check`` list when a file is missing).
+        destinations: ``(location, destination)`` of the schedule's transfers that name a
+            destination directory on the host (:mod:`vmr_handler.host.serve.files.destinations`).
     """
 
     name: str
@@ -148,6 +150,7 @@ class VmSpec:
     format: str
     filenames: FrozenSet[str] = frozenset()
     drops: Tuple[Tuple[str, Tuple[int, ...]], ...] = ()
+    destinations: Tuple[Tuple[str, str], ...] = ()
 
 
 @dataclass

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from vmr_handler import __version__
-from vmr_handler.core.control import Handler
 from vmr_handler.core.errors import EntryNotRunning, RequestRefused, VmNotConnected
 from vmr_handler.core.readable import duration, few_names, unknown_text
 from vmr_handler.core.schedule.appended import read_batch
@@ -20,6 +19,9 @@ from vmr_handler.core.schedule.model import entry_drops
 from vmr_handler.host.control.commands import COMMANDS, ControlCommand, validate
 from vmr_handler.host.serve.experiment.appendbook import issue_batch
 from vmr_handler.host.serve.experiment.experiment import Experiment
+
+if TYPE_CHECKING:
+    from vmr_handler.core.control import Handler
 
 #: Per target VM, the ``{filename: {"size", "sha256"}}`` of the files a batch drops, from the
 #: target VMs and the batch's drops (file name -> entry indices); raises ``ResourcesMissing``.

@@ -25,7 +25,7 @@ import contextlib
 import functools
 import logging
 import os
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set
+from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Set
 
 from vmr_handler import __version__
 from vmr_handler.core.clock import Clock, SystemClock
@@ -62,6 +62,26 @@ log = logging.getLogger("vmr_handler.host")
 LOCK_FILE = "vmr-host.lock"
 
 
+class Companion(Protocol):
+    """A service run alongside the serving process on its event loop (the operators' console
+    of ``--console``): started once the channels serve, closed when the host stops."""
+
+    async def start(self) -> None:
+        """Start serving (bind its address...).
+
+        Raises:
+            HostSetupError: it cannot start; the host stops with this error.
+        """
+
+    async def close(self) -> None:
+        """Stop serving and let go of what it holds."""
+
+
+#: Makes a :class:`Companion` once the control API exists: ``make(experiment, control_api)``,
+#: called in :meth:`HostServer.run` (so a companion's imports are paid only when it runs).
+CompanionFactory = Callable[[Experiment, ControlApi], Companion]
+
+
 class HostServer:
     """Serves every VM of ``config`` on one event loop.
 
@@ -76,6 +96,8 @@ class HostServer:
         clock: the host's clock, handed to every part with a timing rule (the experiment, the
             sessions, the event maker, the channels): :class:`~vmr_handler.core.clock.SystemClock`
             by default.
+        companions: services run alongside, in order, once the channels serve (the CLI hands in
+            the console's with ``--console``); closed in reverse order when the host stops.
     """
 
     def __init__(
@@ -83,6 +105,7 @@ class HostServer:
         config: HostConfig,
         channels: Callable[[HostConfig, Experiment], Channels],
         clock: Optional[Clock] = None,
+        companions: Sequence[CompanionFactory] = (),
     ) -> None:
         self.config = config
         self.limits = config.limits
@@ -100,6 +123,7 @@ class HostServer:
             schedule_lookup(config.vms, config.allow_classes, appends),
             self.resources,
             self.events,
+            specs=config.vms,
         )  # on_host entries, reached by the sessions through the experiment
         self.experiment = Experiment(
             config, self.sessions, self.clock, appends, self.host_entries, broker_publisher(config)
@@ -109,7 +133,8 @@ class HostServer:
         self._opened = False
         self._tasks: List[asyncio.Task[None]] = []
         self._control: Optional[ControlServer] = None
-        self.console: Any = None  # the Console with --console (host.console.app, imported then)
+        self._companion_factories = tuple(companions)
+        self.companions: List[Companion] = []  # started, in order
         self._lock_fd: Optional[int] = None
 
     @property
@@ -331,8 +356,11 @@ class HostServer:
             if self.http is not None:
                 self.http.start(self._http_notes(asyncio.get_running_loop()))
             await self.channels.start(stop)
-            if self.config.console is not None:  # after the channels: its first fold must not delay the VMs
-                await self._start_console(api)
+            # after the channels: the console's first fold must not delay the VMs
+            for make in self._companion_factories:
+                companion = make(self.experiment, api)
+                self.companions.append(companion)
+                await companion.start()
             self._tasks.append(asyncio.ensure_future(self._ticker()))
             log.info(
                 "vmr-host %s serving %d VM(s) (%s mode, %s); barrier waits for %s",
@@ -345,20 +373,6 @@ class HostServer:
             await stop.wait()
         finally:
             await self._shutdown()
-
-    async def _start_console(self, api: ControlApi) -> None:
-        """``--console``: the operators' web page, REST API and metrics.
-
-        Raises:
-            HostSetupError: its address cannot be bound, its certificate or token not loaded.
-        """
-        from vmr_handler.host.console.app import Console
-        from vmr_handler.host.console.live import LiveExperiment
-
-        assert self.config.console is not None
-        live = LiveExperiment(self.experiment, self.mode)
-        self.console = Console(self.config.console, self.config.logs, live, api)
-        await self.console.start()
 
     def _http_notes(self, loop: asyncio.AbstractEventLoop) -> NoteFn:
         """The thread-safe ``note`` of the HTTP resource server: on the loop, a download or a
@@ -401,8 +415,8 @@ class HostServer:
 
     async def _shutdown(self) -> None:
         await self.host_entries.close()  # their trees killed while the VMs' logs and links are open
-        if self.console is not None:
-            await self.console.close()
+        for companion in reversed(self.companions):
+            await companion.close()
         if self.http is not None:
             await asyncio.to_thread(self.http.stop)
         for s in self.sessions.values():

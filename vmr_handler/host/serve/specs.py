@@ -46,7 +46,7 @@ def check_specs(schedules: str, allow: Sequence[str]) -> Tuple[Dict[str, VmSpec]
     except OSError as exc:
         raise UsageError(f"cannot read --schedules {schedules}: {exc.strerror}") from exc
     from vmr_handler.core.schedule.loader import format_label, read_schedule  # serve only: a quick CLI
-    from vmr_handler.core.schedule.model import entry_drops
+    from vmr_handler.core.schedule.model import entry_destinations, entry_drops
 
     specs: Dict[str, VmSpec] = {}
     problems: List[str] = []
@@ -75,7 +75,9 @@ def check_specs(schedules: str, allow: Sequence[str]) -> Tuple[Dict[str, VmSpec]
             continue
         drops = entry_drops(schedule.entries)
         fmt, digest = schedule.source_format, schedule.digest
-        specs[stem] = VmSpec(stem, path, data, digest, fmt, frozenset(drops), tuple(sorted(drops.items())))
+        where = entry_destinations(schedule.entries)
+        by_name = tuple(sorted(drops.items()))
+        specs[stem] = VmSpec(stem, path, data, digest, fmt, frozenset(drops), by_name, where)
     if not seen:
         raise UsageError(f"no schedules (<vm>{'|'.join(SCHEDULE_SUFFIXES)}) in {schedules}")
     return specs, problems

@@ -174,16 +174,34 @@ def _hold_dict(span: Span) -> Dict[str, Any]:
     return {"kind": span.kind, "start": span.start, "end": span.end}
 
 
-def entry_rows(schedule: Any, timeline: VmTimeline, resumes: List[Tuple[float, int]]) -> List[Dict[str, Any]]:
+def _resumed(timeline: VmTimeline, index: int) -> Optional[Dict[str, Any]]:
+    """What a stored RESUME entry did when the agent applied it: ``{"at": UTC, "ended_break":
+    index or None (ignored: no active break)}``; None for another entry, or not applied yet."""
+    done = timeline.stored_resumes.get(index)
+    return None if done is None else {"at": done[0], "ended_break": done[1]}
+
+
+def entry_rows(
+    schedule: Any, timeline: VmTimeline, resumes: List[Tuple[float, int]], base: Optional[int] = None
+) -> List[Dict[str, Any]]:
     """One row per entry: ``index``, ``start_time``, ``kind``, ``stage``, ``fire_at`` (planned
     experiment seconds with the RESUMEs received; None: after a break no RESUME ended),
-    ``command``, ``runs`` (each run's status, start/end UTC, exit code, lateness) and ``holds``
-    (the pause/break spans it caused). Pure."""
+    ``command``, ``runs`` (each run's status, start/end UTC, exit code, lateness), ``holds``
+    (the pause/break spans it caused) and ``resumed`` (a stored RESUME: :func:`_resumed`). Pure.
+
+    ``base``: how many entries the delivered schedule has (the others were appended: ``schedule
+    add``, ``exec``, ``push``, ``pull``). The stages of those are numbered as the agent numbered
+    them, from the delivered schedule alone: an appended negative entry (``exec`` runs at
+    ``-100000``) never renumbers them; an appended entry's stage is None here (the agent's
+    answer gives it, :func:`with_appended`).
+    """
     from vmr_handler.core.schedule.commands import command_lines
     from vmr_handler.core.timeline import build_plan
 
     ordered = sorted(resumes)
     plan = build_plan(schedule.entries, [at for at, _n in ordered], [n for _at, n in ordered])
+    delivered = schedule.entries if base is None else schedule.entries[:base]
+    stages = {p.index: p.stage for p in build_plan(delivered).entries}
     commands = command_lines(schedule.entries, LAUNCH_DIR)
     runs: Dict[int, List[EntryRun]] = {}
     for run in timeline.runs:
@@ -197,11 +215,12 @@ def entry_rows(schedule: Any, timeline: VmTimeline, resumes: List[Tuple[float, i
             "index": p.index,
             "start_time": p.start_time if math.isfinite(p.start_time) else str(p.start_time),
             "kind": p.kind.value,
-            "stage": p.stage,
+            "stage": stages.get(p.index),
             "fire_at": p.fire_at if p.fire_at is None or math.isfinite(p.fire_at) else str(p.fire_at),
             "command": commands.get(p.index),
             "runs": [_run_dict(r) for r in runs.get(p.index, [])],
             "holds": [_hold_dict(s) for s in holds.get(p.index, [])],
+            "resumed": _resumed(timeline, p.index),
         }
         for p in plan.entries
     ]
@@ -222,6 +241,13 @@ def outcome_text(row: Mapping[str, Any], start: Optional[float]) -> str:
         if h["end"] is None:
             return f"{h['kind']} since {when(h['start'], start)}"
         return f"{h['kind']} {when(h['start'], start)} to {when(h['end'], start)}"
+    if row.get("resumed"):
+        r = row["resumed"]
+        if r["ended_break"] is None:
+            return f"ignored (no active break) at {when(r['at'], start)}"
+        return f"ended break #{r['ended_break']} at {when(r['at'], start)}"
+    if row["kind"] == "resume":
+        return "not applied yet"
     if row["kind"] in ("pause", "break", "negative", "positive"):
         return "not run yet" if row["kind"] in ("negative", "positive") else "not reached yet"
     return "-"
@@ -274,7 +300,7 @@ def cmd_schedule_show(args: argparse.Namespace) -> int:
     for rec in records:
         timeline.add(rec)
     start = start_time(args.logs)
-    rows = entry_rows(schedule, timeline, _received_resumes(records, base))
+    rows = entry_rows(schedule, timeline, _received_resumes(records, base), base)
     for row in rows:
         row["stage"] = appended_stages.get(row["index"], row["stage"])
     if args.json:

@@ -317,7 +317,9 @@
     for (const [state, n] of Object.entries(x.counts || {})) {
       html += `<button type="button" class="chip st-${esc(state)}${S.states.has(state) ? ' on' : ''}" data-chip="state" data-state="${esc(state)}">${esc(stateWord(state))}<b>${esc(n)}</b></button>`;
     }
-    html += `<span class="muted">${esc(x.connected)} connected</span>`;
+    html += Live.goneAt !== null  // nothing is known to be connected to a host that is gone
+      ? `<span class="muted">${esc(x.connected)} connected as of ${esc(fmtWhen(Live.goneAt, true))}</span>`
+      : `<span class="muted">${esc(x.connected)} connected</span>`;
     $('chips').innerHTML = html;
   }
 
@@ -370,7 +372,7 @@
   const orNone = (v) => (isNum(v) ? v : -Infinity);
   const KEYS = {
     state: stateRank,
-    stage: (r) => r.stage || '',
+    where: (r) => r.where || '',
     hold: (r) => (r.at_break != null ? 2 : r.paused != null ? 1 : 0),
     running: (r) => r.running || 0,
     failures: (r) => r.failures || 0,
@@ -422,7 +424,7 @@
     return `<tr data-vm="${esc(r.vm)}" data-state="${esc(r.state)}" class="${cls}">`
       + `<td title="${esc(r.vm)}"><button type="button" class="link">${esc(r.vm)}</button></td>`
       + `<td><span class="state st-${esc(r.state)}">${esc(stateWord(r.state))}</span></td>`
-      + `<td class="stage" title="${esc(r.stage || '')}">${esc(r.stage || '')}</td>`
+      + `<td class="where" title="${esc(r.where || '')}">${esc(r.where || '')}</td>`
       + `<td>${hold}</td>`
       + `<td class="num">${r.running ? esc(r.running) : ''}</td>`
       + `<td class="num${r.failures ? ' bad' : ''}">${fails}</td>`
@@ -945,6 +947,7 @@
     if (Live.goneAt === null) return;
     Live.goneAt = null;
     tick();
+    renderChips();
   }
 
   /** The stream dropped and a reconnection found no host: say so plainly, stop the clock at the
@@ -953,6 +956,7 @@
     if (Live.goneAt === null) {
       Live.goneAt = Live.lastByte ? Live.lastByte / 1000 + S.offset : Date.now() / 1000 + S.offset;
       tick();
+      renderChips();
       refreshAges();
     }
     setConn('gone', `vmr-host is gone: nothing since ${fmtWhen(Live.goneAt, true)}; `

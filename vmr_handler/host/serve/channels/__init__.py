@@ -7,6 +7,7 @@ General layout::
     streams       unix stream sockets, listen or connect
     mqtt          every VM's session over one broker connection
     mqtt_options  the MQTT flags of ``vmr-host serve``
+    _waits        their waits on the host's clock: pacing pauses, the reconnect back-off
 
 May import: ``host.serve.experiment``, ``host.serve.session``, ``host.serve.config``,
 ``transports``, ``core``.

@@ -68,7 +68,7 @@ def open_channels(config: HostConfig, experiment: Experiment) -> Channels:
     """The channels of ``config``'s mode for the VMs of ``experiment.sessions``."""
     if config.mqtt is not None:
         return BrokerChannels(config, experiment)
-    return StreamChannels(config, experiment.sessions)
+    return StreamChannels(config, experiment.sessions, experiment.clock)
 
 
 class BrokerChannels:

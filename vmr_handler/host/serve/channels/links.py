@@ -20,9 +20,10 @@ import logging
 from collections import deque
 from typing import Callable, Deque, Optional
 
-from vmr_handler.core.clock import Clock, SystemClock
+from vmr_handler.core.clock import Clock
 from vmr_handler.core.errors import ChannelClosed, LinkLost
 from vmr_handler.core.ratelimit import TokenBucket
+from vmr_handler.host.serve.channels._waits import pause
 from vmr_handler.host.serve.session.session import VmSession
 from vmr_handler.transports.base import ByteChannel
 
@@ -44,9 +45,10 @@ class ChannelLink:
         on_overflow: called once when that happens (before the close).
         name: the VM, for the log of an unexpected write error.
         budget: bytes per second the peer is sent (:meth:`drain` waits while over it), for
-            a transport that accepts whatever is written (a broker); None: no pacing.
+            a transport that accepts whatever is written (a broker); None: no pacing. Its
+            times are ``clock``'s monotonic seconds.
         max_pace: longest wait of one :meth:`drain` for the budget, seconds.
-        clock: the host's clock the budget is charged on (``SystemClock`` by default).
+        clock: the host's clock: the budget is charged and its waits are counted on it.
     """
 
     def __init__(
@@ -57,10 +59,11 @@ class ChannelLink:
         name: str = "",
         budget: Optional[TokenBucket] = None,
         max_pace: float = 5.0,
-        clock: Optional[Clock] = None,
+        *,
+        clock: Clock,
     ) -> None:
         self.channel = channel
-        self._clock: Clock = clock or SystemClock()
+        self._clock = clock
         self.limit = limit
         self.on_overflow = on_overflow
         self.name = name
@@ -113,7 +116,9 @@ class ChannelLink:
         self._wake.set()
 
     async def drain(self) -> None:
-        """Wait until what was queued so far is written, then while over the download budget.
+        """Wait until what was queued so far is written, then, given a budget, while it is in
+        debt for the bytes queued since the last drain: ``min(debt / rate, max_pace)``
+        seconds on the clock.
 
         Raises:
             LinkLost: the link is or gets closed before those bytes are written.
@@ -127,7 +132,7 @@ class ChannelLink:
         if self._budget is not None:
             wait = self._budget.spend(self._clock.monotonic(), self._unpaced)
             self._unpaced = 0
-            await asyncio.sleep(min(wait, self._max_pace))
+            await pause(self._clock, min(wait, self._max_pace))
 
     def close(self) -> None:
         """Close the link: nothing more is queued; what is queued is still written (as a
@@ -178,8 +183,9 @@ class SessionReader:
         session: the VM's session (``link`` attached to it).
         channel: where its bytes come from.
         link: the session's link over ``channel``.
-        pause: seconds to wait after ``n`` bytes were read (the VM's rates); None when the
-            transport cannot pause one VM and drops its excess before the channel instead.
+        pause: seconds to wait after ``n`` bytes were read (the VM's rates), at most
+            :data:`MAX_READ_PAUSE` at a time on the session's clock; None when the transport
+            cannot pause one VM and drops its excess before the channel instead.
     """
 
     def __init__(
@@ -210,7 +216,7 @@ class SessionReader:
                 wait = self.pause(len(data)) if self.pause is not None else 0.0
                 # always yield: with bytes already buffered, read() returns without letting
                 # any other VM's reader run, so a flooding VM would hold the loop
-                await asyncio.sleep(min(wait, MAX_READ_PAUSE) if wait > 0 else 0)
+                await pause(self.session.clock, min(wait, MAX_READ_PAUSE))
             self.reason = "closed by host"
         except ChannelClosed as exc:
             if isinstance(exc.__cause__, OSError):  # the connection failed, not just ended

@@ -42,13 +42,12 @@ import logging
 import socket
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Protocol, Set, Tuple
 
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
-
-from vmr_handler.core.clock import Clock, SystemClock
+from vmr_handler.core.clock import Clock
 from vmr_handler.core.events import Event
 from vmr_handler.core.ratelimit import TokenBucket
 from vmr_handler.core.wire.protocol import encode_message
 from vmr_handler.core.wire.runs import EVERY_VM_OF_RUN
+from vmr_handler.host.serve.channels._waits import backoff, pause
 from vmr_handler.host.serve.channels.links import ChannelLink, SessionReader
 from vmr_handler.host.serve.config import HostConfig
 from vmr_handler.host.serve.experiment.barrier import Barrier
@@ -127,9 +126,11 @@ class MqttService:
     barrier).
         options: broker, experiment and the host's credentials.
         host_id: this host's name in its client id (``vmr-host-<experiment>-<host_id>``).
-        reconnect: (initial, max) seconds of the reconnect backoff.
-        clock: the host's clock (frame times, the signed start's refresh; ``SystemClock`` by
-            default).
+        reconnect: (initial, max) seconds of the reconnect backoff: a failed attempt is retried
+            after ``min(initial * 2 ** (n - 1) + U(0, initial), max)`` seconds (``n``: the
+            failures in a row), a lost connection after ``initial`` seconds.
+        clock: the host's clock (frame times, the signed start's refresh, the reconnect
+            waits, the VMs' download pacing).
     """
 
     def __init__(
@@ -138,10 +139,11 @@ class MqttService:
         options: MqttOptions,
         host_id: Optional[str] = None,
         reconnect: Tuple[float, float] = (0.2, 5.0),
-        clock: Optional[Clock] = None,
+        *,
+        clock: Clock,
     ) -> None:
         self.server = server
-        self.clock: Clock = clock or SystemClock()
+        self.clock = clock
         self.options = options
         self.experiment = check_name("experiment", options.experiment)
         self.host_id = check_name("host id", host_id or socket.gethostname())
@@ -169,16 +171,7 @@ class MqttService:
         initial, maximum = self.reconnect
         first = True
         while True:
-            async for attempt in AsyncRetrying(
-                wait=wait_exponential_jitter(initial=initial, max=maximum, jitter=initial),
-                retry=retry_if_exception_type(OSError),
-                before_sleep=lambda rs: log.warning(
-                    "broker %s: %s; retrying",
-                    self.options.broker,
-                    rs.outcome.exception() if rs.outcome else "",
-                ),
-                reraise=True,
-            ):
+            async for attempt in backoff(self.clock, initial, maximum, self._note_failure):
                 with attempt:
                     bridge = PahoBridge(
                         self.options,
@@ -210,7 +203,12 @@ class MqttService:
                 await self._end_all("broker connection lost")
                 bridge.close()
                 self.bridge = None
-            await asyncio.sleep(initial)
+            await pause(self.clock, initial)
+
+    def _note_failure(self, retry_state: Any) -> None:
+        """A connection attempt failed: say why (each time: the broker is the host's only link)."""
+        exc = retry_state.outcome.exception() if retry_state.outcome else ""
+        log.warning("broker %s: %s; retrying", self.options.broker, exc)
 
     async def _serve(self, bridge: PahoBridge) -> None:
         handled = 0

@@ -23,10 +23,10 @@ import socket
 import stat
 from typing import Any, Dict, List, Optional
 
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
-
+from vmr_handler.core.clock import Clock
 from vmr_handler.core.control import socket_problem
 from vmr_handler.core.errors import HostSetupError
+from vmr_handler.host.serve.channels._waits import backoff, pause
 from vmr_handler.host.serve.channels.links import serve_channel
 from vmr_handler.host.serve.config import HostConfig
 from vmr_handler.host.serve.session.session import VmSession
@@ -43,14 +43,21 @@ def channel_path(channels: str, vm: str) -> str:
 class StreamChannels:
     """Every VM's channel socket, listened on or connected to (``config.connect``).
 
+    In connect mode a failed attempt is retried after ``min(initial * 2 ** (n - 1) + U(0,
+    initial), max)`` seconds (``config.reconnect``; ``n``: the failures in a row), and a
+    connection that ends is followed by ``initial`` seconds before the next attempt; both on
+    ``clock``.
+
     Args:
         config: the channels directory, the mode, the reconnect backoff and the limits.
         sessions: VM name -> its session (filled before :meth:`start`).
+        clock: the host's clock the reconnect waits are counted on.
     """
 
-    def __init__(self, config: HostConfig, sessions: Dict[str, VmSession]) -> None:
+    def __init__(self, config: HostConfig, sessions: Dict[str, VmSession], clock: Clock) -> None:
         self.config = config
         self.sessions = sessions
+        self.clock = clock
         #: why serving stopped by itself (never: the sockets are retried or refused at start)
         self.fatal: Optional[str] = None
         self._servers: List[asyncio.AbstractServer] = []
@@ -145,17 +152,12 @@ class StreamChannels:
 
             reader: Optional[asyncio.StreamReader] = None
             writer: Optional[asyncio.StreamWriter] = None
-            async for attempt in AsyncRetrying(
-                wait=wait_exponential_jitter(initial=initial, max=maximum, jitter=initial),
-                retry=retry_if_exception_type(OSError),
-                before_sleep=note_failure,
-                reraise=True,
-            ):
+            async for attempt in backoff(self.clock, initial, maximum, note_failure):
                 with attempt:
                     reader, writer = await asyncio.open_unix_connection(path)
             assert reader is not None and writer is not None
             await serve_channel(self.sessions[vm], UnixChannel(reader, writer))
-            await asyncio.sleep(initial)
+            await pause(self.clock, initial)
 
 
 def _clear_stale_socket(path: str) -> None:

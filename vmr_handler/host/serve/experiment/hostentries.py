@@ -11,10 +11,12 @@ once the program ended (``status``, ``details``, ``exit_code``, ``signal``, ``re
 * Without ``vmr-host serve --host-entries`` every request is refused (``refused: true``) and
   the VM's log says why once (``entry_skipped``, ``status: error``): a schedule could
   otherwise run code on the host.
-* The program (:meth:`HostEntryRunner.command`): an absolute path; ``minimega`` with its
-  arguments (``minimega -e ARGS``, found on the host's PATH); or a file of the host's
-  ``--resources`` directory (confined as resources are: no ``..``, no symlink out). The
-  arguments are the entry's string split as a shell would (``shlex``), never run by a shell.
+* The program and its environment (:mod:`~vmr_handler.host.serve.experiment.onhost`): an
+  absolute path; ``minimega`` with its arguments (``minimega -e ARGS``, found on the host's
+  PATH); or a file of the host's ``--resources`` directory (confined as resources are: no
+  ``..``, no symlink out; made executable in a copy when its drop says ``executable: true``).
+  The arguments are the entry's string split as a shell would (``shlex``), never run by a
+  shell. The environment carries FIREWHEEL 3.1.0's ``FIREWHEEL_*`` variables.
 * It runs as an asyncio subprocess on the host's loop (:class:`~vmr_handler.core.processes.ProcessRunner`)
   in ``<logs>/host_entries/<vm>/<index>/``, at most :data:`MAX_PER_VM` per VM and
   :data:`MAX_TOTAL` in all at once (more wait their turn). Its start, output and end are
@@ -36,8 +38,6 @@ import json
 import logging
 import os
 import shlex
-import shutil
-import stat
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
@@ -56,6 +56,7 @@ from vmr_handler.core.wire.protocol import result_data
 from vmr_handler.host.logs.store import atomic_write_json
 from vmr_handler.host.serve.config import VmSpec
 from vmr_handler.host.serve.experiment.appendbook import AppendBook
+from vmr_handler.host.serve.experiment.onhost import host_command, host_entry_env
 from vmr_handler.host.serve.files.resources import ResourceStore
 from vmr_handler.host.serve.session.api import HostEntrySink, HostEvents
 
@@ -215,6 +216,8 @@ class HostEntryRunner:
         events: the host's event maker (and its clock).
         per_vm, total: processes at once per VM and in all.
         path: the PATH ``minimega`` is looked up on (None: this process's).
+        specs: the served VMs (their schedule files, told to the entries in
+            ``FIREWHEEL_VM_CONFIG_JSON``; :func:`~vmr_handler.host.serve.experiment.onhost.host_entry_env`).
     """
 
     def __init__(
@@ -228,8 +231,10 @@ class HostEntryRunner:
         per_vm: int = MAX_PER_VM,
         total: int = MAX_TOTAL,
         path: Optional[str] = None,
+        specs: Optional[Mapping[str, VmSpec]] = None,
     ) -> None:
         self.enabled = enabled
+        self.specs: Mapping[str, VmSpec] = specs or {}
         self.root = os.path.join(logs, HOST_ENTRIES_DIR)
         self.sinks = sinks
         self.entry_of = entry_of
@@ -355,44 +360,6 @@ class HostEntryRunner:
         sink.answer(request_id, Outcome(ENDED, details=DISABLED, refused=True).answer(request_id))
 
     # ------------------------------------------------------------------ running
-    def command(self, entry: ScheduleEntry) -> List[str]:
-        """The argv of an on_host entry (reference ``_run_vm_resource_host``): an absolute
-        path, ``minimega -e ARGS`` (minimega on the PATH), or a file of ``--resources``; the
-        arguments split as a shell would (no shell runs them).
-
-        Raises:
-            ResourceRefused: the program is not allowed (relative and not a file of
-                ``--resources``, escaping it, not executable, or no executable at all).
-            EntryError: minimega is not on the PATH, or the arguments cannot be split.
-        """
-        exe = entry.executable
-        if not exe:
-            raise ResourceRefused("an on_host entry without an executable: nothing to run on the host")
-        try:
-            args = shlex.split(entry.arguments)
-        except ValueError as exc:
-            raise EntryError(f"arguments {entry.arguments!r} cannot be split: {exc}") from exc
-        if os.path.isabs(exe):
-            return [exe, *args]
-        if exe == "minimega":
-            found = shutil.which("minimega", path=self.path)
-            if found is None:
-                raise EntryError(
-                    "minimega is not on this host's PATH: install it there, or give its absolute path "
-                    "as the entry's executable"
-                )
-            return [found, "-e", *args]
-        try:
-            program, st = self.resources.resolve(exe)
-        except ResourceRefused as exc:
-            raise ResourceRefused(
-                f"on_host executable {exe!r} is not an absolute path, not minimega and not a usable file "
-                f"of the host's --resources: {exc}"
-            ) from exc
-        if not st.st_mode & stat.S_IXUSR:
-            raise ResourceRefused(f"resource {exe!r} is not executable (mode {oct(st.st_mode & 0o777)})")
-        return [program, *args]
-
     async def _run(
         self, vm: str, sink: HostEntrySink, entry: ScheduleEntry, scheduled: Optional[float]
     ) -> None:
@@ -437,7 +404,7 @@ class HostEntryRunner:
         index = entry.index
         workdir = os.path.join(self.root, vm, str(index))
         try:
-            argv = self.command(entry)
+            argv = host_command(entry, self.resources, self.path, workdir)
             os.makedirs(workdir, mode=0o750, exist_ok=True)
             self.outcomes.setdefault(vm, {})[index] = Outcome(RUNNING)
             self._save(vm)  # before the spawn: a host that dies now never runs it again
@@ -450,7 +417,8 @@ class HostEntryRunner:
         runner = ProcessRunner(output)
         spawned_at = self.clock.time()
         try:
-            pid = await runner.start(argv, workdir)
+            spec = self.specs.get(vm)
+            pid = await runner.start(argv, workdir, host_entry_env(vm, spec.schedule_path if spec else None))
         except EntryError as exc:
             return self._failed(vm, sink, entry, exc)
         self._procs[(vm, index)] = runner

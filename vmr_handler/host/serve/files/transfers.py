@@ -95,6 +95,7 @@ class TransferStore:
     """
 
     def __init__(self, logs: str, vm: str, max_file: int, max_total: int) -> None:
+        self.vm = vm
         self.root = os.path.join(logs, TRANSFERS_DIR, vm)
         self.staging = os.path.join(logs, UPLOADS_DIR, vm)
         self.max_file = max_file

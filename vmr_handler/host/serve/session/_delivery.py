@@ -18,7 +18,7 @@ from vmr_handler.core.errors import ResourceRefused
 from vmr_handler.core.events import Event
 from vmr_handler.core.wire.protocol import RESOURCE_CHUNK, SCHEDULE, encode_message
 from vmr_handler.host.logs.text import printable
-from vmr_handler.host.model.vmstate import Counters
+from vmr_handler.host.model.vmstate import SCHEDULE_ANSWER, Counters
 from vmr_handler.host.serve.config import Limits, VmSpec
 from vmr_handler.host.serve.files.resources import ResourceStore
 from vmr_handler.host.serve.session.api import HostEvents, Link
@@ -37,7 +37,7 @@ def schedule_resource_name(digest: str) -> str:
 
 def schedule_event_id(digest: str) -> str:
     """The stable id of the ``schedule`` event for a schedule with this sha256."""
-    return f"schedule-{digest[:32]}"
+    return f"{SCHEDULE_ANSWER}{digest[:32]}"
 
 
 class ScheduleOffer:

@@ -10,6 +10,7 @@ from vmr_handler.core.wire.protocol import DecoderStats
 from vmr_handler.host.logs.store import VmLog
 from vmr_handler.host.model.stateword import Presence, is_problem
 from vmr_handler.host.model.vmstate import Counters, VmState, frames_status
+from vmr_handler.host.model.where import where
 from vmr_handler.host.serve.config import Limits
 from vmr_handler.host.serve.session.intake import TransferIntake
 
@@ -58,7 +59,8 @@ def session_presence(s: SessionView) -> Presence:
 def session_status(s: SessionView, start_time: Optional[float], now: float) -> Dict[str, Any]:
     """Everything ``vmr-host status`` shows for the VM of ``s`` at host UTC ``now``, the
     experiment starting at ``start_time`` (UTC; None before it is set): ``state`` (the one word,
-    :mod:`~vmr_handler.host.model.stateword`), ``problem``, ``gone_for`` (s the agent has been
+    :mod:`~vmr_handler.host.model.stateword`), ``problem``, ``where`` (in words,
+    :mod:`~vmr_handler.host.model.where`), ``gone_for`` (s the agent has been
     gone, None while it talks) and ``lost_after`` (s), then the folded reports."""
     c = s.counters
     presence = session_presence(s)
@@ -70,6 +72,7 @@ def session_status(s: SessionView, start_time: Optional[float], now: float) -> D
         "silent": s.silent if s.connected else None,
         "state": word,
         "problem": is_problem(word, s.state.failures),
+        "where": where(s.state, word, start_time, now),
         "gone_for": presence.gone_for,
         "lost_after": presence.lost_after,
         **s.state.fields(),

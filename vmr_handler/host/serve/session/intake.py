@@ -15,11 +15,12 @@ import binascii
 import contextlib
 import functools
 import logging
-import time
+import os
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional, Set, Tuple, Union
+from typing import Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
+from vmr_handler.core.clock import Clock
 from vmr_handler.core.errors import TransferRefused
 from vmr_handler.core.events import Event
 from vmr_handler.core.ratelimit import TokenBucket
@@ -27,6 +28,7 @@ from vmr_handler.core.wire.protocol import TRANSFER_CHUNK, TRANSFER_UPLOADED
 from vmr_handler.host.logs.text import printable
 from vmr_handler.host.model.vmstate import Counters
 from vmr_handler.host.serve.files.chunkhash import PendingHash
+from vmr_handler.host.serve.files.destinations import TransferDestinations
 from vmr_handler.host.serve.files.transfers import TransferOutcome, TransferStore
 
 log = logging.getLogger("vmr_handler.host")
@@ -180,8 +182,14 @@ class TransferIntake:
         warn: the session's rate-limited remark.
         store: ``store(events, host UTC received)`` logs and acknowledges (the session's).
         budget: bytes per second and burst hashed again for this VM (:data:`REHASH_RATE`,
-            :data:`REHASH_BURST`): a hash over it waits (``hash_waits``, ``hash_waited_s``).
-        monotonic: the clock of that budget (monotonic seconds).
+            :data:`REHASH_BURST`): a hash that finds the budget in debt from earlier hashes
+            starts once the debt is paid, ``debt / rate`` seconds later (``hash_waits``,
+            ``hash_waited_s``); its own bytes are charged when it is taken.
+        clock: the host's clock: the budget is charged on its monotonic seconds and a
+            deferred hash starts on a timer of it.
+        destinations: ``(location, destination)`` of the VM's transfers that name a destination
+            directory (:attr:`~vmr_handler.host.serve.config.VmSpec.destinations`): a file
+            complete in the store is also copied there (:class:`DestinationCopies`).
     """
 
     def __init__(
@@ -191,14 +199,18 @@ class TransferIntake:
         warn: WarnFn,
         store: Callable[[List[Event], float], None],
         budget: Tuple[float, float] = (REHASH_RATE, REHASH_BURST),
-        monotonic: Callable[[], float] = time.monotonic,
+        *,
+        clock: Clock,
+        destinations: Sequence[Tuple[str, str]] = (),
     ) -> None:
         self.transfers = transfers
+        wanted = TransferDestinations(transfers.vm, destinations)
+        self.copies = DestinationCopies(transfers.root, wanted, warn)
         self.counters = counters
         self.warn = warn
         self._store = store
-        self._monotonic = monotonic
-        self._budget = TokenBucket(budget[0], budget[1], monotonic())
+        self._clock = clock
+        self._budget = TokenBucket(budget[0], budget[1], clock.monotonic())
         self.hash_waits = 0
         self.hash_waited = 0.0
         self._busy = False
@@ -220,7 +232,7 @@ class TransferIntake:
             return None
         taken = take_transfer(ev, self.transfers, self.counters, self.warn, now)
         if not isinstance(taken, PendingTransfer):
-            return taken
+            return self.copies.after(taken, now)
         self._ids.add(ev.id)
         try:
             loop = asyncio.get_running_loop()
@@ -233,14 +245,14 @@ class TransferIntake:
             self._hashed(taken, now, error)
             return None
         self._busy = True
-        mono = self._monotonic()
+        mono = self._clock.monotonic()
         delay = self._budget.spend(mono, 0)  # in debt from earlier hashes: wait
         self._budget.spend(mono, taken.hashing.missing)
         if delay > 0:
             self.hash_waits += 1
             self.hash_waited += delay
             self.warn("transfer-budget", f"hashing budget spent: a file's hash waits {delay:.1f} s", now)
-            loop.call_later(delay, self._hash, loop, taken, now)
+            self._clock.call_at(self._clock.time() + delay, self._hash, loop, taken, now)
         else:
             self._hash(loop, taken, now)
         return None
@@ -264,7 +276,8 @@ class TransferIntake:
         if error is not None and not isinstance(error, OSError):
             log.error("hashing a transferred file failed: %r", error)
             error = OSError(f"hashing failed: {error!r}")
-        self._store([finish_transfer(pending, self.transfers, self.counters, self.warn, now, error)], now)
+        finished = finish_transfer(pending, self.transfers, self.counters, self.warn, now, error)
+        self._store([self.copies.after(finished, now)], now)
         while self._waiting and not self._busy:
             ev, received = self._waiting.popleft()
             self._ids.discard(ev.id)
@@ -286,4 +299,96 @@ class TransferIntake:
             "hash_waits": self.hash_waits,
             "hash_waited_s": round(self.hash_waited, 3),
             "waiting": len(self._waiting) + self._busy,
+            "destination_copies": self.copies.copied,
+            "destination_failures": self.copies.failed,
         }
+
+
+#: ``(path, None)`` or ``(path, why not)`` per destination of one copy.
+_Results = List[Tuple[str, Optional[str]]]
+
+
+class DestinationCopies:
+    """Copies of one VM's complete transfers to the destination directories its schedule names
+    (:class:`~vmr_handler.host.serve.files.destinations.TransferDestinations`), one at a time
+    in a worker thread (in order: a later version is never overwritten by an earlier one).
+
+    The stored file's event says where it goes (``destinations``); a copy that fails is a
+    remark in the VM's log (``warn``) naming the directory, why, and that the file is still in
+    ``<logs>/transfers/<vm>/``; it is counted in ``status`` (``destination_failures``).
+
+    Args:
+        root: the VM's transfer root (``<logs>/transfers/<vm>``).
+        destinations: the VM's destination directories (None or empty: nothing is copied).
+        warn: the session's rate-limited remark.
+    """
+
+    def __init__(self, root: str, destinations: Optional[TransferDestinations], warn: WarnFn) -> None:
+        self.root = root
+        self.destinations = destinations
+        self.warn = warn
+        self.copied = 0
+        self.failed = 0
+        self._queue: Deque[Tuple[str, List[str], float]] = deque()
+        self._copying = False
+
+    def after(self, event: Event, now: float) -> Event:
+        """``event`` (a transfer report's summary), with ``destinations`` added and the copies
+        queued when it put a file in place that a destination wants."""
+        data = event.data
+        rel = data.get("stored_as")
+        complete = data.get("status") == "success" and str(data.get("details", "")).startswith("complete")
+        if not self.destinations or not complete or not isinstance(rel, str):
+            return event
+        targets = self.destinations.targets(rel)
+        if targets:
+            paths = [self.destinations.path(t, rel) for t in targets]
+            event = Event(event.type, event.timestamp, event.id, {**data, "destinations": paths})
+            self._queue.append((rel, targets, now))
+            if not self._copying:
+                self._next()
+        return event
+
+    def _next(self) -> None:
+        """Run the next queued copy (in a worker thread; here and now without a loop)."""
+        assert self.destinations is not None
+        while self._queue:
+            rel, targets, now = self._queue.popleft()
+            job = functools.partial(self.destinations.deliver, self.root, rel, targets)
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop (a session driven by hand)
+                self._done(rel, now, job())
+                continue
+            self._copying = True
+            future = loop.run_in_executor(None, job)
+            future.add_done_callback(functools.partial(self._finished, rel, targets, now))
+            return
+        self._copying = False
+
+    def _finished(
+        self,
+        rel: str,
+        targets: List[str],
+        now: float,
+        future: asyncio.Future[List[Tuple[str, Optional[str]]]],
+    ) -> None:
+        self._copying = False
+        if future.cancelled():  # the loop is closing
+            return
+        error = future.exception()
+        assert self.destinations is not None
+        paths = [self.destinations.path(t, rel) for t in targets]
+        self._done(rel, now, future.result() if error is None else [(p, repr(error)) for p in paths])
+        self._next()
+
+    def _done(self, rel: str, now: float, results: List[Tuple[str, Optional[str]]]) -> None:
+        for path, why in results:
+            if why is None:
+                self.copied += 1
+                continue
+            self.failed += 1
+            kept = os.path.join(self.root, *rel.split("/"))
+            self.warn(
+                "transfer-destination", f"transfer {rel!r} not copied to {path}: {why}; it is in {kept}", now
+            )

@@ -247,7 +247,7 @@ class VmSession:
         self.counters = Counters()
         self._warned: Dict[str, int] = {}
         self.intake = TransferIntake(
-            transfers, self.counters, self.warn, self._store, monotonic=self.clock.monotonic
+            transfers, self.counters, self.warn, self._store, clock=self.clock, destinations=spec.destinations
         )
         self.acks = DurableAcks(vmlog, lambda ids: self._send([self.events.make(ACK, {"ids": ids})]))
         self._write_spell = WriteSpell(self.name)
