@@ -250,19 +250,8 @@ class Engine:
         return outcome
 
     def kill(self, kill_id: str, index: int, signame: str, grace: float, by: Optional[str]) -> Dict[str, Any]:
-        """``vmr-host kill`` ``kill_id`` of entry ``index`` (:meth:`EntryLauncher.kill`), applied
-        once: the outcome ``{"ok", "details", "index"}`` is journaled with the id (a resent kill
-        gets it again, ``"repeated": True``) and marks the entry, so a restarted agent reports it
-        killed instead of running it again."""
-        first = self.journal.applied_kill(kill_id)
-        if first is not None:
-            return {**first, "repeated": True}
-        ok, details = self.entries.kill(index, signame, grace, by)
-        outcome = {"ok": ok, "details": details, "index": index}
-        mark = self.entries.running[index].ended_by if ok else None
-        self.journal.record_kill(kill_id, outcome, index, mark)
-        self.state.syncer.save_soon()
-        return outcome
+        """``vmr-host kill`` ``kill_id`` of entry ``index``, once (:meth:`EntryLauncher.kill_once`)."""
+        return self.entries.kill_once(kill_id, index, signame, grace, by)
 
     def _break_reached(self, plan: Plan, index: int) -> None:
         """Report break ``index`` started if the agent had not reached it yet: the RESUME ending

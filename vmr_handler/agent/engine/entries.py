@@ -408,6 +408,23 @@ class EntryLauncher:
             loop = asyncio.get_running_loop()
             await asyncio.gather(*(loop.run_in_executor(None, r.process.kill_tree) for r in running))
 
+    def kill_once(
+        self, kill_id: str, index: int, signame: str, grace: float, by: Optional[str]
+    ) -> Dict[str, Any]:
+        """``vmr-host kill`` ``kill_id`` of entry ``index`` (:meth:`kill`), applied once: the
+        outcome ``{"ok", "details", "index"}`` is journaled with the id (a resent kill gets it
+        again, ``"repeated": True``) and marks the entry, so a restarted agent reports it killed
+        instead of running it again."""
+        journal = self.state.journal
+        first = journal.applied_kill(kill_id)
+        if first is not None:
+            return {**first, "repeated": True}
+        ok, details = self.kill(index, signame, grace, by)
+        outcome = {"ok": ok, "details": details, "index": index}
+        journal.record_kill(kill_id, outcome, index, self.running[index].ended_by if ok else None)
+        self.state.syncer.save_soon()
+        return outcome
+
     def kill(self, index: int, signame: str, grace: float, by: Optional[str]) -> Tuple[bool, str]:
         """``vmr-host kill``: send signal ``SIG<signame>`` to running entry ``index``'s process
         tree, SIGKILL what is left after ``grace`` s (a worker thread); its ``entry_exited`` then

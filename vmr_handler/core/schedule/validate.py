@@ -13,8 +13,8 @@ import sys
 from itertools import repeat
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple, cast
 
+import vmr_handler.core.schedule.items as items
 from vmr_handler.core.errors import ScheduleError, ScheduleValidationError
-from vmr_handler.core.schedule import items
 from vmr_handler.core.schedule.items import _data_item, _duration, _names, _Problems, parse_number, show
 from vmr_handler.core.schedule.limits import (
     MAX_ARGUMENTS_LENGTH,

@@ -126,13 +126,9 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="each agent reports its VM's CPU, memory, disk and network every SECONDS (default 10; 0 = off)",
     )
-    serve.add_argument(
-        "--default-timeout",
-        type=_timeout,
-        metavar="SECONDS",
-        help="end a program entry without a timeout of its own after SECONDS in its VM (SIGTERM, then "
-        "SIGKILL 10 s later; told to every agent started without --default-timeout; default: none)",
-    )
+    serve.add_argument("--default-timeout", type=_timeout, metavar="SECONDS",
+                       help="end a program entry without a timeout of its own after SECONDS in its VM "
+                       "(SIGTERM, SIGKILL 10 s later; told to agents without one; default none)")  # fmt: skip
     serve.add_argument(
         "--signing-key",
         metavar="FILE",
