@@ -69,9 +69,10 @@ class FakeProcess:
         assert self._done is not None
         return await self._done
 
-    def kill_tree(self, timeout: float = 3.0) -> None:
-        """Called from a worker thread, as the real one."""
-        self.owner.loop.call_soon_threadsafe(self._end, None, 15)
+    def kill_tree(self, timeout: float = 3.0, first: int = 15) -> None:
+        """Called from a worker thread, as the real one: ends by signal ``first``."""
+        self.owner.kills.append((self.line, first, timeout))
+        self.owner.loop.call_soon_threadsafe(self._end, None, first)
 
 
 class FakeProcesses:
@@ -90,6 +91,8 @@ class FakeProcesses:
         self.started: List[Tuple[float, str]] = []
         self.reboots: List[str] = []
         self.leftovers: List[int] = []
+        #: (command line, first signal, grace seconds) of every kill_tree
+        self.kills: List[Tuple[str, int, float]] = []
         self.pids = itertools.count(1000)
         self.live: Dict[int, FakeProcess] = {}
         #: command line -> the names in its working dir when it was started (None: no dir)

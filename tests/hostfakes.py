@@ -22,6 +22,7 @@ class FakeExperiment:
     signs = False
     run_id = "run-fake"
     kpi_interval = 10.0
+    default_timeout = None
 
     def __init__(self) -> None:
         self.configured: Dict[str, float] = {}

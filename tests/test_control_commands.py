@@ -43,7 +43,9 @@ _SPELLED = [n for n, c in COMMANDS.items() if any(f.flags is not None for f in c
 @pytest.mark.parametrize("name", _SPELLED)
 def test_every_field_the_cli_spells_is_an_argument_of_its_command(name: str) -> None:
     command = COMMANDS[name]
-    args = parser().parse_args([name])
+    required = [w for f in command.fields if f.flags and f.kind != "names" and f.default is None
+                for w in (f.flags[0], "1")]  # fmt: skip
+    args = parser().parse_args([name, *required])
     values = vars(args)
     spelled = [f for f in command.fields if f.flags is not None]
     assert all(f.name in values for f in spelled)
@@ -125,3 +127,28 @@ def test_declared_refusals_are_answered_as_refused_requests(tmp_path: Path) -> N
     }  # fmt: skip
     assert answers["unknown command"]["status"] == "error"
     assert "unknown command 'nope'" in answers["unknown command"]["details"]
+
+
+def test_kill_fields_are_checked_by_kind_choice_and_bounds() -> None:
+    kill = COMMANDS["kill"]
+    assert validate(kill, {"vms": ["a"], "entry": 3}) == {
+        "cmd": "kill", "vms": ["a"], "all": False, "entry": 3, "signal": "TERM", "grace": 10.0, "by": "",
+    }  # fmt: skip
+    for request, wanted in (
+        ({"entry": "3"}, "kill: 'entry' must be an integer, not '3'"),
+        ({"entry": True}, "kill: 'entry' must be an integer, not True"),
+        ({"entry": -1}, "kill: 'entry' must be 0-2147483648, not -1"),
+        ({"entry": 1, "grace": "soon"}, r"kill: 'grace' must be a number \(seconds\), not 'soon'"),
+        ({"entry": 1, "grace": 7200}, "kill: 'grace' must be 0-3600, not 7200"),
+        ({"entry": 1, "grace": float("nan")}, "kill: 'grace' must be 0-3600, not nan"),
+        ({"entry": 1, "signal": "STOP"}, "kill: 'signal' must be one of TERM, KILL, INT, HUP, not 'STOP'"),
+    ):
+        with pytest.raises(RequestRefused, match=f"^{wanted}$"):
+            validate(kill, {"vms": ["a"], **request})
+
+
+def test_the_kill_signals_the_cli_offers_are_those_the_agent_takes() -> None:
+    from vmr_handler.core.wire import protocol
+    from vmr_handler.host.control import commands
+
+    assert commands.KILL_SIGNALS == protocol.KILL_SIGNALS and commands.MAX_GRACE == protocol.MAX_GRACE

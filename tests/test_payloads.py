@@ -272,7 +272,9 @@ def test_good_values_of_each_class() -> None:
     assert g[P.StartTimeSet] == P.StartTimeSet(T0 + 60)
     assert g[P.EntryStarted] == P.EntryStarted(4, shown("/bin/echo"), T0 + 61.502, T0 + 61.5, 1.5, 0.002)
     ended = (shown("/bin/echo"), 0.25, 1, shown("exit code 1"))
-    assert g[P.EntryExited] == P.EntryExited(4, *ended, "error")
+    assert g[P.EntryExited] == P.EntryExited(4, *ended, "error", None)
+    killed = {**GOOD[P.EntryExited], "status": "killed", "ended_by": "operator"}
+    assert P.EntryExited.parse(killed) == P.EntryExited(4, *ended, "killed", "operator")
     assert g[P.EntryFailed] == P.EntryFailed(5, shown("nosuch"), None, None, shown("not found"))
     assert g[P.EntryInterrupted] == P.EntryInterrupted(6, shown("sleep"), None, -15, shown("agent stopped"))
     assert g[P.Output] == P.Output(4)

@@ -514,3 +514,16 @@ def test_status_wait_after_a_finished_local_run_answers_like_cloud_init(tmp_path
     # a state directory where no run ended: still an error, as before
     nothing = cli("status", "--wait", "--state-dir", str(tmp_path / "none"))
     assert nothing.returncode == 1 and "no running vmr-handler" in nothing.stderr, nothing.stderr
+
+
+def test_default_timeout_bounds_entries_without_their_own(tmp_path, agents):
+    sched = [
+        {"start_time": -2, "executable": "sleep", "arguments": "1000"},
+        {"start_time": -1, "executable": "sleep", "arguments": "1000", "timeout": 0.3},
+    ]
+    a = _agent(agents, tmp_path, sched, start_buffer=0, extra=["--default-timeout", "0.5"])
+    assert a.run() == 0, a.log()
+    ends = {i: e[0]["data"] for i, e in a.by_index("entry_exited").items()}
+    assert (ends[0]["timeout"], ends[1]["timeout"]) == (0.5, 0.3)
+    assert ends[0]["details"] == "timed out after 0.5 s (SIGTERM)" and ends[0]["ended_by"] == "timeout"
+    assert "timed out after 0.5 s (SIGTERM)" in a.log()

@@ -697,6 +697,34 @@ def test_make_demo_pickle_never_imports_firewheel(tmp_path):
     assert result.returncode == 0, result.stderr
 
 
+def test_timeout_is_seconds_on_a_program_entry_of_yaml_and_json_only():
+    records = [
+        {"start_time": -5, "executable": "/bin/sleep", "arguments": "100", "timeout": 30},
+        {"start_time": 5, "executable": "/bin/true", "timeout": 0.5},
+        {"start_time": 6, "executable": "/bin/true", "timeout": None},
+    ]
+    for raw in (_yaml(records), _json(records)):
+        assert [e.timeout for e in load_schedule_bytes(raw).entries] == [30.0, 0.5, None]
+    bad = [
+        {"start_time": 1, "executable": "/bin/true", "timeout": 0},
+        {"start_time": 2, "executable": "/bin/true", "timeout": "soon"},
+        {"start_time": 3, "executable": "/bin/true", "timeout": ".inf"},
+        {"start_time": 4, "pause_duration": 5, "timeout": 3},
+        {"start_time": -4, "data": [{"location": "f", "content": "x"}], "timeout": 3},
+        {"start_time": 5, "executable": "/bin/true", "on_host": True, "timeout": 3},
+    ]
+    with pytest.raises(ScheduleValidationError) as err:
+        load_schedule_bytes(_yaml(bad))
+    text = str(err.value)
+    assert text.count("must be seconds > 0 (or null)") == 3 and "got 'soon'" in text
+    assert text.count("bounds how long a program runs: only on an entry with an executable") == 3
+    # a pickle's object has no such field: an attribute of that name is ignored, with a warning
+    record = reference_record(3, executable="/bin/true", timeout=5)
+    schedule = load_schedule_bytes(reference_pickle([reference_record(-1), record], 3))
+    assert schedule.entries[1] == ScheduleEntry(1, 3.0, "/bin/true") and schedule.entries[1].timeout is None
+    assert "timeout" in schedule.warnings[0]
+
+
 # ------------------------------------------------------------------ Windows schedules
 def test_a_windows_schedule_is_refused_at_load_naming_each_windows_entry(tmp_path):
     """FIREWHEEL's Windows entries, pickled as its schedule plugin does: PowerShell (plain and

@@ -74,7 +74,7 @@ def flip_bit(b64: str) -> str:
 
 
 def test_signed_types_are_the_control_messages() -> None:
-    assert frozenset({"schedule", "start_time", "resume", "schedule_append"}) == SIGNED_TYPES
+    assert frozenset({"schedule", "start_time", "resume", "schedule_append", "kill"}) == SIGNED_TYPES
 
 
 def test_round_trip_over_the_wire() -> None:

@@ -330,3 +330,33 @@ def test_a_lost_vms_running_entry_is_drawn_up_to_when_its_agent_was_last_heard_f
 
     assert run_end("vm1") == heard - origin  # lost: up to its last frame, not now
     assert run_end("vm2") == now - origin  # alive: still running now
+
+
+def test_an_entry_the_operator_killed_is_not_a_failed_entry() -> None:
+    """``vmr-host kill``: its ``entry_exited`` (``status: killed``, ``ended_by: operator``, ended
+    by a signal) is a killed run, not a failure, and the host knows how the entry ended."""
+    from vmr_handler.core.payloads import EntryExited
+    from vmr_handler.host.model.stateword import FAILED_RUNS
+    from vmr_handler.host.model.vmstate import run_status
+
+    data = {"index": 2, "exit_code": None, "signal": 15, "status": "killed", "ended_by": "operator",
+            "details": "killed by operator (SIGTERM)"}  # fmt: skip
+    assert run_status(EntryExited.parse(data)) == "killed" not in FAILED_RUNS
+    crashed = {**data, "status": None, "ended_by": None, "details": "killed by signal 15"}
+    assert run_status(EntryExited.parse(crashed)) == "error"
+
+    from tests.hostfakes import FakeExperiment
+    from vmr_handler.core.events import Event
+    from vmr_handler.host.model.vmstate import VmState
+
+    state = VmState("vm1", "d", "sched-1", FakeExperiment())  # type: ignore[arg-type]
+    state.apply(Event("entry_started", 1.0, "e1", {"index": 2}), 2.0)
+    assert state.running == {2: 2.0} and state.ended == {}
+    state.apply(Event("entry_exited", 3.0, "e2", data), 4.0)
+    state.apply(Event("entry_exited", 3.0, "e3", {**crashed, "index": 3}), 4.0)
+    assert state.failures == 1 and state.running == {}
+    assert state.ended == {2: ("killed by operator (SIGTERM)", "killed"), 3: ("killed by signal 15", "error")}
+    assert state.fields()["phase"]["killed"] == {"2": "killed by operator (SIGTERM)"}
+    again = VmState("vm1", "d", "sched-1", FakeExperiment())  # type: ignore[arg-type]
+    again.restore(state.snapshot())  # the restart checkpoint keeps how entries ended
+    assert again.ended == state.ended

@@ -30,6 +30,8 @@ raise one re-export its name (``vmr_handler.host.logs.store.TransferRefused`` is
      +-- FetchCancelled           the agent stops while an HTTP fetch runs
      +-- HostSetupError           ``vmr-host serve`` cannot start (exit code 2 or 1)
      +-- BarrierError             an operator request the barrier cannot honour (also a ValueError)
+     +-- VmNotConnected           a request for a VM's agent, which is not connected now (also a ValueError)
+     +-- EntryNotRunning          a kill of an entry that is not running (also a ValueError)
      +-- ResourceRefused          a VM-resource request the host will not serve
      |    +-- ResourceMissing        no such file in the resource directory (HTTP 404)
      |    +-- RangeNotSatisfiable    a byte range that starts past the end of the file (HTTP 416)
@@ -247,6 +249,23 @@ class HostSetupError(VmrError):
 
 class BarrierError(VmrError, ValueError):
     """An operator request the barrier cannot honour (unknown VM, start already set).
+
+    Also a ``ValueError``, so that the control socket answers it as a refused request.
+    """
+
+
+class VmNotConnected(VmrError, ValueError):
+    """A request that must reach a VM's agent now (``vmr-host kill``) while the agent is not
+    connected (lost, or not heard from since the host started); the message names the VM, how
+    long it has been gone and what to do. Nothing is sent.
+
+    Also a ``ValueError``, so that the control socket answers it as a refused request.
+    """
+
+
+class EntryNotRunning(VmrError, ValueError):
+    """``vmr-host kill`` of an entry that is not running on a VM: it has not started, or it
+    ended (how, when the host knows). Nothing is sent.
 
     Also a ``ValueError``, so that the control socket answers it as a refused request.
     """

@@ -316,10 +316,11 @@ class EntryEnded(Payload):
 
 @dataclass(frozen=True)
 class EntryExited(EntryEnded):
-    """``entry_exited``: :class:`EntryEnded` and ``status`` (the string sent, else None)."""
+    """``entry_exited``: :class:`EntryEnded`, ``status``, ``ended_by`` (strings or None)."""
 
     TYPE = T.ENTRY_EXITED.value
     status: Optional[str]
+    ended_by: Optional[str]
 
 
 @dataclass(frozen=True)
@@ -590,8 +591,7 @@ PAYLOADS: Dict[str, Type[Payload]] = {
 
 
 def parse_payload(event: Event) -> Optional[Payload]:
-    """``event``'s typed payload (an instance of ``PAYLOADS[event.type]``), or None for a type
-    no consumer reads.
+    """``event``'s typed payload (of class ``PAYLOADS[event.type]``), None for a type none reads.
 
     Raises:
         PayloadError: its ``data`` is malformed (naming the event type, field and problem).

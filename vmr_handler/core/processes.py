@@ -6,13 +6,15 @@ entries (:mod:`vmr_handler.host.serve.experiment.hostentries`), so neither impor
 
 * :class:`ProcessRunner` -- start a command in its own session, stream stdout/stderr line by
   line while it runs (:data:`OutputCallback`), report exit code or signal and duration;
-* :func:`kill_tree` -- SIGTERM a process tree, SIGKILL what is left after a timeout.
+* :func:`kill_tree` -- signal a process tree (SIGTERM, or the signal asked for), SIGKILL what is
+  left after a grace period.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Dict, List, Optional
@@ -132,19 +134,25 @@ class ProcessRunner:
             return ProcessResult(None, -returncode, duration)
         return ProcessResult(returncode, None, duration)
 
-    def kill_tree(self, timeout: float = 3.0) -> None:
-        """Terminate the process and all its descendants; SIGKILL what survives ``timeout`` s."""
+    def kill_tree(self, timeout: float = 3.0, first: int = signal.SIGTERM) -> None:
+        """Send ``first`` to the process and all its descendants; SIGKILL what survives
+        ``timeout`` s (:func:`kill_tree`)."""
         if self.pid is not None:
-            kill_tree(self.pid, self.create_time, timeout)
+            kill_tree(self.pid, self.create_time, timeout, first)
 
 
-def kill_tree(pid: int, create_time: Optional[float] = None, timeout: float = 3.0) -> List[int]:
-    """SIGTERM a process tree (psutil), then SIGKILL whatever is left after ``timeout`` s.
+def kill_tree(
+    pid: int, create_time: Optional[float] = None, timeout: float = 3.0, first: int = signal.SIGTERM
+) -> List[int]:
+    """Send ``first`` (SIGTERM by default) to every process of a tree (psutil), then SIGKILL
+    whatever is left after ``timeout`` s (at once when ``first`` is SIGKILL).
 
     Args:
         pid: root of the tree.
         create_time: if given, only act when the process still has this create time
             (protects against pid reuse after a reboot or crash).
+        timeout: the grace period, seconds (monotonic).
+        first: the signal number sent first (``signal.SIGTERM``, ``SIGINT``, ``SIGHUP``...).
 
     Returns:
         The pids that were signalled.
@@ -153,15 +161,17 @@ def kill_tree(pid: int, create_time: Optional[float] = None, timeout: float = 3.
         root = psutil.Process(pid)
         if create_time is not None and abs(root.create_time() - create_time) > 0.01:
             return []
-        procs = [*root.children(recursive=True), root]
+        procs = [root, *root.children(recursive=True)]
     except psutil.Error:
         return []
+    # the root first: a parent that saw its children end first could exit 0 in between
     for proc in procs:
         try:
-            proc.terminate()
+            proc.send_signal(first)
         except psutil.Error:
             pass
-    alive = _wait_tree(procs, timeout)
+    left = set(_wait_tree(procs, 0.0 if first == signal.SIGKILL else timeout))
+    alive = [p for p in procs if p in left]  # the root first again
     for proc in alive:
         try:
             proc.kill()

@@ -58,6 +58,15 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _timeout(text: str) -> float:
+    import argparse
+
+    value = _seconds(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be seconds > 0, got {text!r}")
+    return value
+
+
 _CLI = "vmr_handler.agent.cli."
 _CONTROL = _CLI + "control_client:"
 
@@ -186,6 +195,13 @@ def _add_run_local_options(run: argparse.ArgumentParser) -> None:
         help="shell command run on a reboot request (default: systemctl reboot || reboot)",
     )
     run.add_argument("--quiet", action="store_true", help="no readable log on stderr")
+    run.add_argument(
+        "--default-timeout",
+        type=_timeout,
+        metavar="SECONDS",
+        help="end a program entry without a timeout of its own after SECONDS (SIGTERM, then SIGKILL "
+        "10 s later; default: none, or the host's serve --default-timeout)",
+    )
     run.add_argument(
         "--kpi-interval",
         type=_seconds,
@@ -363,7 +379,7 @@ CONFIG_KEYS = {
     "cert_file": str, "key_file": str, "cert_pem": str, "key_pem": str, "keepalive": int,
     "public_key": str,
     "signature_max_age": (int, float), "http_ca_file": str,
-    "report_hold_events": int, "report_hold_bytes": int,
+    "report_hold_events": int, "report_hold_bytes": int, "default_timeout": (int, float),
 }  # fmt: skip
 
 
@@ -428,6 +444,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             allow_classes=list(allow),
             clock_skew=args.debug_clock_skew or 0.0,
             quiet=args.quiet,
+            default_timeout=_default_timeout(args, settings),
         )
         name = _setting(args, settings, "vm_name", None)
         if name:
@@ -457,12 +474,25 @@ def cmd_run(args: argparse.Namespace) -> int:
         resources_dir=args.resources or os.path.dirname(os.path.abspath(args.local)),
         start_buffer=float(_setting(args, settings, "start_buffer", 60.0)),
         reboot_command=_setting(args, settings, "reboot_command", None) or DEFAULT_REBOOT_COMMAND,
+        default_timeout=_default_timeout(args, settings),
     )
     import asyncio
 
     from vmr_handler.agent.cli._localrun import run_local
 
     return asyncio.run(run_local(schedule, config, args.report, args.quiet, args.kpi_interval))
+
+
+def _default_timeout(args: argparse.Namespace, settings: Dict[str, Any]) -> Optional[float]:
+    """``--default-timeout`` or the config's ``default_timeout``: seconds > 0, or None.
+
+    Raises:
+        VmrError: a config value that is not seconds > 0 and finite.
+    """
+    value = _setting(args, settings, "default_timeout", None)
+    if value is not None and not 0 < value < float("inf"):
+        raise VmrError(f"config: default_timeout must be seconds > 0, not {value!r}")
+    return None if value is None else float(value)
 
 
 def _mqtt_options(args: argparse.Namespace, settings: Dict[str, Any], vm_name: str) -> Any:

@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -66,6 +67,8 @@ class AgentConfig:
         signature_max_age: seconds a signature stays fresh (host clock).
         http_ca_file: CA certificate file that signs ``vmr-host``'s HTTPS certificate (resources
             over HTTPS); None: the broker's CA (``mqtt.ca_file``/``ca_pem``), else the system CAs.
+        default_timeout: seconds a program entry without a ``timeout`` of its own may run
+            (``--default-timeout``); None: the host's (``welcome``), else no bound.
         report_hold_events, report_hold_bytes: reports (and their JSON bytes) kept in memory
             while the outbox cannot be written (a full state dir) before entries wait
             (:class:`~vmr_handler.agent.state.reporthold.HoldLimits`).
@@ -89,6 +92,7 @@ class AgentConfig:
     http_ca_file: Optional[str] = None
     report_hold_events: int = HoldLimits.events
     report_hold_bytes: int = HoldLimits.bytes
+    default_timeout: Optional[float] = None
 
 
 class ConnectedAgent:
@@ -130,9 +134,11 @@ class ConnectedAgent:
             P.START_TIME: self._set_start_time,
             P.RESUME: self._resume,
             P.SCHEDULE_APPEND: self._take_append,
+            P.KILL: self._kill,
         }
         #: ``schedule_append`` events that came before the engine runs (applied when it does)
         self._early_appends: List[Event] = []
+        self._default_timeout: Optional[float] = None  # the host's, when the agent has none
 
     # -------------------------------------------------------------- control from the host
     async def _on_control(self, event: Event) -> Optional[Dict[str, Any]]:
@@ -168,6 +174,23 @@ class ConnectedAgent:
         return P.result_data(
             event.id, True, details, ended_break=outcome["ended_break"], ignored=outcome["ignored"]
         )
+
+    def _kill(self, event: Event) -> Optional[Dict[str, Any]]:
+        """``vmr-host kill``: end a running entry's process tree (:meth:`Engine.kill`, applied
+        once by id); answered with what was done or why not."""
+        d = event.data
+        index, grace, signame, by = d.get("index"), parse_number(d.get("grace")), d.get("signal"), d.get("by")
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= (grace or -1) <= P.MAX_GRACE:
+            details = f"kill needs an entry index and a grace of 0-{P.MAX_GRACE:g} s"
+            return P.result_data(event.id, False, details)
+        if signame not in P.KILL_SIGNALS:
+            details = f"kill signal {signame!r}: not one of {', '.join(P.KILL_SIGNALS)}"
+            return P.result_data(event.id, False, details)
+        if self._engine is None:
+            return P.result_data(event.id, False, "no schedule is running yet: no entry runs")
+        outcome = self._engine.kill(event.id, index, signame, grace, by if isinstance(by, str) else None)
+        details = "already applied: " + outcome["details"] if outcome.get("repeated") else outcome["details"]
+        return P.result_data(event.id, outcome["ok"], details, index=index)
 
     def _take_append(self, event: Event) -> Optional[Dict[str, Any]]:
         """A batch appended to the schedule: answered once it is journaled."""
@@ -314,7 +337,14 @@ class ConnectedAgent:
         return len(self.reports) > 0  # a full disk: a KPI sample is not worth holding
 
     def _on_welcome(self, welcome: Dict[str, Any]) -> None:
-        """The host's ``welcome``: sample KPIs at its ``kpi_interval`` (an older host: none)."""
+        """The host's ``welcome``: sample KPIs at its ``kpi_interval`` (an older host: none);
+        its ``default_timeout`` bounds the entries started from now on, unless this agent has
+        its own (``--default-timeout``)."""
+        host_timeout = parse_number(welcome.get("default_timeout"))  # None from an older host
+        if self.config.default_timeout is None and host_timeout is not None and 0 < host_timeout < math.inf:
+            self._default_timeout = host_timeout
+            if self._engine is not None:
+                self._engine.config.default_timeout = self._default_timeout
         if "kpi_interval" in welcome:
             try:
                 self.kpi.set_interval(welcome["kpi_interval"])
@@ -380,6 +410,7 @@ class ConnectedAgent:
         )
         config.report_hold = self.reports.limits
         config.stay = True  # batches may be appended after the schedule completes
+        config.default_timeout = self.config.default_timeout or self._default_timeout
         config.host_ask = LinkAsker(self.link)  # the host runs the on_host entries
         self._engine = engine = open_engine(
             schedule, config, self.reports, self.clock, list(self.config.allow_classes or ())

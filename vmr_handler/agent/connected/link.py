@@ -125,6 +125,7 @@ class HostLink:
             P.START_TIME: self.runs.guard(self._on_control_event),  # only the host's run's
             P.RESUME: self._on_control_event,
             P.SCHEDULE_APPEND: self._on_control_event,
+            P.KILL: self._on_control_event,
             P.HEARTBEAT: self._on_heartbeat,
         }
         if config.public_key:

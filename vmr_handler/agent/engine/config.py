@@ -43,6 +43,9 @@ class EngineConfig:
     #: True (the connected agent): the engine stays after its schedule completes, for batches
     #: appended later (:meth:`Engine.append`), until it is stopped.
     stay: bool = False
+    #: Seconds a program entry without a ``timeout`` of its own may run before its tree is
+    #: ended (``ended_by: timeout``); None: no bound (``--default-timeout``).
+    default_timeout: Optional[float] = None
     #: ``ask(index, scheduled)``: has the host run an on_host entry (the connected agent's
     #: :class:`~vmr_handler.agent.engine.hostcalls.LinkAsker`); None: on_host entries are reported
     #: skipped (local mode).

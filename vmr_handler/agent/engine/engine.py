@@ -249,6 +249,10 @@ class Engine:
         self.state.wake()
         return outcome
 
+    def kill(self, kill_id: str, index: int, signame: str, grace: float, by: Optional[str]) -> Dict[str, Any]:
+        """``vmr-host kill`` ``kill_id`` of entry ``index``, once (:meth:`EntryLauncher.kill_once`)."""
+        return self.entries.kill_once(kill_id, index, signame, grace, by)
+
     def _break_reached(self, plan: Plan, index: int) -> None:
         """Report break ``index`` started if the agent had not reached it yet: the RESUME ending
         it arrived first (a stored one, or one stamped after the break's time while its timer

@@ -18,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Set
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
 
 from vmr_handler.agent.engine.ports import OutputCallback, Process
 from vmr_handler.agent.engine.shared import EngineState
@@ -32,6 +33,7 @@ from vmr_handler.agent.machine.executor import (
     shell_command,
 )
 from vmr_handler.agent.state.journal import DONE, FAILED, RUNNING
+from vmr_handler.core.clock import Timer
 from vmr_handler.core.errors import EntryError
 from vmr_handler.core.events import Event, EventType, encode_output
 from vmr_handler.core.schedule.commands import command_line, first_word, program_missing, target_path
@@ -39,6 +41,8 @@ from vmr_handler.core.schedule.model import ScheduleEntry, TransferOut
 
 log = logging.getLogger(__name__)
 
+#: Seconds a timed-out entry's tree has between SIGTERM and SIGKILL.
+TIMEOUT_GRACE = 10.0
 #: What a shell's exit codes 126/127 mean (POSIX).
 _SHELL_CODES = {NOT_EXECUTABLE_EXIT_CODE: "not executable", NOT_FOUND_EXIT_CODE: "command not found"}
 
@@ -53,6 +57,10 @@ class Running:
     process: Process
     started_mono: float
     killed: bool = False  # terminated by the agent's own stop/failure
+    #: ended by ``vmr-host kill`` or its timeout: what its ``entry_exited`` says of it
+    #: (:meth:`EntryLauncher.kill`, :meth:`EntryLauncher._time_out`)
+    ended_by: Optional[Dict[str, Any]] = None
+    timer: Optional[Timer] = None  # its timeout, while it runs
     stderr_tail: Dict[str, bytes] = field(default_factory=dict)  # {"last": last stderr line}
 
 
@@ -261,6 +269,10 @@ class EntryLauncher:
         self.running[entry.index] = running
         self.state.journal.mark_running(entry.index, pid, process.create_time)  # pid: cleanup after a crash
         self.state.journal_changed()
+        timeout = entry.timeout or self.state.config.default_timeout
+        if timeout:
+            clock = self.state.clock
+            running.timer = clock.call_at(clock.time() + timeout, self._time_out, running, timeout)
         extra: Dict[str, Any] = {}
         if scheduled is not None:
             extra = {"scheduled": scheduled, "spawned_at": spawned_at, "lateness": spawned_at - scheduled}
@@ -301,6 +313,8 @@ class EntryLauncher:
             return None
         result = await running.process.wait()
         self.running.pop(entry.index, None)
+        if running.timer is not None:
+            running.timer.cancel()
         ended = {  # which entry, and how its process ended: the same in either report
             "index": entry.index,
             "executable": entry.executable,
@@ -315,6 +329,9 @@ class EntryLauncher:
                 details="terminated because the agent stopped; runs again when the agent restarts",
             )
             return result
+        if running.ended_by is not None:
+            await self._killed_end(entry, ended, result, running.ended_by)
+            return None  # ended by the operator: no reboot request, whatever it left behind
         reboot = result.exit_code == REBOOT_EXIT_CODE or os.path.exists(
             os.path.join(item.workdir, REBOOT_FILE)
         )
@@ -344,6 +361,26 @@ class EntryLauncher:
         self.state.wake()
         return result
 
+    async def _killed_end(
+        self, entry: ScheduleEntry, ended: Dict[str, Any], result: ProcessResult, kill: Dict[str, Any]
+    ) -> None:
+        """Report and journal the end of ``entry`` that ``vmr-host kill`` or its timeout asked for
+        (``kill``: :attr:`Running.ended_by`): not a failure (``status: killed`` or ``timeout``,
+        ``ended_by``), the signal it was sent and the one that ended it (SIGKILL when it
+        outlived the grace period)."""
+        self.state.emit(
+            EventType.ENTRY_EXITED,
+            **ended,
+            duration=result.duration,
+            status="timeout" if kill.get("ended_by") == "timeout" else "killed",
+            details=killed_text(kill, result),
+            **kill,
+        )
+        later = self._journal_done(entry.index, DONE, result.exit_code)
+        if later is not None:
+            await later
+        self.state.wake()
+
     def _not_run(self, item: Prepared, running: Running, code: int) -> str:
         """Why an entry exited 127 ("command not found") or 126 ("not executable"), naming the program."""
         word = first_word(item.line)
@@ -371,6 +408,86 @@ class EntryLauncher:
             loop = asyncio.get_running_loop()
             await asyncio.gather(*(loop.run_in_executor(None, r.process.kill_tree) for r in running))
 
+    def kill_once(
+        self, kill_id: str, index: int, signame: str, grace: float, by: Optional[str]
+    ) -> Dict[str, Any]:
+        """``vmr-host kill`` ``kill_id`` of entry ``index`` (:meth:`kill`), applied once: the
+        outcome ``{"ok", "details", "index"}`` is journaled with the id (a resent kill gets it
+        again, ``"repeated": True``) and marks the entry, so a restarted agent reports it killed
+        instead of running it again."""
+        journal = self.state.journal
+        first = journal.applied_kill(kill_id)
+        if first is not None:
+            return {**first, "repeated": True}
+        ok, details = self.kill(index, signame, grace, by)
+        outcome = {"ok": ok, "details": details, "index": index}
+        journal.record_kill(kill_id, outcome, index, self.running[index].ended_by if ok else None)
+        self.state.syncer.save_soon()
+        return outcome
+
+    def kill(self, index: int, signame: str, grace: float, by: Optional[str]) -> Tuple[bool, str]:
+        """``vmr-host kill``: send signal ``SIG<signame>`` to running entry ``index``'s process
+        tree, SIGKILL what is left after ``grace`` s (a worker thread); its ``entry_exited`` then
+        says ``ended_by: operator`` (and ``requested_by: by``). A negative-time entry ends its
+        stage's wait like any end: the stage finishes and the next one begins.
+
+        Returns:
+            (True, what was done) or (False, why not: the entry is not running, and whether it
+            never started, ended, could not run, or is no entry of the schedule).
+        """
+        running = self.running.get(index)
+        if running is None or running.killed:
+            return False, self._not_running(index)
+        first = signal.Signals[f"SIG{signame}"]
+        mark = {"ended_by": "operator", "requested_by": by, "kill_signal": first.name, "grace": grace}
+        if not self._end_tree(running, mark):
+            return True, f"entry {index} is being ended already ({(running.ended_by or {}).get('ended_by')})"
+        after = "" if first == signal.SIGKILL else f", SIGKILL to what is left after {grace:g} s"
+        return True, f"{first.name} sent to entry {index}'s process tree (pid {running.process.pid}){after}"
+
+    def _time_out(self, running: Running, timeout: float) -> None:
+        """``running``'s entry ran for its ``timeout`` s: its tree is ended as by ``vmr-host kill``
+        (SIGTERM, SIGKILL after :data:`TIMEOUT_GRACE` s) and its ``entry_exited`` says
+        ``ended_by: timeout``. The mark is journaled first: an agent restarted meanwhile does
+        not run it again."""
+        if self.running.get(running.entry.index) is not running or running.killed:
+            return
+        mark = {"ended_by": "timeout", "timeout": timeout, "kill_signal": "SIGTERM", "grace": TIMEOUT_GRACE}
+        if self._end_tree(running, mark):
+            self.state.journal.mark_killed(running.entry.index, mark)
+            self.state.journal_changed()
+
+    def _end_tree(self, running: Running, mark: Dict[str, Any]) -> bool:
+        """Send ``mark["kill_signal"]`` to ``running``'s process tree and SIGKILL to what is left
+        after ``mark["grace"]`` s (a worker thread), unless it is being ended already; ``mark``
+        is what its ``entry_exited`` will say. Returns whether it was ended now."""
+        if running.ended_by is not None:
+            return False
+        running.ended_by = mark
+        first = int(signal.Signals[mark["kill_signal"]])
+        loop = asyncio.get_running_loop()
+        job = loop.run_in_executor(None, running.process.kill_tree, mark["grace"], first)
+        job.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return True
+
+    def _not_running(self, index: int) -> str:
+        """Why entry ``index`` cannot be killed: it is not running, and what became of it."""
+        entries = self.state.schedule.entries
+        if not 0 <= index < len(entries):
+            return f"no entry {index}: the schedule has {len(entries)} entries (0-{len(entries) - 1})"
+        if entries[index].on_host:
+            return f"entry {index} is an on_host entry: it runs on the host, not in this VM"
+        state = self.state.journal.entry_state(index)
+        if state is None:
+            return f"entry {index} is not running: it has not started"
+        if state == FAILED:
+            return f"entry {index} is not running: it could not run (entry_failed)"
+        if state == RUNNING:
+            return f"entry {index} is not running: it ended, its end is being reported"
+        code = self.state.journal.entry_outcomes()[index][1]
+        how = f"exit code {code}" if code is not None else "by a signal, or with data only"
+        return f"entry {index} is not running: it ended ({how})"
+
     def recover(self, schedule_entries: List[ScheduleEntry]) -> None:
         """Entries the journal says were running when the agent stopped: terminate what is left
         of their process trees, report them interrupted, and let them run again."""
@@ -380,6 +497,17 @@ class EntryLauncher:
                 continue
             pid = rec.get("pid")
             killed = self.state.processes.kill_leftover(int(pid), rec.get("create_time"), 3.0) if pid else []
+            kill = self.state.journal.killed_by(index)
+            if kill is not None:  # vmr-host kill asked for its end: it does not run again
+                self.state.emit(
+                    EventType.ENTRY_EXITED, index=index, executable=schedule_entries[index].executable,
+                    exit_code=rec.get("exit_code"), signal=None, killed_pids=killed,
+                    status="timeout" if kill.get("ended_by") == "timeout" else "killed",
+                    details=f"{killed_text(kill, None)}; the agent restarted before its end was reported",
+                    **kill,
+                )  # fmt: skip
+                self.state.journal.mark_done(index, DONE, rec.get("exit_code"))
+                continue
             self.state.emit(
                 EventType.ENTRY_INTERRUPTED,
                 index=index,
@@ -404,3 +532,30 @@ class EntryLauncher:
             }
             for r in self.running.values()
         ]
+
+
+def killed_text(kill: Dict[str, Any], result: Optional[ProcessResult]) -> str:
+    """What an entry ended by ``vmr-host kill`` or its timeout says of its end (``kill``: its
+    :attr:`Running.ended_by`; ``result``: how its process ended, None when unknown):
+    ``killed by operator (SIGTERM)`` or ``timed out after 30 s (SIGTERM)``, then how it ended when
+    that is not by the signal sent (SIGKILL after the grace period, or an exit code: the program
+    caught the signal and exited)."""
+    sent = str(kill.get("kill_signal"))
+    text = f"killed by operator ({sent})"
+    if kill.get("ended_by") == "timeout":
+        text = f"timed out after {kill.get('timeout'):g} s ({sent})"
+    if result is None or (result.signal is not None and signal_name(result.signal) == sent):
+        return text
+    if result.signal == signal.SIGKILL:
+        return text + f": still running after the {kill.get('grace'):g} s grace period, ended by SIGKILL"
+    if result.signal is not None:
+        return text + f": ended by {signal_name(result.signal)}"
+    return text + f": it exited with code {result.exit_code}"
+
+
+def signal_name(number: int) -> str:
+    """``15`` -> ``SIGTERM``; a number no signal has -> ``signal 99``."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

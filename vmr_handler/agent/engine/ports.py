@@ -12,6 +12,7 @@ tests pass a :class:`~vmr_handler.core.clock.FakeClock` and scripted processes.
 
 from __future__ import annotations
 
+import signal
 from typing import Any, Dict, List, Mapping, Optional, Protocol
 
 from vmr_handler.agent.machine.executor import OutputCallback, ProcessResult
@@ -36,8 +37,9 @@ class Process(Protocol):
     async def wait(self) -> ProcessResult:
         """Wait for the end of the process and of its output; how it ended."""
 
-    def kill_tree(self, timeout: float = 3.0) -> None:
-        """Terminate the process and its descendants (blocking: call from a worker thread)."""
+    def kill_tree(self, timeout: float = 3.0, first: int = signal.SIGTERM) -> None:
+        """Send signal ``first`` to the process and its descendants, SIGKILL what is left after
+        ``timeout`` s (blocking: call from a worker thread)."""
 
 
 class Processes(Protocol):

@@ -371,6 +371,39 @@ class Journal:
         """Remember that RESUME ``resume_id`` was applied, with its outcome (saved by :meth:`save`)."""
         self.data.setdefault("resume_ids", {})[resume_id] = outcome
 
+    def applied_kill(self, kill_id: str) -> Optional[Dict[str, Any]]:
+        """The outcome of the host's kill ``kill_id`` (``vmr-host kill``), None if never applied."""
+        applied: Dict[str, Dict[str, Any]] = self.data.setdefault("kill_ids", {})
+        return applied.get(kill_id)
+
+    def record_kill(
+        self,
+        kill_id: str,
+        outcome: Dict[str, Any],
+        index: Optional[int] = None,
+        mark: Optional[Dict[str, Any]] = None,
+    ) -> None:
+        """Remember kill ``kill_id``'s outcome (saved by :meth:`save`); with ``index`` and
+        ``mark`` (what its ``entry_exited`` will say), also mark that running entry as ended by
+        it (in the log, at once), so that an agent restarted before its end was journaled does
+        not run it again (:meth:`killed_by`)."""
+        self.data.setdefault("kill_ids", {})[kill_id] = outcome
+        if mark is not None and index is not None:
+            self.mark_killed(index, mark)
+
+    def mark_killed(self, index: int, mark: Dict[str, Any]) -> None:
+        """Mark running entry ``index`` as ended by a kill or its timeout (``mark``: what its
+        ``entry_exited`` will say), in the log at once (:meth:`killed_by`)."""
+        rec = self.data["entries"].get(str(index))
+        if rec is not None and rec.get("state") == RUNNING:
+            self._set_entry(index, {**rec, "kill": mark})
+
+    def killed_by(self, index: int) -> Optional[Dict[str, Any]]:
+        """The kill mark (:meth:`record_kill`) of running entry ``index``, None if not killed."""
+        rec = self.data["entries"].get(str(index)) or {}
+        kill = rec.get("kill")
+        return kill if isinstance(kill, dict) else None
+
     @property
     def placements(self) -> List[Dict[str, Any]]:
         """Whose data was placed, when and in which boot: a live list, saved by :meth:`save`.

@@ -33,6 +33,31 @@ _SHAPES: Dict[str, Tuple[frozenset[str], frozenset[str]]] = {
 }
 
 
+#: Fields of YAML/JSON entries only: a FIREWHEEL pickle's object has none (an attribute of such
+#: a name is ignored with a warning, as any other extra attribute).
+YAML_FIELDS = frozenset({"timeout"})
+
+
+def parse_timeout(
+    record: Mapping[str, Any], yaml: bool, runs_program: bool, report: Callable[[str, str], None]
+) -> Optional[float]:
+    """An entry's ``timeout``, seconds, or None: absent or null, a pickle's (``yaml`` False: an
+    attribute of that name is not the field), or a problem reported (field, message) with
+    ``report``: not a number > 0 and finite, or on an entry that runs no program in the VM
+    (``runs_program`` False: data-only, pause, on_host)."""
+    raw = record.get("timeout") if yaml else None
+    if raw is None:
+        return None
+    seconds = parse_number(raw)
+    if seconds is None or not 0 < seconds < math.inf:
+        report("timeout", f"must be seconds > 0 (or null), got {show(raw)}")
+    elif not runs_program:
+        report("timeout", "bounds how long a program runs: only on an entry with an executable run in the VM")
+    else:
+        return seconds
+    return None
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 

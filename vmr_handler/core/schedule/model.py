@@ -92,6 +92,9 @@ class ScheduleEntry:
             (for stored RESUME entries) one :class:`ResumeMark`.
         pause: True for pause/break entries.
         on_host: entry for the host controller; the agent reports it and never runs it.
+        timeout: seconds the entry's program may run before its process tree is ended
+            (SIGTERM, SIGKILL after a grace; ``ended_by: timeout``), None: no bound. YAML/JSON
+            only: FIREWHEEL pickles carry no such field.
     """
 
     index: int
@@ -102,6 +105,7 @@ class ScheduleEntry:
     data: Tuple[DataItem, ...] = ()
     pause: bool = False
     on_host: bool = False
+    timeout: Optional[float] = None
 
     @property
     def pause_duration(self) -> Optional[float]:

@@ -13,6 +13,7 @@ import sys
 from itertools import repeat
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple, cast
 
+import vmr_handler.core.schedule.items as items
 from vmr_handler.core.errors import ScheduleError, ScheduleValidationError
 from vmr_handler.core.schedule.items import _data_item, _duration, _names, _Problems, parse_number, show
 from vmr_handler.core.schedule.limits import (
@@ -35,6 +36,7 @@ ENTRY_FIELDS = frozenset(
 )
 #: YAML/JSON shorthand: a top-level ``pause_duration`` makes a pause entry.
 SHORTHAND_FIELDS = frozenset({"pause_duration"})
+KNOWN = ENTRY_FIELDS | items.YAML_FIELDS  # the fields of a YAML/JSON entry
 
 # The reference adds sys.float_info.min (once or twice) to a pause's start_time; anything
 # this small is the reference's "0".
@@ -65,6 +67,7 @@ class _Draft:
     executable: Optional[str] = None
     arguments: str = ""
     start: Optional[float] = None
+    timeout: Optional[float] = None
 
     def add(self, name: str, message: str) -> None:
         """Report a problem with the entry's field ``name``."""
@@ -81,17 +84,18 @@ class _Draft:
             data=tuple(self.data),
             pause=self.is_pause,
             on_host=bool(self.record.get("on_host") or False),
+            timeout=self.timeout,
         )
 
 
 def _unknown_fields(draft: _Draft, warnings: List[str]) -> None:
     """Unknown fields: an error in YAML/JSON, a warning (ignored attributes) in pickles."""
-    shorthand = SHORTHAND_FIELDS if draft.strict_fields else frozenset()
+    shorthand = SHORTHAND_FIELDS | items.YAML_FIELDS if draft.strict_fields else frozenset()
     unknown = set(draft.record) - ENTRY_FIELDS - shorthand
     if not unknown:
         return
     if draft.strict_fields:
-        draft.add(_names(unknown)[0], f"unknown field(s) {_names(unknown)}; known: {sorted(ENTRY_FIELDS)}")
+        draft.add(_names(unknown)[0], f"unknown field(s) {_names(unknown)}; known: {_names(KNOWN)}")
     else:
         warnings.append(f"{draft.where}: ignored extra attribute(s) {_names(unknown)}")
 
@@ -254,6 +258,12 @@ def _start_time(draft: _Draft) -> None:
         _normal_start(draft, start)
 
 
+def _timeout(draft: _Draft) -> None:
+    """``timeout``, of YAML/JSON entries only (:func:`.items.parse_timeout`)."""
+    runs = bool(draft.executable) and not draft.is_pause and not draft.record.get("on_host")
+    draft.timeout = items.parse_timeout(draft.record, draft.strict_fields, runs, draft.add)
+
+
 #: The field checks, in the order their problems are reported (tests compare that order).
 _FIELD_CHECKS: Tuple[Callable[[_Draft], None], ...] = (
     _pause_and_data,
@@ -261,6 +271,7 @@ _FIELD_CHECKS: Tuple[Callable[[_Draft], None], ...] = (
     _arguments,
     _flags,
     _start_time,
+    _timeout,
 )
 
 
@@ -325,6 +336,7 @@ def _plain_entries(
         fields["data"] = ()
         fields["pause"] = False
         fields["on_host"] = False
+        fields["timeout"] = None
         add(entry)
     for name, indices in (("ignore_failure", screen.ignored), ("on_host", screen.hosts)):
         for index in indices:

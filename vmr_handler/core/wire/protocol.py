@@ -44,10 +44,16 @@ RESOURCE_CHUNK = "resource_chunk"  # host -> agent
 START_TIME = "start_time"  # host -> agent: experiment start, UTC
 RESUME = "resume"  # host -> agent: at (host experiment seconds)
 SCHEDULE_APPEND = "schedule_append"  # host -> agent: a batch of entries to append
+KILL = "kill"  # host -> agent: end entry `index`'s process tree (signal, grace, by)
 HEARTBEAT = "heartbeat"  # either way
 TRANSFER_CHUNK = "transfer_chunk"  # agent -> host: a piece of a file transferred out
 TRANSFER_UPLOADED = "transfer_uploaded"  # agent -> host: a file transferred out was uploaded over HTTP(S)
 HOST_ENTRY = "host_entry"  # agent -> host: run on_host entry `index` now; answered by a result
+
+#: The signals a ``kill`` may send first (``SIG`` + name); SIGKILL follows after the grace.
+KILL_SIGNALS = ("TERM", "KILL", "INT", "HUP")
+#: Longest grace period of a ``kill``, seconds.
+MAX_GRACE = 3600.0
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Signed control messages: Ed25519 signatures on ``schedule``, ``start_time`` and ``resume``.
+"""Signed control messages: Ed25519 signatures on ``schedule``, ``start_time``, ``resume``,
+``schedule_append`` and ``kill``.
 
 Pure logic plus key files; no transport, no clock of its own (SPEC section 7).
 With a host key configured, the host signs every control event of :data:`SIGNED_TYPES` just
@@ -87,7 +88,7 @@ __all__ = [
 ]
 
 #: Event types that must be signed when a host key is configured (SPEC section 7).
-SIGNED_TYPES = frozenset({P.SCHEDULE, P.START_TIME, P.RESUME, P.SCHEDULE_APPEND})
+SIGNED_TYPES = frozenset({P.SCHEDULE, P.START_TIME, P.RESUME, P.SCHEDULE_APPEND, P.KILL})
 #: The member of ``data`` that carries the signature.
 SIGNATURE_FIELD = "signature"
 ALG = "ed25519"

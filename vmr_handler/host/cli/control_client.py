@@ -1,4 +1,4 @@
-"""``vmr-host status|resume|release``: the control commands, kept lean.
+"""``vmr-host status|resume|release|kill``: the control commands, kept lean.
 
 A RESUME is on the critical path of an experiment: from the operator's command to the next
 entry's fork it should take < 100 ms. This module is all those three commands import besides
@@ -31,18 +31,20 @@ EXIT_USAGE = 2
 
 _ClientFields = namedtuple(
     "_ClientFields",
-    ("command", "logs", "json", "vms", "all", "exclude", "states", "force", "dry_run"),
-    defaults=(DEFAULT_LOGS, False, (), False, (), (), False, False),
-)
+    ("command", "logs", "json", "vms", "all", "exclude", "states", "force", "dry_run", "entry", "signal",
+     "grace"),
+    defaults=(DEFAULT_LOGS, False, (), False, (), (), False, False, None, "TERM", 10.0),
+)  # fmt: skip
 
 
 class ClientCommand(_ClientFields):
     """One control command, a named tuple (``collections``'; ``typing.NamedTuple`` would import
-    ``typing`` on the lean path): ``command`` (str: ``status``, ``resume``, ``release``),
-    ``logs`` (str, the logs dir), ``json`` (bool, ``--json``), ``vms`` (tuple of str, the VMs
-    named: ``status``, ``resume``), ``all`` (bool, ``resume --all``), ``exclude`` (tuple of
-    str, ``release --exclude``), ``states`` (tuple of str, ``status --state``), ``force`` and
-    ``dry_run`` (bool, ``resume``)."""
+    ``typing`` on the lean path): ``command`` (str: ``status``, ``resume``, ``release``,
+    ``kill``), ``logs`` (str, the logs dir), ``json`` (bool, ``--json``), ``vms`` (tuple of str,
+    the VMs named: ``status``, ``resume``, ``kill``), ``all`` (bool, ``resume --all``, ``kill
+    --all``), ``exclude`` (tuple of str, ``release --exclude``), ``states`` (tuple of str,
+    ``status --state``), ``force`` and ``dry_run`` (bool, ``resume``), and ``kill``'s ``entry``
+    (int or None), ``signal`` (str, ``TERM``...) and ``grace`` (float, seconds)."""
 
     __slots__ = ()
 
@@ -80,8 +82,18 @@ def add_release(release: argparse.ArgumentParser) -> None:
     release.add_argument("--json", action="store_true")
 
 
+def add_kill(kill: argparse.ArgumentParser) -> None:
+    """``kill (VM... | --all) --entry N [--signal S] [--grace S] [--logs DIR] [--json]``: the
+    request's fields as declared."""
+    from vmr_handler.host.control.commands import COMMANDS, add_arguments
+
+    add_arguments(kill, COMMANDS["kill"])
+    add_logs(kill)
+    kill.add_argument("--json", action="store_true")
+
+
 def client_command(args: argparse.Namespace) -> ClientCommand:
-    """The :class:`ClientCommand` of parsed ``status``/``resume``/``release`` arguments."""
+    """The :class:`ClientCommand` of parsed ``status``/``resume``/``release``/``kill`` arguments."""
     return ClientCommand(
         args.command,
         args.logs,
@@ -92,6 +104,9 @@ def client_command(args: argparse.Namespace) -> ClientCommand:
         tuple(getattr(args, "state", ())),
         bool(getattr(args, "force", False)),
         bool(getattr(args, "dry_run", False)),
+        getattr(args, "entry", None),
+        getattr(args, "signal", "TERM"),
+        getattr(args, "grace", 10.0),
     )
 
 
@@ -105,14 +120,30 @@ def _payload(cmd: ClientCommand) -> Dict[str, Any]:
     (:func:`vmr_handler.host.control.commands.request_of`).
 
     Raises:
-        UsageError: ``resume`` without VMs and without ``--all``, or with both.
+        UsageError: ``resume`` or ``kill`` without VMs and without ``--all``, or with both.
     """
     from vmr_handler.core.errors import UsageError
     from vmr_handler.host.control.commands import COMMANDS, request_of
 
-    if cmd.command == "resume" and bool(cmd.vms) == bool(cmd.all):
-        raise UsageError("resume needs VM names or --all (not both)")
-    return request_of(COMMANDS[cmd.command], cmd._asdict())
+    if cmd.command in ("resume", "kill") and bool(cmd.vms) == bool(cmd.all):
+        raise UsageError(f"{cmd.command} needs VM names or --all (not both)")
+    request = request_of(COMMANDS[cmd.command], cmd._asdict())
+    if cmd.command == "kill":
+        request["by"] = _who()  # said in the entry's end
+    return request
+
+
+def _who() -> str:
+    """``user@host`` of who runs this command (``uid N@host`` when the user has no name)."""
+    import getpass
+    import os
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid {os.getuid()}"
+    return f"{user}@{socket.gethostname()}"
 
 
 def run_client(cmd: ClientCommand) -> int:
@@ -224,6 +255,22 @@ def _resume_text(result: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _kill_text(result: Dict[str, Any]) -> str:
+    """What ``kill`` prints: whom the kill reached, the VMs where the entry does not run (with
+    ``--all``) and, for an entry of a stage, that the stage ends with it."""
+    pending = [vm for vm in result["targets"] if vm not in result["sent_now"]]
+    after = "" if result["signal"] == "KILL" else f", SIGKILL after {result['grace']:g} s"
+    lines = [
+        f"kill {result['id']}: entry {result['entry']} sent SIG{result['signal']}{after} on "
+        + (", ".join(result["sent_now"]) or "no VM")
+        + (f"; pending (sent when they reconnect): {', '.join(pending)}" if pending else "")
+    ]
+    lines += [f"{vm}: {why}" for vm, why in sorted((result.get("not_running") or {}).items())]
+    lines += [f"{vm}: {note}" for vm, note in sorted((result.get("stage") or {}).items())]
+    lines.append("its end shows in vmr-host logs VM and status (killed by operator)")
+    return "\n".join(lines)
+
+
 def _text(cmd: ClientCommand, result: Dict[str, Any]) -> str:
     """What ``cmd`` prints for the host's ``result``."""
     if cmd.json:
@@ -236,6 +283,8 @@ def _text(cmd: ClientCommand, result: Dict[str, Any]) -> str:
         return format_status(result, cmd.states, cmd.vms)
     if cmd.command == "resume":
         return _resume_text(result)
+    if cmd.command == "kill":
+        return _kill_text(result)
     if result["start_time"] is not None:
         from vmr_handler.core.fsutil import utc_text
 

@@ -56,6 +56,14 @@ def _kpi_interval(text: str) -> float:
     return value
 
 
+def _timeout(text: str) -> float:
+    """Seconds > 0 and finite (``--default-timeout``)."""
+    value = _seconds(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be seconds > 0, got {text!r}")
+    return value
+
+
 def _count(text: str) -> int:
     """A positive whole number (bytes, ids) of a tuning option."""
     try:
@@ -118,6 +126,9 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="each agent reports its VM's CPU, memory, disk and network every SECONDS (default 10; 0 = off)",
     )
+    serve.add_argument("--default-timeout", type=_timeout, metavar="SECONDS",
+                       help="end a program entry without a timeout of its own after SECONDS in its VM "
+                       "(SIGTERM, SIGKILL 10 s later; told to agents without one; default none)")  # fmt: skip
     serve.add_argument(
         "--signing-key",
         metavar="FILE",
@@ -233,6 +244,7 @@ def build_config(args: argparse.Namespace) -> HostConfig:
         signing_key=signing_key,
         http=http_options(args),
         kpi_interval=args.kpi_interval,
+        default_timeout=args.default_timeout,
         console=console_options(args),
         name=experiment_name(args, mqtt.experiment if mqtt is not None else None),
         host_entries=args.host_entries,

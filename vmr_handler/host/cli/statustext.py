@@ -180,6 +180,10 @@ def format_status(
         bad = vm["frames"]["malformed"] + vm["frames"]["oversize"] + sum(vm["refused"].values())
         if bad:
             notes.append(f"{bad} refused/malformed")
+        killed = list(((vm.get("phase") or {}).get("killed") or {}).items())  # vmr-host kill, timeouts
+        notes += [f"entry {i} {how}" for i, how in killed[-2:]]
+        if len(killed) > 2:
+            notes.append(f"{len(killed)} entries killed (operator or timeout)")
         rows.append(
             (
                 vm["vm"],

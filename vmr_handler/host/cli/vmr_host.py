@@ -49,6 +49,8 @@ COMMANDS: Dict[str, Command] = {
                       _CLIENT + "add_resume", _CLIENT + "run", lean=True),
     "release": Command("start the experiment without VMs that are missing",
                        _CLIENT + "add_release", _CLIENT + "run", lean=True),
+    "kill": Command("end a running entry in VMs: SIGTERM, then SIGKILL after the grace (docs/host.md)",
+                    _CLIENT + "add_kill", _CLIENT + "run", lean=True),
     "mqtt-config": Command("mosquitto config, ACL and credentials (docs/mqtt.md)",
                            _CLI + "mqtt_config.layout:add_arguments",
                            _CLI + "mqtt_config.command:cmd_mqtt_config"),

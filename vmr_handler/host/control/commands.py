@@ -24,18 +24,33 @@ Refusals: every request can be refused with :class:`~vmr_handler.core.errors.Req
 
 from __future__ import annotations
 
-from vmr_handler.core.errors import BarrierError, BatchError, RequestRefused, ResourcesMissing, VmrError
+from vmr_handler.core.errors import (
+    BarrierError,
+    BatchError,
+    EntryNotRunning,
+    RequestRefused,
+    ResourcesMissing,
+    VmNotConnected,
+    VmrError,
+)
 
 TYPE_CHECKING = False  # no ``typing`` on the lean paths (core.commandtable.TYPE_CHECKING)
 if TYPE_CHECKING:
     import argparse
     from typing import Any, Dict, List, Mapping, Optional, Tuple, Type
 
+#: The signals ``kill`` may send first (``vmr_handler.core.wire.protocol.KILL_SIGNALS``, kept
+#: here too: the lean CLI imports nothing of the protocol), and its longest grace, seconds.
+KILL_SIGNALS = ("TERM", "KILL", "INT", "HUP")
+MAX_GRACE = 3600.0
+
 #: The kinds a field can have, with the JSON schema of each.
 KINDS: Dict[str, Dict[str, Any]] = {
     "names": {"type": "array", "items": {"type": "string"}},  # VM names
     "bool": {"type": "boolean"},
     "text": {"type": "string"},
+    "int": {"type": "integer"},
+    "number": {"type": "number"},  # seconds
 }
 
 
@@ -51,9 +66,11 @@ class Field:
             command line (the client computes it).
         cli_default: what the CLI sends when the option is not given (None: :attr:`default`).
         nargs: a ``names`` field's number of words on the command line.
+        choices: the values a ``text`` field may take (None: any).
+        bounds: the ``(least, most)`` an ``int`` or ``number`` field may be (None: any).
     """
 
-    __slots__ = ("cli_default", "default", "flags", "help", "kind", "name", "nargs")
+    __slots__ = ("bounds", "choices", "cli_default", "default", "flags", "help", "kind", "name", "nargs")
 
     def __init__(
         self,
@@ -64,6 +81,8 @@ class Field:
         flags: Optional[Tuple[str, ...]] = None,
         cli_default: Any = None,
         nargs: str = "*",
+        choices: Optional[Tuple[str, ...]] = None,
+        bounds: Optional[Tuple[float, float]] = None,
     ) -> None:
         self.name = name
         self.kind = kind
@@ -72,6 +91,8 @@ class Field:
         self.flags = flags
         self.cli_default = cli_default
         self.nargs = nargs
+        self.choices = choices
+        self.bounds = bounds
 
 
 class ControlCommand:
@@ -167,6 +188,25 @@ COMMANDS: Dict[str, ControlCommand] = {
             answer={"id": _STR, "entries": _INT, "targets": _NAMES, "sent_now": _NAMES, "pending": _NAMES},
             refusals=(BatchError, ResourcesMissing),
         ),
+        ControlCommand(
+            "kill",
+            "end a running entry's process tree in VMs (SIGTERM, then SIGKILL after the grace)",
+            (
+                _VMS,
+                Field("all", "bool", False, "every VM where the entry runs", flags=("--all",)),
+                Field("entry", "int", None, "the entry's index (vmr-host schedule show VM lists them)",
+                      flags=("--entry",), bounds=(0, 2**31)),
+                Field("signal", "text", "TERM", "the signal sent first (default TERM)",
+                      flags=("--signal",), choices=KILL_SIGNALS),
+                Field("grace", "number", 10.0, "seconds before SIGKILL ends what is left (default 10)",
+                      flags=("--grace",), bounds=(0.0, MAX_GRACE)),
+                Field("by", "text", "", "who asks (the CLI sends user@host)"),
+            ),
+            answer={"id": _STR, "entry": _INT, "signal": _STR, "grace": _NUM, "targets": _NAMES,
+                    "sent_now": _NAMES, "not_running": _OBJ, "stage": _OBJ},
+            refusals=(EntryNotRunning, VmNotConnected),
+            rest="/api/v1/kill",
+        ),
     )
 }  # fmt: skip
 
@@ -189,6 +229,18 @@ def _checked(command: ControlCommand, field: Field, value: Any) -> Any:
         raise RequestRefused(f"{command.name}: '{field.name}' must be true or false, not {value!r}")
     elif field.kind == "text" and not isinstance(value, str):
         raise RequestRefused(f"{command.name}: '{field.name}' must be a string, not {value!r}")
+    elif field.kind in ("int", "number") and (
+        isinstance(value, bool) or not isinstance(value, int if field.kind == "int" else (int, float))
+    ):
+        what = "an integer" if field.kind == "int" else "a number (seconds)"
+        raise RequestRefused(f"{command.name}: '{field.name}' must be {what}, not {value!r}")
+    if field.choices is not None and value not in field.choices:
+        raise RequestRefused(
+            f"{command.name}: '{field.name}' must be one of {', '.join(field.choices)}, not {value!r}"
+        )
+    if field.bounds is not None and not field.bounds[0] <= value <= field.bounds[1]:
+        least, most = (int(b) if field.kind == "int" else f"{b:g}" for b in field.bounds)
+        raise RequestRefused(f"{command.name}: '{field.name}' must be {least}-{most}, not {value!r}")
     return value
 
 
@@ -224,6 +276,11 @@ def add_arguments(parser: argparse.ArgumentParser, command: ControlCommand) -> N
         extra: Dict[str, Any] = {"help": field.help} if field.help else {}
         if field.kind == "bool":
             parser.add_argument(*field.flags, dest=field.name, action="store_true", **extra)
+        elif field.kind != "names":
+            kind = {"int": int, "number": float, "text": str}[field.kind]
+            metavar = {"int": "N", "number": "S"}.get(field.kind)  # text: its choices
+            parser.add_argument(*field.flags, dest=field.name, type=kind, default=default, metavar=metavar,
+                                choices=field.choices, required=default is None, **extra)  # fmt: skip
         elif field.flags:
             parser.add_argument(*field.flags, dest=field.name, nargs=field.nargs, default=default,
                                 metavar="VM", **extra)  # fmt: skip

@@ -151,11 +151,15 @@ def run_status(p: Optional[Payload]) -> Optional[str]:
     """The status of an entry run an entry report's payload tells, None for another report:
     ``started``; ``entry_exited`` is ``success`` or ``error`` as the agent said (a data-only
     entry has no exit code and succeeded; a requested reboot is a success), else by its exit
-    code (0 = success); ``entry_failed`` is ``failed`` (it could not run); ``entry_interrupted``
-    is ``interrupted``. ``error`` and ``failed`` make a failed entry (:data:`FAILED_RUNS`)."""
+    code (0 = success), ``killed`` when the operator ended it (``ended_by: operator``,
+    ``vmr-host kill``) and ``timeout`` when its ``timeout`` did; ``entry_failed`` is ``failed``
+    (it could not run); ``entry_interrupted`` is ``interrupted``. ``error`` and ``failed`` make
+    a failed entry (:data:`FAILED_RUNS`)."""
     if isinstance(p, EntryStarted):
         return "started"
     if isinstance(p, EntryExited):
+        if p.ended_by in ("operator", "timeout"):
+            return "killed" if p.ended_by == "operator" else "timeout"
         if p.status in ("success", "error"):
             return p.status
         return "success" if p.exit_code == 0 else "error"
@@ -278,6 +282,9 @@ class VmState:
         # where the VM is now: entries running (index -> host UTC seen started),
         # the break it is held at, the pause it is in, the last entry started
         self.running: Dict[int, float] = {}
+        #: entries that ended, index -> (how: ``exit code 0``, ``killed by operator (SIGTERM)``...;
+        #: its run status, :func:`run_status`)
+        self.ended: Dict[int, Tuple[str, str]] = {}
         self.at_break: Optional[Dict[str, Any]] = None
         #: break index -> host UTC of the RESUME that ended it, as the agent reported (its
         #: journal keeps them across its restarts): a ``break_started`` of one that comes after
@@ -404,6 +411,7 @@ class VmState:
             self.max_lateness = p.lateness
         if p.index is not None:
             self.running.pop(p.index, None)
+            self.ended.pop(p.index, None)
             self.running[p.index] = received
             if len(self.running) > MAX_RUNNING:
                 del self.running[next(iter(self.running))]
@@ -411,19 +419,25 @@ class VmState:
 
     def _entry_failed(self, p: EntryFailed, received: float) -> None:
         self.failures += 1
-        self._ended(p.index)
+        self._ended(p.index, ("it could not run", "failed"))
 
     def _entry_exited(self, p: EntryExited, received: float) -> None:
-        if run_status(p) in FAILED_RUNS:
+        status = run_status(p) or "error"
+        if status in FAILED_RUNS:
             self.failures += 1
-        self._ended(p.index)
+        self._ended(p.index, (short(p.details.string) or status, status))
 
     def _entry_interrupted(self, p: EntryInterrupted, received: float) -> None:
-        self._ended(p.index)
+        self._ended(p.index, None)  # it runs again when the agent restarts
 
-    def _ended(self, index: Optional[int]) -> None:
+    def _ended(self, index: Optional[int], how: Optional[Tuple[str, str]]) -> None:
         if index is not None:
             self.running.pop(index, None)
+            if how is not None:
+                self.ended.pop(index, None)
+                self.ended[index] = how
+                if len(self.ended) > MAX_RUNNING:
+                    del self.ended[next(iter(self.ended))]
 
     def _break_started(self, p: BreakStarted, received: float) -> None:
         if p.index in self.ended_breaks:
@@ -464,13 +478,15 @@ class VmState:
     # ------------------------------------------------------------------ checkpoint
     def snapshot(self) -> Dict[str, Any]:
         """What the stored reports set, JSON safe (the restart checkpoint): the
-        members of :data:`REPLAYED`, ``running`` as ``[[index, host UTC], ...]``, the latest
+        members of :data:`REPLAYED`, ``running`` as ``[[index, host UTC], ...]``, ``ended`` as
+        ``[[index, how, status], ...]``, the latest
         ``kpi`` and ``kpi_history`` (lists of :data:`KPI_SERIES` values). A schedule only *sent*
         is saved as ``pending`` (it is sent again at the next handshake)."""
         data = {k: getattr(self, k) for k in REPLAYED}
         if data["schedule_state"] == "sent":
             data["schedule_state"] = "pending"
         data["running"] = [[i, t] for i, t in self.running.items()]
+        data["ended"] = [[i, how, status] for i, (how, status) in self.ended.items()]
         data["completion"] = self.completion
         data["kpi"] = self.kpi
         data["kpi_history"] = [list(sample) for sample in self.kpi_history]
@@ -485,6 +501,7 @@ class VmState:
         try:
             values = {k: data[k] for k in REPLAYED}
             running = {int(i): float(t) for i, t in data["running"]}
+            ended = {int(i): (str(how), str(st)) for i, how, st in data.get("ended", [])}  # absent: older
         except (KeyError, TypeError, ValueError) as exc:
             raise SavedStateError(f"not a VM state snapshot: {exc!r}") from exc
         if values["schedule_state"] not in ("pending", "accepted", "rejected") or not isinstance(
@@ -499,6 +516,7 @@ class VmState:
         for k, v in values.items():
             setattr(self, k, v)
         self.running = running
+        self.ended = ended
         self.kpi = kpi
         self.kpi_history = deque(history, maxlen=KPI_HISTORY)
 
@@ -535,6 +553,7 @@ class VmState:
             "phase": {
                 "stage_time": self.stage_time,
                 "running_entries": sorted(self.running),
+                "killed": {str(i): how for i, (how, st) in self.ended.items() if st in ("killed", "timeout")},
                 "at_break": dict(self.at_break) if self.at_break else None,
                 "paused": dict(self.paused) if self.paused else None,
                 "last_entry": dict(self.last_entry) if self.last_entry else None,

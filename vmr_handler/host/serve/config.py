@@ -178,6 +178,8 @@ class HostConfig:
             time and RESUME are signed with it (SPEC §7). None: unsigned.
         http: serve VM-resource files over HTTP(S) (``--http``, :mod:`vmr_handler.host.serve.http.server`);
             None: only over the channel.
+        default_timeout: seconds a program entry without a ``timeout`` of its own may run in
+            its VM (``--default-timeout``; None: no bound), told in ``welcome``.
         kpi_interval: seconds between two KPI samples of each agent (``--kpi-interval``; 0 = no
             KPIs, seed 004's ``repeat``); told to every agent in its ``welcome``.
         console: serve the operators' console (``--console``); None: no console.
@@ -209,6 +211,7 @@ class HostConfig:
     signing_key: Any = None
     http: Optional[HttpOptions] = None
     kpi_interval: float = 10.0
+    default_timeout: Optional[float] = None
     console: Optional[ConsoleOptions] = None
     name: str = ""
     host_entries: bool = False

@@ -1,4 +1,4 @@
-"""The requests ``vmr-host status|resume|release`` send to the control socket
+"""The requests ``vmr-host status|resume|release|kill`` send to the control socket
 ``<logs>/vmr-host.sock`` (:class:`~vmr_handler.core.control.ControlServer`): one handler per
 command (:meth:`ControlApi.handlers`), each taking the request dict and returning the answer
 dict; a :class:`~vmr_handler.core.errors.RequestRefused`, or a refusal the command declares,
@@ -12,8 +12,8 @@ import os
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from vmr_handler import __version__
-from vmr_handler.core.errors import RequestRefused
-from vmr_handler.core.readable import few_names, unknown_text
+from vmr_handler.core.errors import EntryNotRunning, RequestRefused, VmNotConnected
+from vmr_handler.core.readable import duration, few_names, unknown_text
 from vmr_handler.core.schedule.appended import read_batch
 from vmr_handler.core.schedule.model import entry_drops
 from vmr_handler.host.control.commands import COMMANDS, ControlCommand, validate
@@ -172,6 +172,46 @@ class ControlApi:
             "not_at_break": not_at_break,
         }
 
+    def kill(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        """``kill`` ``{"vms": [...] | "all": true, "entry": N, "signal", "grace", "by"}``: end
+        entry N's process tree in those VMs (their agents send ``SIG<signal>``, then SIGKILL to
+        what is left after ``grace`` s; signed like a RESUME when the host has a key). VMs named
+        must all be connected and running the entry; ``all`` kills it where it runs and lists the
+        others (``not_running``). An entry of a negative stage may be killed: the stage ends when
+        it ends and the next begins (said in ``stage``).
+
+        Raises:
+            RequestRefused: neither or both of ``vms``/``all``, an unknown VM, no ``entry``.
+            VmNotConnected: a VM named is not connected (lost or not heard from): nothing is sent.
+            EntryNotRunning: a VM named does not run the entry (not started, or ended: how), or
+                with ``all``, no VM runs it: nothing is sent.
+        """
+        targets = self._targets(request, "kill")
+        index = request.get("entry")
+        if index is None:
+            raise RequestRefused("kill needs the entry's index (--entry N; vmr-host schedule VM lists them)")
+        x = self.experiment
+        why = {vm: _not_killable(x, vm, index) for vm in targets}
+        if request.get("all") is not True:
+            for problem in why.values():
+                if problem is not None:
+                    raise problem
+        runs = [vm for vm in targets if why[vm] is None]
+        if not runs:
+            raise EntryNotRunning(f"entry {index} runs on no VM: " + "; ".join(str(e) for e in why.values()))
+        record, sent = x.kills.issue(x.sessions, runs, index, request["signal"], request["grace"],
+                                     request.get("by") or None, x.clock.time())  # fmt: skip
+        return {
+            "id": record.id,
+            "entry": index,
+            "signal": record.signal,
+            "grace": record.grace,
+            "targets": runs,
+            "sent_now": sent,
+            "not_running": {vm: str(e) for vm, e in why.items() if e is not None},
+            "stage": {vm: note for vm in runs if (note := _stage_note(x, vm, index))},
+        }
+
     def release(self, request: Dict[str, Any]) -> Dict[str, Any]:
         """``release`` ``{"exclude": [...]}``: start without the named VMs (or without every
         VM still missing when the list is empty).
@@ -217,3 +257,39 @@ def _resumable(
             "VMs at a break with --all"
         )
     return targets
+
+
+def _not_killable(x: Experiment, vm: str, index: int) -> Optional[Exception]:
+    """Why ``vm``'s entry ``index`` cannot be killed now, as the error to refuse with, or None:
+    its agent is not connected, or the entry is not running there (by what the VM reported)."""
+    session = x.sessions[vm]
+    if not (session.connected and session.handshaken):
+        gone = session.presence().gone_for
+        since = f" for {duration(gone)}" if gone is not None else ""
+        return VmNotConnected(
+            f"{vm} is not connected{since}: a kill cannot reach its agent, nothing is sent; "
+            f"kill again once it is back (vmr-host status {vm} says CONN yes)"
+        )
+    state = session.state
+    if index in state.running:
+        return None
+    ended = state.ended.get(index)
+    if ended is not None:
+        return EntryNotRunning(f"entry {index} is not running on {vm}: it ended ({ended[0]})")
+    return EntryNotRunning(
+        f"entry {index} is not running on {vm}: it has not started (or is no entry of its schedule: "
+        f"vmr-host schedule {vm} lists them)"
+    )
+
+
+def _stage_note(x: Experiment, vm: str, index: int) -> Optional[str]:
+    """What killing ``vm``'s running entry ``index`` does to its stage: in a negative stage (the
+    VM is before the experiment start), the stage waits on it, so it ends when the entry ends
+    and the next stage begins; None in positive time."""
+    state = x.sessions[vm].state
+    if state.stage_running and state.stage_time is not None and state.stage_time < 0:
+        return (
+            f"entry {index} belongs to stage {state.stage} (start_time {state.stage_time:g}), which waits "
+            "on it: the stage ends when the entry ends, then the next stage begins"
+        )
+    return None

@@ -30,6 +30,7 @@ from vmr_handler.host.serve.config import HostConfig
 from vmr_handler.host.serve.experiment.appendbook import AppendBook, allow_resources
 from vmr_handler.host.serve.experiment.barrier import Barrier, waiting_text
 from vmr_handler.host.serve.experiment.hostentries import HostEntryPort, HostEntryRunner
+from vmr_handler.host.serve.experiment.killbook import KillBook
 from vmr_handler.host.serve.session.session import VmSession
 
 log = logging.getLogger("vmr_handler.host")
@@ -183,6 +184,7 @@ class Experiment(HostEntryPort):
         #: batches appended to running VMs
         self.appends = appends if appends is not None else AppendBook(config.logs)
         allow_resources(sessions, self.appends)
+        self.kills = KillBook()  # vmr-host kill: sent until answered (this host run only)
         #: True while the VMs' logs are replayed at start (nothing is sent, announced or saved)
         self.loading = False
         #: VMs that failed / completed, for the running counts of the log
@@ -203,6 +205,11 @@ class Experiment(HostEntryPort):
     def kpi_interval(self) -> float:
         """Seconds between two KPI samples of each agent (``--kpi-interval``), told in ``welcome``."""
         return self.config.kpi_interval
+
+    @property
+    def default_timeout(self) -> Optional[float]:
+        """Seconds an entry without a ``timeout`` may run (``--default-timeout``), told in ``welcome``."""
+        return self.config.default_timeout
 
     def on_stored(self, vm: str, events: List[Event], received: float) -> None:
         """``vm``'s new reports were stored and applied: tell every watcher (a failing watcher
@@ -421,9 +428,10 @@ class Experiment(HostEntryPort):
         return Event(START_TIME, self.start_set_at or start, self.start_id, data)
 
     def pending_resumes(self, vm: str) -> List[Event]:
-        """``resume`` and ``schedule_append`` events issued to ``vm`` and not yet answered, in
-        the order issued (a RESUME never ends a break appended after it, nor misses one before)."""
+        """``resume``, ``schedule_append`` and ``kill`` events issued to ``vm`` and not yet answered,
+        in the order issued (a RESUME never ends a break appended after it, nor misses one before)."""
         events = [r.event() for r in self.resumes if vm in r.targets and vm not in r.answered]
+        events += self.kills.events_for(vm)
         return sorted(events + self.appends.events_for(vm), key=lambda e: e.timestamp)
 
     def on_configured(self, vm: str, at: float) -> None:
@@ -461,8 +469,9 @@ class Experiment(HostEntryPort):
             log.info("%s %s (%s)", vm, outcome, counts)
 
     def on_resume_answer(self, vm: str, resume_id: str, data: Mapping[str, Any], at: float) -> None:
-        """``vm`` answered RESUME (or appended batch) ``resume_id``: record it (it is no longer
-        re-sent to ``vm``)."""
+        """``vm`` answered RESUME (or appended batch, or kill) ``resume_id``: record it (it is no
+        longer re-sent to ``vm``)."""
+        self.kills.on_answer(vm, resume_id, data, at)
         if self.appends.on_answer(vm, resume_id, data, at) and not self.loading:
             self._debounced.soon("appends", self.appends.save)  # the answer is in the .jsonl too
         for r in self.resumes:

@@ -56,6 +56,11 @@ class HostApi(ReportHost, Protocol):
         """Seconds between two KPI samples of each agent (``serve --kpi-interval``; 0 = off),
         told in ``welcome`` (seed 004)."""
 
+    @property
+    def default_timeout(self) -> Optional[float]:
+        """Seconds a program entry without a ``timeout`` of its own may run (``serve
+        --default-timeout``; None: no bound), told in ``welcome``."""
+
     def on_stored(self, vm: str, events: List[Event], received: float) -> None:
         """``vm``'s new reports ``events`` were stored and applied, received at host UTC
         ``received`` (the console watches them)."""

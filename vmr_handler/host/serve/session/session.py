@@ -45,6 +45,7 @@ from vmr_handler.core.wire.protocol import (
     HEARTBEAT,
     HELLO,
     HOST_ENTRY,
+    KILL,
     PROTOCOL_VERSION,
     RESOURCE_CHUNK,
     RESOURCE_REQUEST,
@@ -85,7 +86,7 @@ UNSIGNED_HOST = (
     "with the --signing-key its public_key belongs to"
 )
 #: Event types only the host sends; a guest sending one breaks the protocol.
-HOST_ONLY = frozenset({WELCOME, SCHEDULE, CLOCK_RESP, RESOURCE_CHUNK, START_TIME, RESUME})
+HOST_ONLY = frozenset({WELCOME, SCHEDULE, CLOCK_RESP, RESOURCE_CHUNK, START_TIME, RESUME, KILL})
 #: Handshakes answered per VM: 2 per second, burst 10 (an agent says hello twice per
 #: connection; a guest flooding hellos would make the host resend its schedule each time).
 HELLO_RATE = 2.0
@@ -518,6 +519,7 @@ class VmSession:
             "resumes": [r.id for r in pending],
             "run": self.host.run_id,  # the agent takes only start times of this run
             "kpi_interval": self.host.kpi_interval,  # the agent samples its VM
+            "default_timeout": self.host.default_timeout,  # unless the agent has its own
         }
         self._send([self.events.make(WELCOME, welcome)])
         if digest != self.spec.digest:
