@@ -194,8 +194,9 @@ def write_export(out: str, vms: Sequence[VmExport], resources: Mapping[str, Path
 
 
 class HandedOver:
-    """A VM's FIREWHEEL schedule once vmr-handler runs it: reads as empty (``bool`` is False)
-    and otherwise is the schedule (``get_schedule()`` and the rest are its own).
+    """A VM's FIREWHEEL schedule once vmr-handler runs it: reads as empty (``bool`` is False),
+    gives its entries as before (``get_schedule``, ``get_serialized_schedule``), and takes no
+    more (``add_vm_resource`` raises: an entry added after the export would never run).
 
     repo-base launches FIREWHEEL's own VM resource handler, and gives the VM its QEMU guest
     agent port, only for a VM whose ``vm_resource_schedule`` is truthy
@@ -203,15 +204,35 @@ class HandedOver:
     ``_generate_vm_resource_handler_communication_config``); handed over, each entry runs once,
     by vmr-handler, while vm_resource.schedule still stores the schedule in FIREWHEEL's
     database as before.
+
+    Attributes:
+        schedule: repo-base's ``VmResourceSchedule`` of the VM.
+        vm: the VM's name (for the error).
     """
 
-    def __init__(self, schedule: Any) -> None:
+    def __init__(self, schedule: Any, vm: str) -> None:
         self.schedule = schedule
+        self.vm = vm
 
     def __bool__(self) -> bool:
         return False
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name == "schedule":
-            raise AttributeError(name)
-        return getattr(self.schedule, name)
+    def get_schedule(self) -> Any:
+        """The schedule's own ``get_schedule()``: its list of entries."""
+        return self.schedule.get_schedule()
+
+    def get_serialized_schedule(self) -> Any:
+        """The schedule's own ``get_serialized_schedule()``."""
+        return self.schedule.get_serialized_schedule()
+
+    def add_vm_resource(self, new_entry: Any) -> None:
+        """Refused: the schedule was exported already.
+
+        Raises:
+            ExportError: always, naming the VM and what to do.
+        """
+        raise ExportError(
+            f"VM {self.vm}: a schedule entry (start_time {getattr(new_entry, 'start_time', '?')}) was added "
+            "after vmr_handler.export wrote the schedule: place the model component that adds it "
+            "before vmr_handler.export (it depends on schedules_ready)"
+        )

@@ -78,7 +78,7 @@ class Plugin(AbstractPlugin):  # type: ignore[misc]
         result = write_export(out, vms, resources)
         for vert, schedule in endpoints:
             vert.vm["qemu_append"] = with_agent_port(vert.vm.get("qemu_append") or {}, sockets[vert.name])
-            vert.vm_resource_schedule = HandedOver(schedule)
+            vert.vm_resource_schedule = HandedOver(schedule, vert.name)
         for old in result.removed:
             self.log.info("removed %s: its VM is not in this experiment", old)
         self.log.info(
