@@ -4,7 +4,7 @@ Run after the topology and every component that adds schedule entries (it depend
 repo-base's ``vm_resource.schedule`` depends on: ``topology``, ``schedules_ready``) and before
 ``minimega.launch`` (name it before it on the command line)::
 
-    firewheel experiment tutorials.acme:... vmr_handler.export:out=/srv/vmr minimega.launch
+    firewheel experiment acme.run vmr_handler.export:out=/srv/vmr minimega.launch
 
 Arguments (FIREWHEEL passes them as text):
     out: absolute directory; ``<out>/schedules`` and ``<out>/resources`` are written for
