@@ -210,12 +210,27 @@ def _entries(raw: bytes) -> List[Dict[str, Any]]:
     return [e.state for e in unpickle_entries(raw)]
 
 
+SANDBOX = ["unshare", "--mount", "--uts", "--net", "--propagation", "private", "sh", "-c", SANDBOX_SCRIPT]
+
+
+def _sandbox_works(root: Path) -> None:
+    """The sandbox itself, tried once: a clear failure here rather than agents that never start."""
+    res = subprocess.run(
+        [*SANDBOX, str(root), "touch", str(root / "sandbox-ok")], capture_output=True, text=True
+    )
+    assert res.returncode == 0 and (root / "sandbox-ok").exists(), (
+        "the agents run the acme schedules' programs (hostname, netplan, tar...) in a private mount, "
+        "UTS and network namespace: run this test as root with util-linux's unshare "
+        f"(exit {res.returncode}: {res.stderr.strip()})"
+    )
+
+
 def _serve_and_run(env: HostEnv, out: Path, vms: Dict[str, Any]) -> None:
+    _sandbox_works(env.root)
     env.schedules, env.resources = out / "schedules", out / "resources"
     env.start_host()
-    sandbox = ["unshare", "--mount", "--uts", "--net", "--propagation", "private", "sh", "-c", SANDBOX_SCRIPT]
     for vm in vms:
-        env.start_agent(vm, prefix=[*sandbox, str(env.root)])
+        env.start_agent(vm, prefix=[*SANDBOX, str(env.root)])
     for vm in vms:
         loaded = env.wait_event(vm, "schedule_loaded")
         pkl = out / "schedules" / f"{vm}.pkl"
@@ -223,5 +238,21 @@ def _serve_and_run(env: HostEnv, out: Path, vms: Dict[str, Any]) -> None:
         assert loaded["event"]["data"]["entries"] == len(_entries(pkl.read_bytes()))
     for vm in vms:
         env.wait_event(vm, "schedule_complete")
+        _check_what_ran(env, out, vm)
     states = {v["vm"]: v["state"] for v in env.status()["vms"]}
     assert states == dict.fromkeys(vms, "complete"), states
+
+
+def _check_what_ran(env: HostEnv, out: Path, vm: str) -> None:
+    """Every entry of the exported schedule that runs a program started, with its executable;
+    every VM resource it drops was placed with the exported file's bytes."""
+    entries = _entries((out / "schedules" / f"{vm}.pkl").read_bytes())
+    started = {e["event"]["data"]["index"]: e["event"]["data"] for e in env.events(vm, "entry_started")}
+    placed = [e["event"]["data"] for e in env.events(vm, "data_placed")]
+    runs = {i: e["executable"] for i, e in enumerate(entries) if e.get("executable")}
+    assert {i: started[i]["executable"] for i in started} == runs
+    for i, entry in enumerate(entries):
+        for item in entry.get("data") or []:
+            if "filename" in item:
+                want = _sha(out / "resources" / item["filename"])
+                assert any(p["index"] == i and p["sha256"] == want for p in placed), (vm, i, item)
