@@ -1,7 +1,8 @@
 """Run FIREWHEEL 3.1.0's model components the way ``firewheel experiment`` does, without a
 testbed: run by the Python of a venv holding firewheel and its repositories (tests/test_firewheel_repo.py).
 
-``python fwdriver.py WORKDIR SPEC.json``: SPEC is ``{"components": [[name, {arg: value}], ...]}``.
+``python fwdriver.py WORKDIR SPEC.json``: SPEC is ``{"components": [[name, {arg: value}], ...]}``
+(with ``"order_only": true`` only the order FIREWHEEL runs them in, or why it cannot).
 The dependency graph is built and every plugin run by FIREWHEEL's own
 ``ModelComponentManager``. What needs minimega, absent here, is replaced, and only that: the
 file stores (``ImageStore`` is made by repo-base's ``resolve_vm_images``; ``upload_files`` puts
@@ -25,6 +26,7 @@ config["logging"]["root_dir"] = str(WORK / "logs")
 import firewheel.control.image_store as image_store  # noqa: E402
 import firewheel.vm_resource_manager.schedule_db as schedule_db  # noqa: E402
 import firewheel.vm_resource_manager.vm_mapping as vm_mapping  # noqa: E402
+from firewheel.control.dependency_graph import UnsatisfiableDependenciesError  # noqa: E402
 from firewheel.control.model_component import ModelComponent  # noqa: E402
 from firewheel.control.model_component_manager import ModelComponentManager  # noqa: E402
 from firewheel.control.repository_db import RepositoryDb  # noqa: E402
@@ -67,8 +69,15 @@ def main():
         for name, args in spec["components"]
     ]
     manager = ModelComponentManager(repository_db=db)
-    manager.build_dependency_graph(components, install_mcs=False)
+    try:
+        manager.build_dependency_graph(components, install_mcs=False)
+    except UnsatisfiableDependenciesError as exc:
+        print(json.dumps({"unsatisfiable": str(exc)}))
+        return
     order = manager.get_ordered_model_component_list()
+    if spec.get("order_only"):
+        print(json.dumps({"order": [mc.name for mc in order]}))
+        return
     graph = None
     for mc in order:
         failed, graph = manager.process_model_component(mc, graph)

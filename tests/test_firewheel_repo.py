@@ -134,10 +134,10 @@ def firewheel_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return VENV / "bin" / "python"
 
 
-def _experiment(python: Path, work: Path, components: List[Any]) -> Dict[str, Any]:
+def _experiment(python: Path, work: Path, components: List[Any], order_only: bool = False) -> Dict[str, Any]:
     (work / "logs").mkdir(parents=True, exist_ok=True)
     spec = work / "spec.json"
-    spec.write_text(json.dumps({"components": components}))
+    spec.write_text(json.dumps({"components": components, "order_only": order_only}))
     res = subprocess.run(
         [str(python), str(REPO / "tests" / "fwdriver.py"), str(work), str(spec)],
         capture_output=True,
@@ -256,3 +256,23 @@ def _check_what_ran(env: HostEnv, out: Path, vm: str) -> None:
             if "filename" in item:
                 want = _sha(out / "resources" / item["filename"])
                 assert any(p["index"] == i and p["sha256"] == want for p in placed), (vm, i, item)
+
+
+def test_the_export_runs_before_firewheel_stores_the_schedules_or_the_experiment_is_refused(
+    firewheel_python: Path, tmp_path: Path
+) -> None:
+    """Named before ``minimega.launch``, the export runs before vm_resource.schedule and the
+    minimega parsing that wires the VMs (its MANIFEST precedes ``vm_resource_schedule_database``);
+    named after it, FIREWHEEL refuses the experiment (a circular dependency naming the export)
+    rather than launch VMs without the agent's port and with FIREWHEEL's handler."""
+    names = ["acme.run", "vmr_handler.export", "minimega.launch"]
+    order = _experiment(firewheel_python, tmp_path / "a", [[n, {}] for n in names], order_only=True)["order"]
+    for later in ("vm_resource.schedule", "minimega.parse_experiment_graph", "minimega.launch"):
+        assert (
+            order.index("minimega.schedules_ready") < order.index("vmr_handler.export") < order.index(later)
+        )
+    names = ["acme.run", "minimega.launch", "vmr_handler.export"]
+    refused = _experiment(firewheel_python, tmp_path / "b", [[n, {}] for n in names], order_only=True)
+    assert (
+        "Circular dependency" in refused["unsatisfiable"] and "vmr_handler.export" in refused["unsatisfiable"]
+    )

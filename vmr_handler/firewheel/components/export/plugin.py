@@ -2,7 +2,9 @@
 
 Run after the topology and every component that adds schedule entries (it depends on what
 repo-base's ``vm_resource.schedule`` depends on: ``topology``, ``schedules_ready``) and before
-``minimega.launch`` (name it before it on the command line)::
+``vm_resource.schedule`` (its MANIFEST precedes ``vm_resource_schedule_database``), so before
+minimega's parsing and launch; named after ``minimega.launch`` FIREWHEEL refuses the
+experiment (a circular dependency)::
 
     firewheel experiment acme.run vmr_handler.export:out=/srv/vmr minimega.launch
 
