@@ -72,7 +72,7 @@ def _pip(*args: str) -> subprocess.CompletedProcess:
 def _install_release() -> float:
     """The venv with the pinned release, made once; the seconds it took (0 when it was there)."""
     marker = VENV / ".vmr-complete"
-    if marker.exists():
+    if marker.exists() and json.loads(marker.read_text()).get("pins") == PINS:
         return 0.0
     started = time.monotonic()
     shutil.rmtree(VENV, ignore_errors=True)
