@@ -7,7 +7,8 @@ from a copy of the tree (``pip install``, not editable: the model component must
 wheel). The acme tutorial's graph is built by FIREWHEEL's own ModelComponentManager with every
 plugin of the experiment (``tests/fwdriver.py`` says the only parts replaced: minimega's file
 stores and the schedule database, absent here), ``vmr_handler.export`` writes its export, and
-``vmr-host`` serves it to real agents over unix sockets. The agents run the acme schedules'
+``vmr-host`` serves it to real agents over unix sockets (vmr-host listening: there is no QEMU
+here to listen as the exported ``qemu_append`` makes it). The agents run the acme schedules'
 real programs (set_hostname.sh, netplan, tar...), so each runs in its own mount, UTS and
 network namespace with the root file system read-only (``SANDBOX``): nothing they do reaches
 this machine.
@@ -59,6 +60,7 @@ SANDBOX_SCRIPT = (
     'mount --rbind / / && mount --bind "$0" "$0" && mount -o remount,bind,ro / '
     '&& mount -t tmpfs tmpfs /run && exec "$@"'
 )
+SANDBOX = ["unshare", "--mount", "--uts", "--net", "--propagation", "private", "sh", "-c", SANDBOX_SCRIPT]
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -193,7 +195,7 @@ def _check_resources(out: Path) -> None:
     needed = set()
     for pkl in (out / "schedules").iterdir():
         raw = pkl.read_bytes()
-        # the names the schedule plugin collects (``data_entry["filename"]``), read from the opcodes
+        # the names the schedule plugin collects (``data_entry["filename"]``)
         needed |= {d["filename"] for e in _entries(raw) for d in e.get("data") or [] if "filename" in d}
     assert needed == {p.name for p in (out / "resources").iterdir()}
     assert {"set_hostname.sh", "combined_profiles.tgz", "interface_remap.py"} <= needed
@@ -208,9 +210,6 @@ def _entries(raw: bytes) -> List[Dict[str, Any]]:
     """The entries' ``__dict__`` of a schedule pickle, read with this package's own restricted
     unpickler (no FIREWHEEL class needed here)."""
     return [e.state for e in unpickle_entries(raw)]
-
-
-SANDBOX = ["unshare", "--mount", "--uts", "--net", "--propagation", "private", "sh", "-c", SANDBOX_SCRIPT]
 
 
 def _sandbox_works(root: Path) -> None:
