@@ -10,8 +10,8 @@ stores and the schedule database, absent here), ``vmr_handler.export`` writes it
 ``vmr-host`` serves it to real agents over unix sockets (vmr-host listening: there is no QEMU
 here to listen as the exported ``qemu_append`` makes it). The agents run the acme schedules'
 real programs (set_hostname.sh, netplan, tar...), so each runs in its own mount, UTS and
-network namespace with the root file system read-only (``SANDBOX``): nothing they do reaches
-this machine.
+network namespace (``SANDBOX``): the root file system, /proc/sys and /sys read-only but for the
+experiment's directory, a private /run, its own hostname, no network.
 
 Skipped only when the package registry cannot be reached; any other failure fails.
 """
@@ -54,11 +54,12 @@ UNREACHABLE = (
     "ProxyError",
 )
 #: Each agent in its own mount, UTS and network namespace: the root file system read-only but
-#: for the experiment's directory ($0), a private /run (no systemd or D-Bus to talk to), its own
-#: hostname and no network.
+#: for the experiment's directory ($0), /proc/sys and /sys read-only, a private /run (no systemd
+#: or D-Bus to talk to), its own hostname and no network.
 SANDBOX_SCRIPT = (
     'mount --rbind / / && mount --bind "$0" "$0" && mount -o remount,bind,ro / '
-    '&& mount -t tmpfs tmpfs /run && exec "$@"'
+    "&& mount -t tmpfs tmpfs /run && mount --bind /proc/sys /proc/sys "
+    '&& mount -o remount,bind,ro /proc/sys && mount -o remount,bind,ro /sys && exec "$@"'
 )
 SANDBOX = ["unshare", "--mount", "--uts", "--net", "--propagation", "private", "sh", "-c", SANDBOX_SCRIPT]
 
