@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import yaml
 
@@ -123,12 +123,16 @@ class HostEnv:
     def state(self, vm: str) -> Path:
         return self.root / "vm" / vm / "state"
 
-    def start_agent(self, vm: str, *extra: str, port: Optional[str] = None) -> subprocess.Popen:
+    def start_agent(
+        self, vm: str, *extra: str, port: Optional[str] = None, prefix: Sequence[str] = ()
+    ) -> subprocess.Popen:
+        """``vmr-handler run`` for ``vm``; ``prefix`` runs it through a wrapper (a sandbox)."""
         base = self.root / "vm" / vm
         base.mkdir(parents=True, exist_ok=True)
         log = open(base / "agent.out", "ab")  # noqa: SIM115
         proc = subprocess.Popen(
             [
+                *prefix,
                 sys.executable,
                 "-m",
                 "vmr_handler",

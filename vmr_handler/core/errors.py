@@ -43,6 +43,7 @@ raise one re-export its name (``vmr_handler.host.logs.store.TransferRefused`` is
      |    +-- TransferConflict       does not continue what the host holds (HTTP 409)
      |    +-- TransferMismatch       the bytes do not have the announced sha256 (HTTP 422)
      +-- NoLogs                   a logs directory holds no ``<vm>.jsonl`` (``vmr-host report``)
+     +-- ExportError              a FIREWHEEL experiment cannot be exported (``vmr_handler.firewheel``)
 """
 
 from __future__ import annotations
@@ -330,3 +331,9 @@ class NoLogs(VmrError):
 class AppendRefused(VmrError):
     """A batch of entries cannot be appended to this VM's running schedule: the VM
     failed, the agent is stopping, or the batch is not a valid schedule."""
+
+
+class ExportError(VmrError):
+    """A FIREWHEEL experiment cannot be exported for ``vmr-host`` (``vmr_handler.firewheel``):
+    a VM name or socket path vmr-host cannot use, a schedule it would refuse, VM resources
+    that no installed model component ships. The message names each one and what to do."""
