@@ -34,10 +34,19 @@ def _drop(name: str, start: float = -5) -> dict:
 
 
 def _start_http_host(env: HostEnv, *extra: str) -> str:
-    """Start the host with ``--http 127.0.0.1:<free port>``; the base URL."""
-    port = free_port()
-    env.start_host("--http", f"127.0.0.1:{port}", *extra)
-    return f"http://127.0.0.1:{port}"
+    """Start the host with ``--http 127.0.0.1:<free port>``; the base URL. A port free when
+    picked can be taken by another process before the host listens (tests run side by side):
+    the host then exits saying so, and it is started again on another port (3 tries)."""
+    for attempt in range(3):
+        port = free_port()
+        try:
+            env.start_host("--http", f"127.0.0.1:{port}", *extra)
+        except AssertionError as exc:
+            if "Address already in use" not in str(exc) or attempt == 2:
+                raise
+            continue
+        return f"http://127.0.0.1:{port}"
+    raise AssertionError("unreachable")
 
 
 def _tokens(env: HostEnv) -> dict:

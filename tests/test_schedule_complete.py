@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional
 from vmr_handler.core.events import Event
 from vmr_handler.host.cli.statustext import format_status, hints
 from vmr_handler.host.model.vmstate import VmState
+from vmr_handler.host.model.where import where
 
 
 class _Host:
@@ -33,7 +34,7 @@ def _complete(data: Dict[str, Any]) -> VmState:
 def _status(vm: VmState) -> Dict[str, Any]:
     row = {"vm": "vm1", "state": "complete", "connected": True, "expected": True, "max_lateness": None,
            "frames": {"malformed": 0, "oversize": 0}, "refused": {}, "last_seen": 2.0, "failures": 0,
-           "stage": None, **vm.fields()}  # fmt: skip
+           "stage": None, **vm.fields(), "where": where(vm, "complete", 1.0, 3.0)}  # fmt: skip
     exp = {"start_time": 1.0, "waiting_for": [], "expected": ["vm1"], "configured": ["vm1"],
            "excluded": [], "released": []}  # fmt: skip
     return {"now": 3.0, "experiment": exp, "vms": [row]}
