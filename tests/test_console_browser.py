@@ -405,3 +405,32 @@ def test_console_page_shows_a_lost_vm_and_says_when_the_host_is_gone(
     time.sleep(2.5)
     assert page.by_id("x-clock").text == clock, "the clock went on without a host"
     assert page.js_errors() == []
+
+
+def test_a_running_entry_is_stopped_from_its_stop_button(browser: WebDriver) -> None:
+    """The Stop button of a running entry, behind its confirmation: the entry's process tree
+    ends and it shows as killed by an operator, not as a failure."""
+    sleeper = {"start_time": 1, "executable": "/bin/sh", "arguments": "-c 'sleep 600 & sleep 600'"}
+    env = HostEnv({"vm1": _sched([sleeper])}, start_buffer=0.5)
+    try:
+        env.start_host("--console", "127.0.0.1:0")
+        page = Page(browser, env)
+        env.start_agent("vm1")
+        env.wait_event("vm1", "entry_started", index=1)
+        browser.get(f"{page.url}#token={page.token}")
+        page.until(lambda: page.states().get("vm1") == "running", "vm1 running")
+        page.select("vm1")
+        page.click('#d-entries button.stop-btn[data-entry="1"]')
+        page.until(lambda: page.by_id("dlg").get_attribute("open") is not None, "the confirmation dialog")
+        assert "Stop entry #1 on vm1?" in page.by_id("dlg-title").text
+        assert "SIGTERM, then SIGKILL after 10 s" in page.by_id("dlg-text").text
+        page.by_id("dlg-ok").click()
+        page.until(lambda: page.by_id("dlg").get_attribute("open") is None, "the dialog closed")
+        exited = env.wait_event("vm1", "entry_exited", index=1)["event"]["data"]
+        assert exited["ended_by"] == "operator" and exited["status"] == "killed", exited
+        page.until(lambda: "killed" in page.text("#d-entries"), "the run shown as killed")
+        stops = "#d-entries button.stop-btn"
+        page.until(lambda: not browser.find_elements(By.CSS_SELECTOR, stops), "no Stop button left")
+        assert env.status()["vms"][0]["failures"] == 0  # stopped, not failed
+    finally:
+        env.close()

@@ -151,6 +151,8 @@ _LEGEND = (
     ('<rect x="1" y="3" width="20" height="6" class="e-error"/>', "exit code not 0"),
     ('<rect x="1" y="3" width="20" height="6" class="e-failed"/>', "failed to start"),
     ('<rect x="1" y="3" width="20" height="6" class="e-interrupted"/>', "interrupted (agent stopped)"),
+    ('<rect x="1" y="3" width="20" height="6" class="e-killed"/>', "stopped by an operator (vmr-host kill)"),
+    ('<rect x="1" y="3" width="20" height="6" class="e-timeout"/>', "stopped at its timeout"),
     ('<rect x="1" y="3" width="20" height="6" class="e-running"/>', "running / not ended"),
     (
         '<rect x="1" y="3" width="8" height="6" class="late"/>'

@@ -715,7 +715,7 @@
       const peek = Array.isArray(e.tail) && e.tail.length ? `last lines:\n${e.tail.join('\n')}` : '';
       html += `<tr data-run="${run}"><td>#${esc(e.index)}</td>`
         + `<td class="cmd"><code>${esc(cmd)}</code>${details}</td>`
-        + `<td class="s-${esc(e.status)}">${esc(e.status)}</td>`
+        + `<td class="s-${esc(e.status)}">${esc(e.status)}${stopButton(e, run, entries)}</td>`
         + `<td class="num">${e.exit_code == null ? '' : esc(e.exit_code)}</td>`
         + `<td class="num">${isNum(e.lateness) ? esc(fmtDur(e.lateness)) : ''}</td>`
         + `<td class="when" title="${esc(`start ${fmtWhen(e.start, true)}; end ${fmtWhen(e.end, true)}`)}">${esc(fmtUtc(e.start, false))} <span class="muted">${esc(fmtT(e.start))}</span>`
@@ -726,6 +726,29 @@
       html += `<tr class="tail" data-tail="${run}"${open ? '' : ' hidden'}><td colspan="7"><pre class="out">${cached ? tailHtml(cached.lines) : ''}</pre></td></tr>`;
     });
     return `${html}</tbody></table>`;
+  }
+
+  /** A Stop button on the latest run of an entry while it runs (not on an entry the host runs). */
+  function stopButton(e, run, entries) {
+    const later = entries.slice(run + 1).some((x) => x.index === e.index);
+    if (e.status !== 'running' || isNum(e.end) || later || !(e.index >= 0) || S.rows.get(S.selected)?.state === 'lost') return '';
+    return ` <button type="button" class="stop-btn danger" data-entry="${esc(e.index)}"${e.positive ? '' : ' data-negative="1"'}`
+      + ` title="end this entry's processes (vmr-host kill)">Stop…</button>`;
+  }
+
+  function stopEntry(vm, entry, negative) {
+    const stage = negative
+      ? '<p>It runs in a stage before the start: the stage ends when the entry ends, and the next stage begins.</p>'
+      : '';
+    confirmWrite({
+      title: `Stop entry #${entry} on ${vm}?`,
+      html: `<p>Its process tree gets SIGTERM, then SIGKILL after 10 s for what is left; it is reported `
+        + `as killed by an operator, not as a failure.</p>${stage}`
+        + '<p class="muted">Sent as vmr-host kill sends it (signed when the host has a signing key).</p>',
+      okLabel: 'Stop',
+      send: () => api('/api/v1/kill', { method: 'POST', body: { vms: [vm], entry } }),
+      done: (a) => `kill ${a.id || ''} of entry #${entry} sent to ${(a.sent_now || []).join(', ') || vm}.`,
+    });
   }
 
   const linesLabel = (n) => `${n} line${n === 1 ? '' : 's'}`;
@@ -1118,6 +1141,11 @@
     $('d-close').addEventListener('click', closeDetail);
     $('d-resume').addEventListener('click', () => { if (S.selected) resumeVm(S.selected); });
     $('d-body').addEventListener('click', (ev) => {
+      const stop = ev.target.closest('button.stop-btn');
+      if (stop && S.selected) {
+        stopEntry(S.selected, Number(stop.dataset.entry), stop.dataset.negative === '1');
+        return;
+      }
       const btn = ev.target.closest('button.tail-btn');
       if (btn && !btn.disabled) toggleTail(btn);
     });
