@@ -21,6 +21,7 @@ from vmr_handler.firewheel.export import (
     needed_resources,
     resolve_resources,
     resource_index,
+    served,
     write_export,
 )
 from vmr_handler.firewheel.wiring import qemu_arguments, socket_path, with_agent_port
@@ -98,6 +99,17 @@ def test_a_schedule_the_agent_refuses_stops_the_export_naming_the_vm() -> None:
     windows = _vm("win7", fw.run_powershell(-10, "setup.ps1"))
     with pytest.raises(ExportError, match=r"VM win7: its schedule cannot be served by vmr-host: .*Windows"):
         needed_resources([_vm("ok", fw.run_executable(-1, "/bin/true")), windows])
+
+
+def test_a_windows_vm_of_a_mixed_experiment_is_left_to_firewheel_the_others_served() -> None:
+    linux = _vm("web", fw.run_executable(-1, "/bin/true"))
+    windows = _vm("win7", fw.run_powershell(-10, "setup.ps1"))
+    broken = VmExport("bad", b"not a pickle")
+    keep, left = served([linux, windows, broken])
+    assert [vm.name for vm in keep] == ["web", "bad"]  # the broken one is named by needed_resources
+    assert list(left) == ["win7"] and "runs Windows PowerShell" in left["win7"]
+    with pytest.raises(ExportError, match="VM bad: its schedule cannot be served"):
+        needed_resources(keep)
 
 
 def test_stale_schedules_of_an_earlier_export_are_removed_other_files_kept(tmp_path: Path) -> None:

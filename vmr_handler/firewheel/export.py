@@ -10,8 +10,9 @@ What the ``vmr_handler.export`` model component writes into ``out=DIR``::
 
 ready for ``vmr-host serve --schedules DIR/schedules --resources DIR/resources``. FIREWHEEL keeps
 its VM resources in one store by base name (``ModelComponent._upload_vm_resources``); the same
-name here. Each schedule is loaded with vmr-handler's own loader first, so a schedule the agent
-would refuse (a Windows one, a bad entry) stops the export naming the VM, before any VM boots.
+name here. Each schedule is loaded with vmr-handler's own loader first: a Windows one is left to
+FIREWHEEL's own handler (:func:`served`), any other the agent would refuse stops the export
+naming the VM, before any VM boots.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Sequence, Tuple
 
-from vmr_handler.core.errors import ExportError, ScheduleError
+from vmr_handler.core.errors import ExportError, ScheduleError, WindowsScheduleError
 from vmr_handler.core.fsutil import atomic_write, sha256_file
 from vmr_handler.core.schedule import load_schedule_bytes
 from vmr_handler.core.schedule.model import entry_drops
@@ -106,6 +107,26 @@ def _pick(name: str, candidates: Sequence[Path]) -> Path:
             f"({listed}): FIREWHEEL's store keeps one file per name; rename one of them"
         )
     return candidates[0]
+
+
+def served(vms: Sequence[VmExport]) -> Tuple[List[VmExport], Dict[str, str]]:
+    """The VMs vmr-host is to serve, and those left to FIREWHEEL's own VM resource handler: a VM
+    whose schedule is written for Windows (:class:`~vmr_handler.core.errors.WindowsScheduleError`:
+    vmr-handler has no Windows agent), VM name -> why. A mixed experiment keeps its Windows VMs
+    as FIREWHEEL runs them; any other schedule the loader refuses stays in the first list, for
+    :func:`needed_resources` to name."""
+    keep: List[VmExport] = []
+    left: Dict[str, str] = {}
+    for vm in vms:
+        try:
+            load_schedule_bytes(vm.schedule)
+        except WindowsScheduleError as exc:
+            left[vm.name] = str(exc)
+            continue
+        except ScheduleError:
+            pass
+        keep.append(vm)
+    return keep, left
 
 
 def needed_resources(vms: Sequence[VmExport]) -> Dict[str, List[str]]:

@@ -36,6 +36,7 @@ from vmr_handler.firewheel.export import (
     needed_resources,
     resolve_resources,
     resource_index,
+    served,
     write_export,
 )
 from vmr_handler.firewheel.wiring import socket_path, with_agent_port
@@ -74,7 +75,10 @@ class Plugin(AbstractPlugin):  # type: ignore[misc]
             )
         channels = channels or os.path.join(out, "channels")
         endpoints = self._endpoints()
-        vms = [VmExport(v.name, pickle.dumps(list(s.get_schedule()))) for v, s in endpoints]
+        vms, windows = served([VmExport(v.name, pickle.dumps(list(s.get_schedule()))) for v, s in endpoints])
+        for name, why in sorted(windows.items()):
+            self.log.warning("VM %s is left to FIREWHEEL's own handler: %s", name, why)
+        endpoints = [(v, s) for v, s in endpoints if v.name not in windows]
         sockets = {v.name: socket_path(channels, v.name) for v, _ in endpoints}
         resources = resolve_resources(needed_resources(vms), resource_index(self._installed_components()))
         result = write_export(out, vms, resources)
