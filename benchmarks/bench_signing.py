@@ -12,7 +12,7 @@ Then, per ``clock_resp``, what the host does in ``VmSession._on_clock_req`` from
 ``t3`` stamp to the answer handed to the transport (build, sign when keyed, encode), unsigned and
 signed, as the median / p99 of: that stamp-to-handoff time (the error ``t3`` would have without
 a lead; the offset error is half of it), and the error left once ``t3`` is stamped ahead by
-:class:`~vmr_handler.core.wire.clockanswers.StampLead` (as the host does). And the agent's check of a
+:class:`~vmr_handler.host.serve.session.clocklead.StampLead` (as the host does). And the agent's check of a
 signed answer (``Verifier.authenticate`` + ``ClockAnswers.take``; after ``t4`` is stamped).
 """
 
@@ -31,8 +31,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from vmr_handler.core.events import Event
 from vmr_handler.core.wire import protocol as P
-from vmr_handler.core.wire.clockanswers import ClockAnswers, StampLead
+from vmr_handler.core.wire.clockanswers import ClockAnswers
 from vmr_handler.core.wire.signing import Verifier, sign
+from vmr_handler.host.serve.session.clocklead import StampLead
 
 
 def median_us(fn: Callable[[], object], repeat: int) -> float:

@@ -8,7 +8,7 @@
 # bundle DIST_DIR/vmr-handler/vmr-handler (+ _internal/) instead. --runtime-tmpdir DIR bakes
 # the directory the single file unpacks into (absolute, no variables; the bootloader fails
 # when it cannot create it); default: $TMPDIR at run time, else /tmp. --compress stores the
-# single file's parts zlib-compressed: 14 MB instead of 34 MB, but every start inflates them
+# single file's parts zlib-compressed: 14 MB instead of 32 MB, but every start inflates them
 # (+0.1 s on the host, +1.4 s in a TCG guest; packaging/README.md).
 # Environment: PYTHON (default <repo>/.venv/bin/python; needs a shared libpython),
 # VMR_BUILD_WORK (PyInstaller work dir, default <repo>/build/pyinstaller),

@@ -67,15 +67,29 @@ RSS_PROBE = (
 )
 
 
-def schedule() -> List[Dict[str, Any]]:
-    """The one schedule every VM runs (see the module docstring)."""
-    return [
+#: ``vmr-handler --version`` started this many times in a row by an entry of each guest (index 5)
+VERSION_SERIES = 6
+# Each run's start and end by the guest's /proc/uptime (10 ms steps), one output line per run.
+VERSION_PROBE = (
+    f'-c \'for i in $(seq {VERSION_SERIES}); do s=$(cut -d" " -f1 /proc/uptime); '
+    "/usr/local/bin/vmr-handler --version >/dev/null; "
+    'echo version-run $s $(cut -d" " -f1 /proc/uptime); done\''
+)
+
+
+def schedule(guest: bool = True) -> List[Dict[str, Any]]:
+    """The one schedule every VM runs (see the module docstring); a ``guest`` also times
+    :data:`VERSION_SERIES` starts of the agent's own executable (entry 5, after the RESUME)."""
+    entries: List[Dict[str, Any]] = [
         {"start_time": -1, "executable": "true"},  # 0: one configuration stage
         {"start_time": 1, "executable": "true"},  # 1: the spread entry
         {"start_time": 2, "executable": "/bin/sh", "arguments": RSS_PROBE},  # 2: agent RSS
         {"start_time": 3, "pause": True, "pause_duration": float("inf")},  # 3: a break
         {"start_time": 3.01, "executable": "true"},  # 4: fires 10 ms after the RESUME
     ]
+    if guest:
+        entries.append({"start_time": 3.5, "executable": "/bin/sh", "arguments": VERSION_PROBE})  # 5
+    return entries
 
 
 # ---------------------------------------------------------------------------- small helpers
@@ -162,7 +176,9 @@ class Run:
         self.guest = guest
         self.exe = exe
         self.vmr_host = vmr_host
-        self.env = HostEnv({vm: schedule() for vm in (*GUESTS, HOST_VM)}, start_buffer=2.0)
+        self.env = HostEnv(
+            {**{vm: schedule() for vm in GUESTS}, HOST_VM: schedule(guest=False)}, start_buffer=2.0
+        )
         self.qemus: Dict[str, gl.Qemu] = {}
         self.agent: Optional[subprocess.Popen] = None
         self.fig: Dict[str, Any] = {}
@@ -247,6 +263,9 @@ class Run:
         self._wait(
             lambda: all(data(env, vm, "entry_started", index=4) for vm in vms), "the entry after the break"
         )
+        self._wait(
+            lambda: all(data(env, vm, "entry_exited", index=5) for vm in GUESTS), "the --version series"
+        )
 
         fig: Dict[str, Any] = {
             "boot_init": {},
@@ -274,7 +293,7 @@ class Run:
             fig["lateness"][vm] = ent["spawned_at"] - ent["scheduled"]
             fig.setdefault("spawned", {})[vm] = ent["spawned_at"]
             fig.setdefault("rx", {})[vm] = received(env, vm, "entry_started", index=1)
-            line = " ".join(d.get("line", "") for d in data(env, vm, "output", index=2))
+            line = self._lines(vm, 2)
             m = re.search(r"VmRSS: (\d+) kB", line)
             h = re.search(r"VmHWM: (\d+) kB", line)
             if m:
@@ -284,12 +303,23 @@ class Run:
                     "line": line,
                 }
             fig["resume"][vm] = data(env, vm, "entry_started", index=4)[0]["spawned_at"] - t_cli
+        fig["version_series"] = {
+            vm: [
+                float(b) - float(a)
+                for a, b in re.findall(r"version-run ([0-9.]+) ([0-9.]+)", self._lines(vm, 5))
+            ]
+            for vm in GUESTS
+        }
         fig["resume_cli"] = t_cli_done - t_cli
         sp = [fig["spawned"][vm] for vm in GUESTS]
         rx = [fig["rx"][vm] for vm in GUESTS if fig["rx"][vm] is not None]
         fig["spread"] = max(sp) - min(sp)
         fig["spread_rx"] = max(rx) - min(rx) if len(rx) == len(GUESTS) else None
         return fig
+
+    def _lines(self, vm: str, index: int) -> str:
+        """The output lines of entry ``index`` on ``vm``, joined with spaces."""
+        return " ".join(d.get("line", "") for d in data(self.env, vm, "output", index=index))
 
     def close(self) -> None:
         """Kill QEMU by PID, stop the host agent (SIGTERM, then SIGKILL) and vmr-host."""
@@ -310,13 +340,36 @@ KINDS = ("onefile", "onedir")
 LABEL = {"onefile": "single file", "onedir": "onedir"}
 
 
+#: PyInstaller's archive typecodes of what a single file writes to its ``_MEI*`` directory at every
+#: start: binaries, extension modules, data files, symlinks (the PYZ, the scripts, the bootstrap
+#: modules and the options are read from the file in place)
+UNPACKED_TYPECODES = frozenset("bxl")
+
+
+def unpacked(exe: Path) -> Dict[str, int]:
+    """What the single file ``exe`` unpacks at each start: ``{"files", "bytes"}`` (bytes as
+    written, uncompressed), from its archive's table of contents; ``{}`` for an onedir executable."""
+    from PyInstaller.archive.readers import CArchiveReader, NotAnArchiveError
+
+    if (exe.parent / "_internal").is_dir():
+        return {}
+    try:
+        toc = CArchiveReader(str(exe)).toc
+    except NotAnArchiveError:
+        return {}
+    # each entry: (offset, compressed length, uncompressed length, compressed?, typecode)
+    parts = [entry[2] for entry in toc.values() if entry[4] in UNPACKED_TYPECODES]
+    return {"files": len(parts), "bytes": sum(parts)}
+
+
 def measure_host(exe: Path, repeats: int) -> Dict[str, Any]:
-    """Size and ``--version`` warm/cold on the host for one kind of build."""
+    """Size, what it unpacks, and ``--version`` warm/cold on the host for one kind of build."""
     root = exe.parent if (exe.parent / "_internal").is_dir() else exe  # the bundle dir, or the file
     cmd = [str(exe), "--version"]
     timed(cmd, 2)  # warm the cache
     return {
         "size": du(root),
+        "unpacked": unpacked(exe),
         "host_warm": timed(cmd, repeats),
         "host_cold": timed(cmd, max(3, repeats // 2), before=lambda: evict(root)),
     }
@@ -403,12 +456,17 @@ def kind_rows(k: Dict[str, Any]) -> List[tuple]:
         ("agent size", f"{sz['bytes'] / 1e6:.1f} MB, {sz['files']} file(s); "
                        f".tar.gz {sz['tgz'] / 1e6:.1f} MB"),
         ("initramfs with it", f"{k['initrd_bytes'] / 1e6:.1f} MB"),
+        ("unpacked at each start (to a new `_MEI*` directory)",
+         f"{k['unpacked']['bytes'] / 1e6:.1f} MB, {k['unpacked']['files']} files" if k.get("unpacked")
+         else "nothing: runs in place"),
         ("`--version` on the host, warm", fmt(k["host_warm"], "ms", 1000, 0)),
         (COLD, fmt(k["host_cold"], "ms", 1000, 0)),
         ("`--version` in a TCG guest, cold (first run after boot)",
          fmt([r["guest_version"]["cold"] for r in runs if "cold" in r.get("guest_version", {})], "s", 1, 2)),
         ("`--version` in a TCG guest, warm",
          fmt([r["guest_version"]["warm"] for r in runs if "warm" in r.get("guest_version", {})], "s", 1, 2)),
+        (f"`--version` in a TCG guest, {VERSION_SERIES} in a row by an entry (agent idle; both guests)",
+         fmt([t for r in runs for vm in GUESTS for t in r.get("version_series", {}).get(vm, [])], "s", 1, 2)),
     ]  # fmt: skip
     for vm in GUESTS:
         note = " (+`vmr.timing`: 2 x `--version` first)" if vm == TIMING_VM else ""

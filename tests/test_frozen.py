@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import io
 import json
 import os
 import pickle
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -82,11 +84,14 @@ def onedir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return exe
 
 
-def _run(exe: Path, *args: str, timeout: float = WAIT, **kw: Any) -> subprocess.CompletedProcess:
+def _run(
+    exe: Path, *args: str, timeout: float = WAIT, locale: Optional[Dict[str, str]] = None, **kw: Any
+) -> subprocess.CompletedProcess:
     """Run the frozen agent to its end, in an environment without the venv (the bundle must
-    not need the host's Python) and with its own TMPDIR, which must be empty afterwards."""
+    not need the host's Python) and with its own TMPDIR, which must be empty afterwards.
+    ``locale``: variables that replace ``LANG=C.UTF-8`` (LANG, LC_ALL, LOCPATH)."""
     unpack = _unpack_dir()
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": str(unpack)}
+    env = {"PATH": "/usr/bin:/bin", **(locale or {"LANG": "C.UTF-8"}), "TMPDIR": str(unpack)}
     res = subprocess.run(
         [str(exe), *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO, **kw
     )
@@ -118,6 +123,54 @@ def test_single_file_without_host_python_or_host_code(frozen: Path) -> None:
     assert not [n for n in names if n.startswith("vmr_handler.host")], "vmr-host is not part of the agent"
     host_only = ("aiohttp", "prometheus_client", "multidict", "yarl", "selenium")
     assert not [n for n in names if n.split(".")[0] in host_only], "the console's libraries stay on the host"
+
+
+def _base_library(exe: Path) -> List[str]:
+    """The modules in a single file's ``base_library.zip`` (dotted names, no ``.pyc``)."""
+    from PyInstaller.archive.readers import CArchiveReader
+
+    with zipfile.ZipFile(io.BytesIO(CArchiveReader(str(exe)).extract("base_library.zip"))) as zf:
+        return [n[: -len(".pyc")].replace("/", ".") for n in zf.namelist() if n.endswith(".pyc")]
+
+
+def test_single_file_unpacks_nothing_the_guest_never_uses(frozen: Path) -> None:
+    """Every start unpacks every binary and data file of the single file: the spec leaves out
+    the process pools, the decimal/statistics stack, libuuid and the East Asian codecs,
+    and the runtime hooks that imported multiprocessing and pkgutil at every start."""
+    names = _archive(frozen) + _base_library(frozen)
+    unused = (
+        "multiprocessing", "_multiprocessing", "_posixshmem", "pyi_rth_multiprocessing", "pyi_rth_pkgutil",
+        "statistics", "fractions", "decimal", "_decimal", "_pydecimal", "_uuid", "libuuid",
+        "_multibytecodec", "_codecs_jp", "_codecs_cn", "encodings.shift_jis", "encodings.gb18030",
+    )  # fmt: skip
+
+    def module(name: str) -> str:  # ".../lib-dynload/_decimal.cpython-311-x86_64-linux-gnu.so" -> "_decimal"
+        return name.rsplit("/", 1)[-1].split(".cpython-")[0].split(".so")[0]
+
+    carried = sorted({n for n in names for u in unused if n == u or n.startswith(u + ".") or module(n) == u})
+    assert carried == [], f"the single file still carries {carried}"
+    assert "vmr_handler.core.wire.clockanswers" in names and "encodings.utf_8" in names
+
+
+def test_utf8_mode_whatever_the_locale(frozen: Path, tmp_path: Path) -> None:
+    """The interpreter runs in UTF-8 mode (the spec's OPTIONS) in a guest whose locale is EUC-JP,
+    a codec the bundle leaves out: it starts, and a UTF-8 file name reaches the file system intact
+    (without UTF-8 mode, encoding that name for the locale raised UnicodeEncodeError)."""
+    localedef = shutil.which("localedef")
+    assert localedef, "this test needs glibc's localedef (Debian: libc-bin) to make an EUC-JP locale"
+    locales = tmp_path / "locales"
+    locales.mkdir()
+    made = subprocess.run(
+        [localedef, "-i", "ja_JP", "-f", "EUC-JP", str(locales / "ja_JP.EUC-JP")],
+        capture_output=True,
+        text=True,
+    )
+    assert (locales / "ja_JP.EUC-JP").is_dir(), f"localedef failed ({made.returncode}): {made.stderr}"
+    sched = tmp_path / "schédule-日本.yaml"
+    sched.write_text("- {start_time: 1, executable: /bin/true}\n", encoding="utf-8")
+    res = _run(frozen, "check", str(sched), locale={"LC_ALL": "ja_JP.EUC-JP", "LOCPATH": str(locales)})
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"{sched}: OK" in res.stdout
 
 
 def test_onedir_bundle_runs_without_unpacking(onedir: Path, tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from tests.hostenv import HostEnv
 from vmr_handler.core.errors import SignatureError
 from vmr_handler.core.events import Event
-from vmr_handler.core.wire.clockanswers import ClockAnswers, StampLead
+from vmr_handler.core.wire.clockanswers import ClockAnswers
 from vmr_handler.core.wire.protocol import (
     CLOCK_REQ,
     CLOCK_RESP,
@@ -39,6 +39,7 @@ from vmr_handler.core.wire.protocol import (
     encode_message,
 )
 from vmr_handler.core.wire.signing import Verifier, generate_keypair, load_private_key, sign
+from vmr_handler.host.serve.session.clocklead import StampLead
 
 BREAK = [
     {"start_time": -1, "executable": "/bin/true"},

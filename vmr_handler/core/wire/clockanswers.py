@@ -1,4 +1,4 @@
-"""Which ``clock_resp`` the agent takes, and how far ahead the host stamps ``t3``.
+"""Which ``clock_resp`` the agent takes.
 
 Pure logic: no clock of its own, no I/O, no cryptography (the agent imports
 ``vmr_handler.core.wire.signing`` only when a host key is configured; the signature check is passed
@@ -13,22 +13,18 @@ is refused with :class:`~vmr_handler.core.errors.SignatureError`. That binding t
 request is the freshness rule of ``clock_resp``; it has no ``signed_at`` age check because the
 first clock sync is what makes the agent's clock comparable with the host's.
 
-Host side, :class:`StampLead`: signing a ``clock_resp`` must happen after ``t3`` is known (the
-signature covers it) and so between the ``t3`` stamp and the moment the answer leaves, where it
-would bias the agent's offset by half its cost (``offset = ((t2 - t1) + (t3 - t4)) / 2``). The
-host stamps ``t3`` ahead by the recently measured stamp-to-send time instead.
+How far ahead the host stamps ``t3`` is host code: :mod:`vmr_handler.host.serve.session.clocklead`.
 """
 
 from __future__ import annotations
 
-import statistics
-from collections import OrderedDict, deque
-from typing import Callable, Deque, Dict, Optional, Protocol
+from collections import OrderedDict
+from typing import Callable, Dict, Optional, Protocol
 
 from vmr_handler.core.errors import SignatureError
 from vmr_handler.core.events import Event
 
-__all__ = ["Authenticator", "ClockAnswers", "StampLead"]
+__all__ = ["Authenticator", "ClockAnswers"]
 
 _ANSWERED = True
 _EXPIRED = False
@@ -130,26 +126,3 @@ class ClockAnswers:
         self._past.move_to_end(ident)
         while len(self._past) > self.remember:
             self._past.popitem(last=False)
-
-
-class StampLead:
-    """How far ahead (seconds) the host stamps a ``clock_resp``'s ``t3``: the median of the last
-    ``window`` measured times from the ``t3`` stamp to the answer handed to the transport
-    (signing and encoding), 0 before the first measurement.
-
-    Args:
-        window: measurements kept (default 31).
-        cap: a measurement above this many seconds (a stalled loop) is clipped to it (0.01).
-    """
-
-    def __init__(self, window: int = 31, cap: float = 0.01) -> None:
-        self.cap = cap
-        self._times: Deque[float] = deque(maxlen=window)
-        self.value = 0.0
-
-    def note(self, seconds: float) -> None:
-        """One measured stamp-to-send time, seconds (negative ones, a clock step, are dropped)."""
-        if seconds < 0:
-            return
-        self._times.append(min(seconds, self.cap))
-        self.value = statistics.median(self._times)

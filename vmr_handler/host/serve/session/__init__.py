@@ -7,6 +7,7 @@ General layout::
     intake     files a VM sends out through its session, within a hashing budget
     _delivery  schedules and resources streamed to the agent
     _status    what ``vmr-host status`` shows of one VM
+    clocklead  how far ahead the host stamps a clock_resp's t3
 
 May import: ``host.serve.files``, ``host.serve.config``, ``host.model``, ``host.logs``, ``core``.
 """

@@ -36,7 +36,6 @@ from vmr_handler.core.errors import PayloadError, SavedStateError
 from vmr_handler.core.events import Event
 from vmr_handler.core.payloads import Ack, ClockReq, Hello, HostEntryRequest
 from vmr_handler.core.ratelimit import TokenBucket, worth_logging
-from vmr_handler.core.wire.clockanswers import StampLead
 from vmr_handler.core.wire.protocol import (
     ACK,
     CLOCK_REQ,
@@ -71,6 +70,7 @@ from vmr_handler.host.serve.files.transfers import TransferStore
 from vmr_handler.host.serve.session._delivery import ResourceStreams, ScheduleOffer
 from vmr_handler.host.serve.session._status import session_presence, session_status
 from vmr_handler.host.serve.session.api import HostApi, HostEvents, Link
+from vmr_handler.host.serve.session.clocklead import StampLead
 from vmr_handler.host.serve.session.intake import TRANSFER_TYPES, TransferIntake
 
 log = logging.getLogger("vmr_handler.host")

@@ -1,0 +1,184 @@
+"""Start-up of several frozen agents side by side in ONE TCG guest. Not a test: it prints figures
+(pytest does not collect it: the name does not start with ``test``).
+
+    .venv/bin/python qemu-test/bench_startup.py [--rounds N] [--agent LABEL=PATH ...] [--json FILE]
+
+``bench_guest.py`` compares the single file with onedir across separate guest boots, where the
+shared machine's load differs from boot to boot. This boots one guest and times
+``vmr-handler --version`` of every agent in turn, round after round (the order rotates each
+round), so that the load falls on all of them alike. The agents: this tree's single file and
+``--onedir`` bundle (built with ``packaging/build.sh``), and any ``--agent LABEL=PATH`` given (a
+single file or an onedir executable built elsewhere, e.g. from another commit).
+
+The guest is ``qemu-test/build-guest.sh``'s busybox initramfs with one more cpio archive appended
+(the kernel unpacks concatenated archives in turn): the agents under ``/ab/<label>/`` and
+``/ab.sh`` as the init (``rdinit=/ab.sh``), which mounts proc, devtmpfs and a tmpfs on ``/tmp`` (where a
+single file unpacks), runs the rounds, prints each run's start and end by ``/proc/uptime`` (10 ms
+steps) and powers off. The first round is a warm-up and is not counted. Figures per agent: p50
+(min-max, n) of the wall time of one ``--version`` and, for a single file, what it unpacks at
+each start (``bench_guest.unpacked``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+for _p in (str(REPO), str(HERE)):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import bench_guest as bg  # noqa: E402
+import guestlab as gl  # noqa: E402
+
+WAIT = 1800.0  # the whole guest, all rounds (about 2 s per run under TCG)
+
+AB_INIT = """#!/bin/sh
+mount -t proc proc /proc
+mount -t devtmpfs devtmpfs /dev  # /dev/urandom: Python seeds its hash from it this early in boot
+mount -t tmpfs -o mode=1777 tmpfs /tmp
+echo "ab: uptime $(cut -d' ' -f1 /proc/uptime) s, {rounds} rounds of: {labels}"
+r=0
+while [ "$r" -lt {rounds} ]; do
+    r=$((r + 1))
+    order="{labels}"
+    i=0
+    while [ "$i" -lt $(( (r - 1) % {count} )) ]; do  # rotate the order each round
+        set -- $order; first=$1; shift; order="$* $first"; i=$((i + 1))
+    done
+    for label in $order; do
+        s=$(cut -d' ' -f1 /proc/uptime)
+        /ab/$label/vmr-handler --version >/dev/null || echo "ab: $label failed"
+        echo "ab-run $r $label $s $(cut -d' ' -f1 /proc/uptime)"
+    done
+done
+echo "ab: done"
+poweroff -f
+"""
+
+
+def agent_root(path: Path) -> Path:
+    """The file or the onedir bundle directory to copy for the agent executable ``path``."""
+    return path.parent if (path.parent / "_internal").is_dir() else path
+
+
+def extra_initrd(agents: Dict[str, Path], rounds: int, out: Path) -> None:
+    """Write the appended cpio archive (newc, uncompressed) with the agents and ``/ab.sh``."""
+    with tempfile.TemporaryDirectory(prefix="vhab") as tmp:
+        root = Path(tmp)
+        for label, exe in agents.items():
+            src, dest = agent_root(exe), root / "ab" / label
+            if src.is_dir():
+                shutil.copytree(src, dest, symlinks=True)
+            else:
+                dest.mkdir(parents=True)
+                shutil.copy2(src, dest / "vmr-handler")
+        init = root / "ab.sh"
+        init.write_text(AB_INIT.format(rounds=rounds, labels=" ".join(agents), count=len(agents)))
+        init.chmod(0o755)
+        names = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+        with out.open("wb") as fh:
+            subprocess.run(
+                ["cpio", "-o", "-H", "newc", "--quiet", "-R", "0:0"],
+                input="\n".join(names).encode(),
+                stdout=fh,
+                cwd=root,
+                check=True,
+            )
+
+
+def boot(kernel: str, initrds: Sequence[Path], console: Path) -> float:
+    """Boot the guest until it powers off; the wall time, s. The initrds are concatenated, each
+    padded with zeros to 4 bytes (an uncompressed cpio after a compressed one must start aligned)."""
+    initrd = console.with_name("initrd.img")
+    with initrd.open("wb") as fh:
+        for part in initrds:
+            fh.write(part.read_bytes())
+            fh.write(b"\0" * (-fh.tell() % 4))
+    argv = [
+        "qemu-system-x86_64", "-accel", "tcg", "-m", "1024", "-smp", "1", "-nographic", "-no-reboot",
+        "-nic", "none", "-monitor", "none", "-serial", f"file:{console}", "-kernel", kernel,
+        "-initrd", str(initrd), "-append", "console=ttyS0 panic=-1 quiet rdinit=/ab.sh",
+    ]  # fmt: skip
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _, err = proc.communicate(timeout=WAIT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"the guest did not power off within {WAIT:.0f} s; console: {console}") from None
+    if "ab: done" not in console.read_text(errors="replace"):
+        tail = console.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"the guest stopped early (QEMU exit {proc.returncode}, {err!r}):\n{tail}")
+    return time.monotonic() - t0
+
+
+def parse(console: Path) -> Dict[str, List[float]]:
+    """Wall times (s) of ``--version`` per agent label, the warm-up round left out."""
+    times: Dict[str, List[float]] = {}
+    for rnd, label, start, end in re.findall(r"ab-run (\d+) (\S+) ([0-9.]+) ([0-9.]+)", console.read_text()):
+        if int(rnd) > 1:
+            times.setdefault(label, []).append(float(end) - float(start))
+    return times
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Build this tree's two kinds and the guest, boot it once, print the table (and ``--json``)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=11, help="rounds, the first one a warm-up (default 11)")
+    ap.add_argument("--agent", action="append", default=[], metavar="LABEL=PATH", help="one more agent")
+    ap.add_argument("--json", type=Path, help="also write every figure here")
+    args = ap.parse_args(argv)
+    if args.rounds < 2:
+        ap.error("--rounds must be at least 2 (the first one is a warm-up)")
+    extra: Dict[str, Path] = {}
+    for spec in args.agent:
+        label, sep, path = spec.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z0-9_.-]+", label) or not Path(path).is_file():
+            ap.error(
+                f"--agent {spec!r}: give LABEL=PATH, a label of letters, digits, '._-' and an existing file"
+            )
+        extra[label] = Path(path).resolve()
+    builders = {"onefile": gl.build_guest(), "onedir": gl.build_guest(onedir=True)}
+    try:
+        guests = {kind: next(builder) for kind, builder in builders.items()}
+        agents = {"file": Path(guests["onefile"]["agent"]), "dir": Path(guests["onedir"]["agent"]), **extra}
+        unpacks = {label: bg.unpacked(exe) for label, exe in agents.items()}  # before the builds go
+        with tempfile.TemporaryDirectory(prefix="vhab") as tmp:
+            console, appended = Path(tmp) / "console.log", Path(tmp) / "ab.cpio"
+            extra_initrd(agents, args.rounds, appended)
+            wall = boot(guests["onefile"]["kernel"], [Path(guests["onefile"]["initrd"]), appended], console)
+            times = parse(console)
+    finally:
+        for builder in builders.values():
+            for _ in builder:  # removes the build directory
+                pass
+    print(f"\none TCG guest, {args.rounds - 1} rounds (+1 warm-up), {wall:.0f} s\n")
+    print("| agent | `--version` in the guest | unpacked at each start |")
+    print("| --- | --- | --- |")
+    for label in agents:
+        up = unpacks[label]
+        what = f"{up['bytes'] / 1e6:.1f} MB, {up['files']} files" if up else "nothing: runs in place"
+        print(f"| {label} | {bg.fmt(times.get(label, []), 's', 1, 2)} | {what} |")
+    out = {
+        label: {"version": times.get(label, []), "unpacked": unpacks[label], "exe": str(exe)}
+        for label, exe in agents.items()
+    }
+    if args.json:
+        args.json.write_text(json.dumps({"rounds": args.rounds, "wall": wall, "agents": out}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
