@@ -80,8 +80,19 @@ def _numbered_dirs(items: Iterable[Tuple[int, float, Optional[str]]], launch_dir
     seen: Dict[str, int] = {}
     result: Dict[int, str] = {}
     root = os.path.abspath(launch_dir)
+    # os.path.join(root, time, name): neither part is empty or starts with "/"; each distinct
+    # start time and executable is spelled once (100 000 entries: a few dict look-ups each)
+    prefix = root if root.endswith("/") else root + "/"
+    times: Dict[float, str] = {}
+    names: Dict[Optional[str], str] = {}
     for index, start, executable in items:
-        base = os.path.join(root, format_start_time(start), _dir_name(executable))
+        time_text = times.get(start)
+        if time_text is None:
+            time_text = times[start] = prefix + format_start_time(start) + "/"
+        name = names.get(executable)
+        if name is None:
+            name = names[executable] = _dir_name(executable)
+        base = time_text + name
         count = seen.get(base, 0)
         seen[base] = count + 1
         result[index] = base if count == 0 else f"{base}_{count}"
