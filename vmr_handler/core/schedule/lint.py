@@ -21,13 +21,14 @@ import re
 import subprocess
 from typing import Dict, List, Optional, Tuple
 
+from vmr_handler.core.gcpause import paused_gc
 from vmr_handler.core.schedule.commands import (
     DropItem,
     command_line,
-    dropped_item,
     find_shell,
     first_word,
     program_missing,
+    running_drops,
     working_dirs_of,
 )
 from vmr_handler.core.schedule.model import ContentDrop, FileDrop, Schedule, ScheduleEntry
@@ -99,8 +100,8 @@ class _Lint:
         self.missing: Dict[str, bool] = {}  # program -> not found
         self.non_executable = _non_executable_drops(schedule)
         self.quiet: Dict[str, bool] = {}  # executable of a data-less entry -> no warning possible
-        #: (executable, location, file name or None) -> whether the executable names that drop
-        self.names: Dict[Tuple[str, str, Optional[str]], bool] = {}
+        #: entry index -> the drop it runs (:func:`~vmr_handler.core.schedule.commands.running_drops`)
+        self.owns = running_drops(schedule.entries)
         #: (executable, location) -> the dropped file's path is plain whatever its working dir
         self.safe: Dict[Tuple[str, str], bool] = {}
         self.root = os.path.abspath(launch_dir)
@@ -120,26 +121,6 @@ class _Lint:
             return False
         return not (os.path.isabs(word) and os.path.normpath(word) in self.non_executable)
 
-    def own_drop(self, entry: ScheduleEntry) -> Optional[DropItem]:
-        """:func:`~vmr_handler.core.schedule.commands.dropped_item` of ``entry``, each
-        (executable, drop) pair decided once."""
-        exe = entry.executable
-        key: Tuple[str, str, Optional[str]]
-        for item in entry.data:
-            if isinstance(item, ContentDrop):
-                key = (exe or "", item.location, None)
-            elif isinstance(item, FileDrop):
-                key = (exe or "", item.location, item.filename)
-            else:
-                continue
-            names = self.names.get(key)
-            if names is None:
-                alone = ScheduleEntry(entry.index, entry.start_time, exe, data=(item,))
-                names = self.names[key] = dropped_item(alone) is not None
-            if names:
-                return item
-        return None
-
     def _safe_drop(self, exe: str, location: str) -> bool:
         """True when the path of a file dropped at the relative ``location`` by an entry running
         ``exe`` is plain and unquoted wherever its working dir is: ``<launch>/<start time>/<base
@@ -157,7 +138,7 @@ class _Lint:
         command line is then its executable and arguments, as without data) and its executable
         is quiet (:meth:`_quiet`) and its arguments plain."""
         exe = entry.executable or ""
-        own = self.own_drop(entry) if entry.data else None
+        own = self.owns.get(entry.index) if entry.data else None
         if own is not None:
             return not (plain_arguments and own.executable and self._safe_drop(exe, own.location))
         known = self.quiet.get(exe)
@@ -173,20 +154,24 @@ class _Lint:
         # one match over every argument string (" " is plain): when it holds, no entry's
         # arguments need their own (100 000 matches cost more than the join)
         all_plain = plain(" ".join([e.arguments for e in entries])) is not None
-        checked = [
-            entry
-            for entry in entries
-            if entry.executable
-            and not entry.on_host
-            and self._needs_checks(entry, all_plain or not entry.arguments or bool(plain(entry.arguments)))
-        ]
+        checked: List[ScheduleEntry] = []
+        quiet, needs, add = self.quiet, self._needs_checks, checked.append
+        for entry in entries:
+            exe = entry.executable
+            if not exe or entry.on_host:
+                continue
+            plain_arguments = all_plain or not entry.arguments or plain(entry.arguments) is not None
+            if not entry.data and quiet.get(exe) and plain_arguments:  # (most entries: inline)
+                continue
+            if needs(entry, plain_arguments):
+                add(entry)
         # the working dirs of the entries checked that run a file they drop: only those spell
         # a working dir in their command line
-        running_drops = [e.index for e in checked if e.data and self.own_drop(e) is not None]
-        if running_drops:
+        owners = [e.index for e in checked if e.index in self.owns]
+        if owners:
             starts = [e.start_time for e in entries]
             executables = [e.executable for e in entries]
-            self.workdirs = working_dirs_of(starts, executables, running_drops, self.launch_dir)
+            self.workdirs = working_dirs_of(starts, executables, owners, self.launch_dir)
         for entry in checked:
             self.entry(entry, warnings)
         return warnings
@@ -215,7 +200,7 @@ class _Lint:
         workdir = self.workdirs.get(entry.index, self.launch_dir)
         line = command_line(entry, workdir)
         word = first_word(line)
-        own = dropped_item(entry)
+        own = self.owns.get(entry.index)
         lookup = own is None and (os.path.isabs(word) or "/" not in word)
         if lookup and self._is_missing(word):
             warnings.append(
@@ -251,6 +236,9 @@ def lint_schedule(
         One message per problem, naming the entry, the program or the shell's complaint.
         Each program is looked up once and each distinct command line checked once; an entry
         that drops nothing, runs a found plain program and has plain arguments costs a few
-        dictionary look-ups (100 000 such entries: tens of ms).
+        dictionary look-ups (100 000 such entries: tens of ms). The cyclic garbage collector is
+        paused meanwhile (:func:`~vmr_handler.core.gcpause.paused_gc`): with a big schedule
+        alive, its passes cost more than the lint.
     """
-    return _Lint(schedule, launch_dir, path, shell or find_shell()).run()
+    with paused_gc():
+        return _Lint(schedule, launch_dir, path, shell or find_shell()).run()

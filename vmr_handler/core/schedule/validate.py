@@ -434,8 +434,12 @@ def validate_columns(
     problems), the same entries, but no object is made for a plain program entry."""
     screen, checked, warnings = _checked(records, strict_fields, source_size)
     if screen.drops:  # entries that drop files are kept as entries (their command lines need them)
-        entries = _entries_of(screen)
-        checked.update((index, cast(ScheduleEntry, entries[index])) for index in screen.drops)
+        ignored, on_host = set(screen.ignored), set(screen.hosts)
+        for index, data in screen.drops.items():
+            checked[index] = ScheduleEntry(
+                index, screen.starts[index], screen.executables[index], screen.arguments[index],
+                index in ignored, data, False, index in on_host,
+            )  # fmt: skip
         hosts = [index for index in screen.hosts if index not in screen.drops]
     else:
         hosts = screen.hosts
