@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from itertools import chain, compress, islice, repeat
 from operator import eq, is_
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple, cast
 
 import vmr_handler.core.schedule.items as checks
 from vmr_handler.core.schedule.limits import MAX_ARGUMENTS_LENGTH, MAX_ITEMS
@@ -282,13 +282,21 @@ def screen_drops(lists: Sequence[List[Any]], room: int) -> Optional[Drops]:
         columns = chain(enumerate(locations), zip(file_at, names), zip(content_at, contents))
         bad.update(i for i, value in columns if value is None)
     made: List[Any] = [None] * len(items)
-    for i, content in zip(content_at, contents):
-        if i not in bad:
-            made[i] = _item(ContentDrop, locations[i], content, flags[i])
-    for i, name in zip(file_at, names):
-        if i not in bad:
-            made[i] = _item(FileDrop, locations[i], name, flags[i])
-    return _grouped(made, lengths, bad)
+    # each item with the fields its __init__ sets, set in its instance dict (the frozen
+    # dataclass's __init__ costs as much as checking it), inline (a call per item costs more)
+    for kind, field, at, values in (
+        (ContentDrop, "content", content_at, contents),
+        (FileDrop, "filename", file_at, names),
+    ):
+        for i, value in zip(at, values):
+            if i not in bad:
+                item = made[i] = _new(kind)
+                fields = item.__dict__
+                fields["location"] = locations[i]
+                fields[field] = value
+                fields["executable"] = flags[i]
+    size = 0 if bad else sum(map(len, cast(List[bytes], contents)))  # (with bad ones: counted list by list)
+    return _grouped(made, lengths, bad, size)
 
 
 def _contents(values: List[Any], room: int) -> Optional[List[Optional[bytes]]]:
@@ -297,12 +305,22 @@ def _contents(values: List[Any], room: int) -> Optional[List[Optional[bytes]]]:
     over :data:`~vmr_handler.core.schedule.limits.MAX_CONTENT_BYTES` bytes. None for all when
     together (at every use) they take more than ``room`` bytes; checked before encoding, on the
     characters, and as encoded."""
+    most = checks.MAX_CONTENT_BYTES  # the full checks' limit, read where they read it
+    if set(map(type, values)) == {str}:
+        lengths = list(map(len, values))
+        if sum(lengths) > room:
+            return None
+        if (
+            max(lengths) <= most
+            and all(map(str.isascii, values))
+            and len(set(map(id, values))) == len(values)
+        ):
+            return list(map(str.encode, values))  # ASCII texts, none shared: as long as they are
     if not set(map(type, values)) <= _CONTENT_TYPES:
         values = [v if type(v) in _CONTENT_TYPES else None for v in values]
     lengths = [len(v) if v is not None else 0 for v in values]
     if sum(lengths) > room:
         return None
-    most = checks.MAX_CONTENT_BYTES  # the full checks' limit, read where they read it
     texts = {id(v): v for v, n in zip(values, lengths) if type(v) is str and n <= most}
     encoded: Dict[int, bytes] = {}
     grown = 0  # bytes the texts grow by when encoded, for each distinct text
@@ -328,12 +346,12 @@ def _contents(values: List[Any], room: int) -> Optional[List[Optional[bytes]]]:
     return None if total > room else out
 
 
-def _grouped(made: List[Any], lengths: List[int], bad: Set[int]) -> Drops:
+def _grouped(made: List[Any], lengths: List[int], bad: Set[int], size: int) -> Drops:
     """:class:`Drops` of the ``made`` items, ``lengths[k]`` of them for list ``k``; a list with
-    a position in ``bad`` is None."""
+    a position in ``bad`` is None (``size``: the contents' bytes when none is)."""
     data: List[Optional[Tuple[DataItem, ...]]]
     if len(made) == len(lengths):
-        data = [(item,) for item in made]
+        data = list(zip(made))  # one item each
     else:
         each = iter(made)
         data = [tuple(islice(each, n)) for n in lengths]
@@ -341,6 +359,8 @@ def _grouped(made: List[Any], lengths: List[int], bad: Set[int]) -> Drops:
         owners = list(chain.from_iterable(map(repeat, range(len(lengths)), lengths)))
         for k in {owners[i] for i in bad}:
             data[k] = None
+    if not bad:
+        return Drops(data, size, len(made))
     kept = [d for d in data if d is not None]
     size = sum(len(item.content) for d in kept for item in d if type(item) is ContentDrop)
     return Drops(data, size, sum(map(len, kept)))
@@ -352,14 +372,3 @@ def _flags(values: List[Any], bad: Set[int]) -> List[Any]:
     if not set(map(type, values)) <= _FLAG_TYPES:
         bad.update(i for i, v in enumerate(values) if type(v) not in _FLAG_TYPES)
     return values
-
-
-def _item(cls: Any, location: str, value: Any, executable: bool) -> DataItem:
-    """A :class:`ContentDrop` or :class:`FileDrop` with the fields its ``__init__`` sets, set
-    in its instance dict (the frozen dataclass's ``__init__`` costs as much as checking it)."""
-    item = _new(cls)
-    fields = item.__dict__
-    fields["location"] = location
-    fields["content" if cls is ContentDrop else "filename"] = value
-    fields["executable"] = executable
-    return item  # type: ignore[no-any-return]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, cast
+from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, cast
 
 import vmr_handler.core.schedule.items as items
 from vmr_handler.core.errors import ScheduleError, ScheduleValidationError
@@ -319,11 +319,47 @@ def _plain_entries(
 def _entries_of(screen: Screen, first: int = 0) -> List[Optional[ScheduleEntry]]:
     """The entry of every record ``screen`` vouches for (plain program and plain drop entries),
     None for the doubtful ones; entry ``first + k`` at position ``k``."""
-    entries: List[Optional[ScheduleEntry]] = []
+    entries: List[Optional[ScheduleEntry]] = list(
+        _new_entries(
+            range(first, first + len(screen.starts)), screen.starts, screen.executables, screen.arguments
+        )
+    )
+    for name, indices in (("ignore_failure", screen.ignored), ("on_host", screen.hosts)):
+        for index in indices:
+            entries[index - first].__dict__[name] = True  # type: ignore[union-attr]
+    for index, data in screen.drops.items():
+        entries[index - first].__dict__["data"] = data  # type: ignore[union-attr]
+    for index in screen.doubtful:
+        entries[index - first] = None
+    return entries
+
+
+def _drop_entries(screen: Screen) -> Dict[int, ScheduleEntry]:
+    """The plain drop entries ``screen`` found (``Screen.drops``), by index."""
+    indices = list(screen.drops)
+    starts = map(screen.starts.__getitem__, indices)
+    exes = map(screen.executables.__getitem__, indices)
+    made = dict(zip(indices, _new_entries(indices, starts, exes, map(screen.arguments.__getitem__, indices))))
+    for index, data in screen.drops.items():
+        made[index].__dict__["data"] = data
+    for name, flagged in (("ignore_failure", screen.ignored), ("on_host", screen.hosts)):
+        for index in flagged:
+            if index in made:
+                made[index].__dict__[name] = True
+    return made
+
+
+def _new_entries(
+    indices: Iterable[int],
+    starts: Iterable[float],
+    executables: Iterable[Optional[str]],
+    arguments: Iterable[str],
+) -> List[ScheduleEntry]:
+    """A plain program entry per index, from its start time, executable and arguments (no
+    data, false flags: the caller sets the others)."""
+    entries: List[ScheduleEntry] = []
     add, new = entries.append, _new
-    for index, start, exe, args in zip(
-        range(first, first + len(screen.starts)), screen.starts, screen.executables, screen.arguments
-    ):
+    for index, start, exe, args in zip(indices, starts, executables, arguments):
         # the frozen dataclass's own __init__ costs as much as parsing the record; the fields
         # are what that __init__ would set (tests compare both paths' entries), item by item
         # into the instance dict (it shares its keys with the other instances: half the time
@@ -340,13 +376,6 @@ def _entries_of(screen: Screen, first: int = 0) -> List[Optional[ScheduleEntry]]
         fields["on_host"] = False
         fields["timeout"] = None
         add(entry)
-    for name, indices in (("ignore_failure", screen.ignored), ("on_host", screen.hosts)):
-        for index in indices:
-            entries[index - first].__dict__[name] = True  # type: ignore[union-attr]
-    for index, data in screen.drops.items():
-        entries[index - first].__dict__["data"] = data  # type: ignore[union-attr]
-    for index in screen.doubtful:
-        entries[index - first] = None
     return entries
 
 
@@ -434,12 +463,7 @@ def validate_columns(
     problems), the same entries, but no object is made for a plain program entry."""
     screen, checked, warnings = _checked(records, strict_fields, source_size)
     if screen.drops:  # entries that drop files are kept as entries (their command lines need them)
-        ignored, on_host = set(screen.ignored), set(screen.hosts)
-        for index, data in screen.drops.items():
-            checked[index] = ScheduleEntry(
-                index, screen.starts[index], screen.executables[index], screen.arguments[index],
-                index in ignored, data, False, index in on_host,
-            )  # fmt: skip
+        checked.update(_drop_entries(screen))
         hosts = [index for index in screen.hosts if index not in screen.drops]
     else:
         hosts = screen.hosts
