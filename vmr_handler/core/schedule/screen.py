@@ -45,9 +45,9 @@ class Screen(NamedTuple):
     ignored: List[int]
     hosts: List[int]
     size: int
-    drops: Dict[int, Tuple[DataItem, ...]] = {}
-    drop_size: int = 0
-    drop_items: int = 0
+    drops: Dict[int, Tuple[DataItem, ...]]
+    drop_size: int
+    drop_items: int
 
 
 #: The fields of a plain program entry besides ``start_time``, ``executable`` and ``arguments``:
@@ -124,10 +124,10 @@ def plain_screen(
         args = [a or "" for a in args]
     doubtful = sorted(bad)
     ignored, hosts = ([first + i for i in true[key] if i not in bad] for key in ("ignore_failure", "on_host"))
-    screen = Screen(starts, exes, args, [first + i for i in doubtful], ignored, hosts, size)
-    if found is None or not drops:
-        return screen
-    return screen._replace(drops=drops, drop_size=found.size, drop_items=found.items)
+    drop_size, drop_items = (found.size, found.items) if found is not None and drops else (0, 0)
+    return Screen(
+        starts, exes, args, [first + i for i in doubtful], ignored, hosts, size, drops, drop_size, drop_items
+    )
 
 
 def _optional_fields(
