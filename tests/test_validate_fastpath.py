@@ -4,6 +4,7 @@ leave every record it cannot vouch for (an invalid one included) to the full che
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import math
 import random
@@ -217,3 +218,22 @@ def test_limits_reached_with_plain_drops_are_the_full_checks_errors(
     fast, full = outcome(records), full_path(records, monkeypatch)
     assert fast == full
     assert limit == 200 or "over the limit of" in fast[1][-1]
+
+
+def test_drop_lists_over_the_item_limit_are_never_expanded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One list of 1 000 drops shared by 2 000 entries (a YAML alias, a pickle memo): 2 million
+    items, over the limit of 1 000 000. The screen leaves them to the full checks, which charge
+    each list before visiting it, without expanding them first; so is an item with many keys."""
+    shared = [{"location": "a", "content": "lol"}] * 1000
+    monkeypatch.setattr(screen, "chain", lambda *a: pytest.fail("the lists were expanded"))
+    assert screen.screen_drops([shared] * 2000, 10**9) is None
+    monkeypatch.undo()
+    wide = {"location": "a", "content": "x", **{f"k{i}": i for i in range(1000)}}
+    copied = []
+    monkeypatch.setattr(
+        screen, "tuple", lambda item: copied.append(len(item)) or builtins.tuple(item), raising=False
+    )
+    found = screen.screen_drops([[wide], [{"location": "b", "content": "y"}]], 10**9)
+    monkeypatch.undo()
+    assert found is not None and found.data[0] is None and found.data[1] is not None
+    assert copied and max(copied) <= 3

@@ -231,6 +231,8 @@ _DROP_SHAPES = {
     frozenset({"location", "filename"}): "filename",
     frozenset({"location", "filename", "executable"}): "filename",
 }
+#: Keys of a drop item at most (one with more is not copied into a key tuple: it may be shared).
+_MOST_KEYS = max(map(len, _DROP_SHAPES))
 _CONTENT_TYPES = frozenset({str, bytes, bytearray})
 _FLAG_TYPES = frozenset({bool, type(None)})
 _new = object.__new__
@@ -253,12 +255,12 @@ def screen_drops(lists: Sequence[List[Any]], room: int) -> Optional[Drops]:
         and say where a limit is reached.
     """
     lengths = list(map(len, lists))
-    items: List[Any] = list(chain.from_iterable(lists))
-    if len(items) > MAX_ITEMS:
+    if sum(lengths) > MAX_ITEMS:  # (before the lists are expanded: they may be aliases of one)
         return None
+    items: List[Any] = list(chain.from_iterable(lists))
     bad: Set[int] = set()
-    if set(map(type, items)) - {dict}:
-        bad.update(i for i, item in enumerate(items) if type(item) is not dict)
+    if set(map(type, items)) - {dict} or max(map(len, items)) > _MOST_KEYS:
+        bad.update(i for i, item in enumerate(items) if type(item) is not dict or len(item) > _MOST_KEYS)
         items = [{} if i in bad else item for i, item in enumerate(items)]
     keys = list(map(tuple, items))  # (a few distinct key orders: each looked at once)
     shape_of = {order: _DROP_SHAPES.get(frozenset(order)) for order in set(keys)}
