@@ -24,6 +24,9 @@ Sections:
      ``check``/``plan`` against the raw parse (JSON and pickle, in process (this
      one and a fresh one) and as whole processes, from source and with the bytecode cache an
      installed package has).
+  4d ``check``, ``plan --json`` and ``load_schedule`` against a bare parse of the same file
+     (pickle, JSON, YAML) with data drops on 1 entry in 10 and on every entry: in a fresh
+     process and as whole processes, wall and CPU, interleaved rounds (``--only 4d``).
   5  idle CPU% and RSS while waiting for an entry 20 s away; bare-Python RSS baseline.
   6  same-instant groups of 1, 10 and 60 entries with and without a 200-byte drop each:
      first and last fork after the instant, side by side.
@@ -1257,6 +1260,201 @@ def _ratio(a: float, b: float) -> str:
     return f"{a * 1000:.0f} / {b * 1000:.0f} ms = {a / b:.2f}x"
 
 
+# --------------------------------------------------------------------------- section 4d
+#: The target of `check`, `plan --json` and the loader: within this many times a bare parse.
+TARGET_PARSE_RATIO = 3.0
+#: A 10-byte config file and a VM-resource script, the data of the entries that drop one.
+DROP_CONTENT = "key=value\n"
+
+
+def with_drops(records: List[Dict[str, Any]], every: int) -> List[Dict[str, Any]]:
+    """``records`` where one program entry in ``every`` drops a file: alternately a VM-resource
+    script it runs (``setup.sh``, executable: its command line is the dropped file's path in its
+    working dir) and a 10-byte config file beside ``/bin/true`` (``conf/appN.cfg``)."""
+    out: List[Dict[str, Any]] = []
+    for i, record in enumerate(records):
+        record = dict(record)
+        if "data" not in record and i % every == 0:
+            if (i // every) % 2 == 0:
+                record["executable"] = "setup.sh"
+                record["data"] = [{"location": "setup.sh", "filename": "setup.sh", "executable": True}]
+            else:
+                record["data"] = [{"location": f"conf/app{i % 7}.cfg", "content": DROP_CONTENT}]
+        out.append(record)
+    return out
+
+
+#: A fresh process that times, interleaved over rounds (best of each), for one schedule file:
+#: its bare parse (``json.loads``, ``pickle.loads`` of a stand-in class, ``yaml.load`` with
+#: ``CSafeLoader``; also with the collector paused), ``load_schedule``, ``vmr-handler check``
+#: and ``plan --json`` in process (the CLI's ``main``, output to /dev/null). Wall and CPU
+#: seconds. argv: file, format, resume time, rounds, entries expected.
+PARSE_RATIOS = r"""import contextlib, gc, json, os, pickle, sys, time
+from tests.refpickle import standin_class
+from vmr_handler.agent.cli.commandline import main
+from vmr_handler.core.schedule import load_schedule
+path, fmt, resume, rounds, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+def bare():
+    data = open(path, "rb").read()
+    if fmt == "json":
+        return json.loads(data)
+    if fmt == "pickle":
+        with standin_class("firewheel.vm_resource_manager.schedule_entry.ScheduleEntry"):
+            return pickle.loads(data)
+    import yaml
+    return yaml.load(data.decode("utf-8"), Loader=yaml.CSafeLoader)
+def bare_paused():
+    gc.disable()
+    try:
+        return bare()
+    finally:
+        gc.enable()
+def cli(*words):
+    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), contextlib.redirect_stderr(null):
+        rc = main(list(words))
+    assert rc == 0, (words, rc)
+out_path = path + ".plan.json"
+with open(out_path, "w") as fh, contextlib.redirect_stdout(fh):
+    assert main(["plan", path, "--resume", resume, "--json"]) == 0
+ok = len(json.load(open(out_path))["entries"]) == n and len(load_schedule(path).entries) == n
+work = {
+    "bare": bare,
+    "bare_paused": bare_paused,
+    "load": lambda: load_schedule(path),
+    "check": lambda: cli("check", path),
+    "plan": lambda: cli("plan", path, "--resume", resume, "--json"),
+}
+best = {name: [float("inf"), float("inf")] for name in work}
+for _ in range(rounds):
+    for name, fn in work.items():
+        gc.collect()
+        w0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        w, c = time.perf_counter() - w0, time.process_time() - c0
+        best[name] = [min(best[name][0], w), min(best[name][1], c)]
+print(json.dumps({"ok": ok, "best": best}))
+"""
+#: The raw-parse process of each format (argv 1: the file): the floor of a `check` process.
+RAW_PARSE = {
+    "json": RAW_JSON,
+    "pickle": RAW_PICKLE,
+    "yaml": "import sys, yaml\nyaml.load(open(sys.argv[1], 'rb').read().decode(), Loader=yaml.CSafeLoader)\n",
+}
+
+
+def _run_rusage(
+    argv: List[str], root: str, env: Dict[str, str], timeout: float = 600
+) -> Tuple[int, float, float]:
+    """``(returncode, wall s, CPU s)`` of ``argv``: waited for with ``os.wait4`` (exact, and the
+    child's user+system CPU time, which a machine shared with other work changes less than
+    the wall)."""
+    t0 = time.perf_counter()
+    proc = _spawn(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd=root, env=env)
+    timer = threading.Timer(timeout, _stop_child, (proc,))
+    timer.daemon = True
+    timer.start()
+    try:
+        _pid, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+    finally:
+        timer.cancel()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc in _CHILDREN:
+        _CHILDREN.remove(proc)
+    return proc.returncode, wall, usage.ru_utime + usage.ru_stime
+
+
+def _process_walls(root: str, path: str, fmt: str, resume_at: float, rounds: int) -> Dict[str, List[float]]:
+    """Best ``[wall, CPU]`` seconds of the raw-parse process, ``vmr-handler check`` and ``plan
+    --json`` of ``path``, interleaved over ``rounds`` (bytecode cached, as installed)."""
+    env = bytecode_env(root)
+    argvs = {
+        "raw": [sys.executable, "-c", RAW_PARSE[fmt], path],
+        "check": [*agent_argv(), "check", path],
+        "plan": [*agent_argv(), "plan", path, "--resume", repr(resume_at), "--json"],
+    }
+    _run_rusage([*agent_argv(), "--version"], root, env)  # writes the bytecode cache
+    best = {name: [math.inf, math.inf] for name in argvs}
+    for _ in range(rounds):
+        for name, argv in argvs.items():
+            rc, wall, cpu = _run_rusage(argv, root, env)
+            if rc != 0:
+                raise RuntimeError(f"{name} of {os.path.basename(path)} exited {rc}")
+            best[name] = [min(best[name][0], wall), min(best[name][1], cpu)]
+    return best
+
+
+def _ratio_row(
+    res: Results, what: str, value: List[float], base: List[float], paused: float = math.nan
+) -> None:
+    """One row: ``value`` against the bare parse ``base`` (wall and CPU, best of the rounds),
+    met/missed on the CPU ratio (``paused``: the CPU of a parse with the collector paused)."""
+    wall, cpu = value[0] / base[0], value[1] / base[1]
+    extra = f"; {value[1] / paused:.2f}x gc-paused parse" if paused == paused else ""
+    res.add(
+        "4d parse",
+        what,
+        f"{value[0] * 1000:.0f} / {base[0] * 1000:.0f} ms = {wall:.2f}x wall, {cpu:.2f}x CPU{extra}",
+        f"<= {TARGET_PARSE_RATIO:g}x",
+        cpu <= TARGET_PARSE_RATIO,
+    )
+
+
+def section_parse_ratios(root: str, res: Results, n: int, yaml_n: int, rounds: int) -> Dict[str, Any]:
+    """`check`, `plan --json` and the loader against a bare parse of the same file, for pickle,
+    JSON and YAML, with data drops on one entry in ten and on every entry: in a fresh process
+    (in process) and as whole processes. Ratios of the best of ``rounds`` interleaved runs."""
+    from tests.refpickle import reference_pickle
+
+    print(
+        f"\n[4d] check / plan --json / load_schedule against a bare parse: {n:,} entries (YAML "
+        f"{yaml_n:,}), drops on 1 in 10 and on every entry, best of {rounds} interleaved rounds"
+    )
+    base, resume_at, _break = big_records(n)
+    figures: Dict[str, Any] = {}
+    for every, label in ((10, "1/10"), (1, "all")):
+        records = with_drops(base, every)
+        files = {
+            "json": (os.path.join(root, f"drops{every}.json"), n),
+            "pickle": (os.path.join(root, f"drops{every}.pkl"), n),
+            "yaml": (os.path.join(root, f"drops{every}.yaml"), yaml_n),
+        }
+        write_json(files["json"][0], records)
+        with open(files["pickle"][0], "wb") as fh:
+            fh.write(reference_pickle(records, protocol=2))
+        with open(files["yaml"][0], "w", encoding="utf-8") as fh:
+            fh.write(yaml_block(records[:yaml_n]))
+        for fmt, (path, count) in files.items():
+            key = f"{fmt} drops {label}"
+            child = subprocess.run(
+                [sys.executable, "-c", PARSE_RATIOS, path, fmt, repr(resume_at), str(rounds), str(count)],
+                capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=1800, check=False,
+            )  # fmt: skip
+            if child.returncode != 0:
+                raise RuntimeError(f"{key}: {child.stderr.strip().splitlines()[-1:]}")
+            inproc = json.loads(child.stdout)
+            walls = _process_walls(root, path, fmt, resume_at, rounds)
+            best = inproc["best"]
+            size = os.path.getsize(path) / 1e6
+            print(f"    {key}: {count:,} entries, {size:.1f} MB, outputs complete: {inproc['ok']}")
+            what = f"{fmt}, drops {label}, {count:,} entries"
+            paused = best["bare_paused"][1]
+            _ratio_row(res, f"{what}: load_schedule / bare parse", best["load"], best["bare"], paused)
+            _ratio_row(res, "  check / bare parse, in process", best["check"], best["bare"], paused)
+            _ratio_row(res, "  plan --json / bare parse, in process", best["plan"], best["bare"], paused)
+            _ratio_row(res, "  process: check / raw-parse process", walls["check"], walls["raw"])
+            _ratio_row(res, "  process: plan --json / raw-parse process", walls["plan"], walls["raw"])
+            figures[key] = {
+                "entries": count,
+                "mb": size,
+                "in_process": best,
+                "process": walls,
+                "ok": inproc["ok"],
+            }
+    res.data["parse_ratios"] = figures
+    return figures
+
+
 # --------------------------------------------------------------------------- section 5
 def sample_process(pid: int, seconds: float) -> Dict[str, float]:
     proc = psutil.Process(pid)
@@ -1601,6 +1799,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                     10_000 if args.quick else 100_000,
                 ),
             )
+        if only & {"4", "4d"}:
+            guarded("4d", lambda: section_parse_ratios(root, res, 100_000, 2_000 if args.quick else 10_000,
+                                                      1 if args.quick else 3))  # fmt: skip
         if "5" in only:
             guarded("5", lambda: section_idle(root, res, 8.0 if args.quick else 20.0, 5.0))
         if "6" in only:

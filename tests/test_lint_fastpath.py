@@ -85,25 +85,56 @@ def random_records(rng: random.Random, n: int) -> List[Dict[str, Any]]:
         if args is not None:
             rec["arguments"] = args
         roll = rng.random()
-        if roll < 0.15:
+        if roll < 0.25:
+            rec["data"] = own_drop_data(rng, rec)
+        elif roll < 0.3:  # drops a file it does not run
+            rec["data"] = [{"location": rng.choice(["data.txt", "/opt/x/cfg"]), "content": "c"}]
+        elif roll < 0.45:
             exe = rec["executable"]
             location = rng.choice([exe, "/opt/x/tool", "/bin/true", "rel.sh", "data.txt"])
             rec["data"] = [{"location": location, "content": "x", "executable": rng.random() < 0.5}]
-        elif roll < 0.2:
+        elif roll < 0.5:
             rec["on_host"] = True
-        elif roll < 0.25:
+        elif roll < 0.55:
             rec["executable"], rec["arguments"] = "mv", "/tmp/drop-src /opt/x/tool"
             rec["data"] = [{"location": "/tmp/drop-src", "content": "y", "executable": False}]
         records.append(rec)
     return records
 
 
+#: Programs an entry drops and runs: plain, in a folder, with a space or shell syntax in the name.
+OWN = ["setup.sh", "bin/run.sh", "./go.sh", "we ird.sh", "x$y.sh", "a'b.sh"]
+
+
+def own_drop_data(rng: random.Random, rec: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The data of an entry that runs a file it drops: named by its location, its base name or
+    the VM-resource file name, executable or not, after another drop or none."""
+    exe = rec["executable"] = rng.choice(OWN)
+    location = rng.choice([exe, f"sub/{os.path.basename(exe)}"])
+    if rng.random() < 0.5:
+        drop: Dict[str, Any] = {"location": location, "filename": exe}
+    else:
+        drop = {"location": location, "content": "#!/bin/sh\n"}
+    roll = rng.random()
+    if roll < 0.7:
+        drop["executable"] = True
+    elif roll < 0.85:
+        drop["executable"] = False
+    data = [drop]
+    if rng.random() < 0.3:
+        data.insert(0, {"location": "data.txt", "content": "d", "executable": rng.random() < 0.5})
+    return data
+
+
+@pytest.mark.parametrize("launch", ["launch", "launch dir", "it's"])
 @pytest.mark.parametrize("seed", range(4))
-def test_fast_path_gives_the_oracle_warnings(seed: int, tmp_path: Path) -> None:
+def test_fast_path_gives_the_oracle_warnings(seed: int, launch: str, tmp_path: Path) -> None:
+    """Every kind of entry, under launch dirs whose paths are plain, need quotes or break quotes."""
     rng = random.Random(seed)
-    schedule = schedule_of(random_records(rng, 120))
+    schedule = schedule_of(random_records(rng, 160))
     path = f"/bin:/usr/bin:{tmp_path}"
     shell = cmd.find_shell()
+    tmp_path = tmp_path / launch
     got = lint_schedule(schedule, str(tmp_path), path, shell)
     want = oracle(schedule, str(tmp_path), path, shell)
     assert heads(got) == want
@@ -166,3 +197,43 @@ def test_a_program_an_entry_drops_itself_non_executable_is_warned(tmp_path: Path
     assert "runs '/opt/self.sh', which it drops itself" in own[2]
     assert all("exits 126" in w and "set executable: true on that drop" in w for w in own)
     assert heads(warnings) == oracle(schedule, str(tmp_path), "/bin:/usr/bin", cmd.find_shell())
+
+
+def test_entries_that_run_what_they_drop_plainly_cost_no_working_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An entry that runs a file it drops executable, at a plain path, with plain arguments,
+    cannot get a warning wherever its working dir is: none is computed for it. Only the
+    entries that may get one have their working dirs made."""
+    records: List[Dict[str, Any]] = [
+        {"start_time": 1 + i % 7, "executable": "setup.sh", "arguments": f"run {i}",
+         "data": [{"location": "setup.sh", "filename": "setup.sh", "executable": True}]}
+        for i in range(300)
+    ]  # fmt: skip
+    records += [
+        {"start_time": 2, "executable": "/bin/true", "data": [{"location": "cfg", "content": "x"}]}
+        for _ in range(50)
+    ]
+    schedule = schedule_of(records)
+    asked: List[List[int]] = []
+    real = cmd.working_dirs_of
+
+    def counted(starts: Any, executables: Any, wanted: Any, launch_dir: str) -> Dict[int, str]:
+        asked.append(sorted(wanted))
+        return real(starts, executables, wanted, launch_dir)
+
+    monkeypatch.setattr(cmd, "working_dirs", lambda *a: pytest.fail("every entry's working dir made"))
+    monkeypatch.setattr("vmr_handler.core.schedule.lint.working_dirs_of", counted, raising=False)
+    assert lint_schedule(schedule, str(tmp_path), "/bin:/usr/bin", cmd.find_shell()) == []
+    assert asked == []
+    # one of them drops it non-executable: its working dir alone is made, and it is warned
+    records[12]["data"] = [{"location": "setup.sh", "filename": "setup.sh", "executable": False}]
+    schedule = schedule_of(records)
+    warnings = lint_schedule(schedule, str(tmp_path), "/bin:/usr/bin", cmd.find_shell())
+    assert asked == [[12]]
+    assert warnings == [
+        f"entry 12 ('setup.sh'): runs '{tmp_path}/6/setup.sh_1/setup.sh', which it drops itself with "
+        "executable: false; the file is left without its executable bits (as in FIREWHEEL 3.1.0), so the "
+        "entry exits 126: set executable: true on that drop, or run the file through its interpreter "
+        "(/bin/sh FILE)"
+    ]

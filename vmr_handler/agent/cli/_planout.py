@@ -19,7 +19,6 @@ from itertools import repeat
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, NamedTuple, Sequence
 
 if TYPE_CHECKING:
-    from vmr_handler.core.schedule.model import ScheduleEntry
     from vmr_handler.core.schedule.validate import ScheduleColumns
     from vmr_handler.core.timeline import PlanColumns
 
@@ -41,9 +40,12 @@ def print_plan_json(request: PlanRequest) -> int:
     Raises:
         ScheduleError: the schedule cannot be read or is not valid (as ``load_schedule``).
     """
+    from vmr_handler.core.gcpause import paused_gc
+
     write = sys.stdout.write
-    for part in plan_json_parts(request):
-        write(part)  # piece by piece: the whole text at once costs page faults (_CHUNK)
+    with paused_gc():  # with the schedule's objects alive, collection passes cost more than the text
+        for part in plan_json_parts(request):
+            write(part)  # piece by piece: the whole text at once costs page faults (_CHUNK)
     write("\n")
     return 0
 
@@ -56,7 +58,10 @@ def plan_json_output(request: PlanRequest) -> str:
     Raises:
         ScheduleError: the schedule cannot be read or is not valid (as ``load_schedule``).
     """
-    return "".join(plan_json_parts(request))
+    from vmr_handler.core.gcpause import paused_gc
+
+    with paused_gc():
+        return "".join(plan_json_parts(request))
 
 
 def plan_json_parts(request: PlanRequest) -> Iterator[str]:
@@ -189,27 +194,24 @@ def _command_texts(schedule: ScheduleColumns, launch_dir: str) -> Callable[[int,
 
 
 def _dropping(schedule: ScheduleColumns) -> List[int]:
-    """The entries that run a program and drop a file (its exec path may be that file's)."""
-    return [i for i, e in schedule.others.items() if e.executable and _drops(e)]
+    """The entries that run a file they drop (their exec path is that file's), ascending."""
+    from vmr_handler.core.schedule.commands import running_drops
+
+    return sorted(running_drops(e for e in schedule.others.values() if e.data))
 
 
 def _dropped_lines(schedule: ScheduleColumns, dropping: List[int], launch_dir: str) -> Dict[int, str]:
-    """The JSON of the command lines of the entries ``dropping`` (they drop a file)."""
+    """The JSON of the command lines of the entries ``dropping`` (they run a file they drop)."""
     if not dropping:
         return {}
     from json.encoder import encode_basestring_ascii as quoted
 
-    from vmr_handler.core.schedule.commands import command_line, working_dirs_of
+    from vmr_handler.core.schedule.commands import dropped_line, running_drops, working_dirs_of
 
     dirs = working_dirs_of(schedule.starts, schedule.executables, dropping, launch_dir)
-    return {i: quoted(command_line(schedule.others[i], dirs[i])) for i in dropping}
-
-
-def _drops(entry: ScheduleEntry) -> bool:
-    """True when ``entry`` drops a file (its exec path may then be that file's)."""
-    from vmr_handler.core.schedule.model import ContentDrop, FileDrop
-
-    return any(isinstance(item, (ContentDrop, FileDrop)) for item in entry.data)
+    entries = [schedule.others[i] for i in dropping]
+    drops = running_drops(entries)
+    return {e.index: quoted(dropped_line(drops[e.index], dirs[e.index], e.arguments)) for e in entries}
 
 
 #: Integers a float holds exactly: an integral float inside is written as an integer.

@@ -7,6 +7,7 @@ General layout::
     limits       the sizes a schedule may reach
     unpickler    the restricted unpickler; pickle_scan: the pickle read without running it
     validate     validation; loader: pickle, YAML or JSON to a validated Schedule
+    screen       validation's column screen: plain program and drop entries checked as columns
     guestos      schedules written for a Windows guest, refused at load
     commands     the command line as the reference runs it
     appended     batches appended to a running schedule (``vmr-host schedule add``)

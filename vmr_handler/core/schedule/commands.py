@@ -80,8 +80,19 @@ def _numbered_dirs(items: Iterable[Tuple[int, float, Optional[str]]], launch_dir
     seen: Dict[str, int] = {}
     result: Dict[int, str] = {}
     root = os.path.abspath(launch_dir)
+    # os.path.join(root, time, name): neither part is empty or starts with "/"; each distinct
+    # start time and executable is spelled once (100 000 entries: a few dict look-ups each)
+    prefix = root if root.endswith("/") else root + "/"
+    times: Dict[float, str] = {}
+    names: Dict[Optional[str], str] = {}
     for index, start, executable in items:
-        base = os.path.join(root, format_start_time(start), _dir_name(executable))
+        time_text = times.get(start)
+        if time_text is None:
+            time_text = times[start] = prefix + format_start_time(start) + "/"
+        name = names.get(executable)
+        if name is None:
+            name = names[executable] = _dir_name(executable)
+        base = time_text + name
         count = seen.get(base, 0)
         seen[base] = count + 1
         result[index] = base if count == 0 else f"{base}_{count}"
@@ -113,6 +124,41 @@ def dropped_item(entry: ScheduleEntry) -> Optional[DropItem]:
         if exe in names or os.path.normpath(exe) in names:
             return item
     return None
+
+
+def running_drops(entries: Iterable[ScheduleEntry]) -> Dict[int, DropItem]:
+    """``{entry index: dropped_item(entry)}`` of the ``entries`` that run a file they drop
+    (:func:`dropped_item` not None). Whether an executable names a drop depends only on the
+    two, so each distinct (executable, location, file name) is decided once: 100 000 entries
+    with data cost a dictionary look-up per item."""
+    names: Dict[Tuple[str, str, Optional[str]], bool] = {}
+    found: Dict[int, DropItem] = {}
+    for entry in entries:
+        exe = entry.executable
+        if not exe or not entry.data:
+            continue
+        for item in entry.data:
+            if isinstance(item, ContentDrop):
+                key: Tuple[str, str, Optional[str]] = (exe, item.location, None)
+            elif isinstance(item, FileDrop):
+                key = (exe, item.location, item.filename)
+            else:
+                continue
+            named = names.get(key)
+            if named is None:
+                alone = ScheduleEntry(entry.index, entry.start_time, exe, data=(item,))
+                named = names[key] = dropped_item(alone) is not None
+            if named:
+                found[entry.index] = item
+                break
+    return found
+
+
+def dropped_line(item: DropItem, workdir: str, arguments: str) -> str:
+    """:func:`command_line` of an entry whose executable names ``item``, a file it drops
+    (:func:`dropped_item`), in the working dir ``workdir``: the file's path, shell-quoted only
+    when it needs quoting, and the arguments."""
+    return _plain_line(shlex.quote(target_path(item.location, workdir)), arguments)
 
 
 def dropped_path(entry: ScheduleEntry, workdir: str) -> Optional[str]:

@@ -11,7 +11,10 @@ import math
 import reprlib
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from vmr_handler.core.schedule.limits import MAX_CONTENT_BYTES, Budget, LimitReached
+from vmr_handler.core.schedule.limits import (
+    MAX_CONTENT_BYTES as MAX_CONTENT_BYTES,
+)  # the limit applied (also by .screen)
+from vmr_handler.core.schedule.limits import Budget, LimitReached
 from vmr_handler.core.schedule.model import (
     ContentDrop,
     DataItem,

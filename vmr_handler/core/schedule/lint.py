@@ -19,21 +19,25 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
+from vmr_handler.core.gcpause import paused_gc
 from vmr_handler.core.schedule.commands import (
     DropItem,
     command_line,
-    dropped_item,
     find_shell,
     first_word,
     program_missing,
-    working_dirs,
+    running_drops,
+    working_dirs_of,
 )
 from vmr_handler.core.schedule.model import ContentDrop, FileDrop, Schedule, ScheduleEntry
 
 #: A command line made only of these characters has no shell syntax that could be wrong.
 _PLAIN = re.compile(r"[A-Za-z0-9_./,:@%+=\- ]*")
+#: A path made only of these characters is written unquoted (``shlex.quote`` leaves it as it is)
+#: and is plain (:data:`_PLAIN`).
+_SAFE_PATH = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
 #: Longest time one ``bash -n`` may take, seconds (it parses; it never runs anything).
 SYNTAX_TIMEOUT = 10.0
 
@@ -91,11 +95,16 @@ class _Lint:
 
     def __init__(self, schedule: Schedule, launch_dir: str, path: Optional[str], shell: str) -> None:
         self.schedule, self.launch_dir, self.path, self.shell = schedule, launch_dir, path, shell
-        self.workdirs: Dict[int, str] = {}  # made only when an entry drops data (a dropped program's path)
+        self.workdirs: Dict[int, str] = {}  # of the entries checked that run a file they drop
         self.checked: Dict[str, Optional[str]] = {}  # command line -> the shell's complaint
         self.missing: Dict[str, bool] = {}  # program -> not found
         self.non_executable = _non_executable_drops(schedule)
         self.quiet: Dict[str, bool] = {}  # executable of a data-less entry -> no warning possible
+        #: entry index -> the drop it runs (:func:`~vmr_handler.core.schedule.commands.running_drops`)
+        self.owns = running_drops(schedule.entries)
+        #: (executable, location) -> the dropped file's path is plain whatever its working dir
+        self.safe: Dict[Tuple[str, str], bool] = {}
+        self.root = os.path.abspath(launch_dir)
 
     def _is_missing(self, word: str) -> bool:
         if word not in self.missing:
@@ -112,25 +121,58 @@ class _Lint:
             return False
         return not (os.path.isabs(word) and os.path.normpath(word) in self.non_executable)
 
+    def _safe_drop(self, exe: str, location: str) -> bool:
+        """True when the path of a file dropped at the relative ``location`` by an entry running
+        ``exe`` is plain and unquoted wherever its working dir is: ``<launch>/<start time>/<base
+        name of exe>[_N]/<location>``, normalised, has only characters of these parts (a start
+        time is spelled with digits, ``.``, ``e``, ``+``, ``-``, ``inf``)."""
+        key = (exe, location)
+        safe = self.safe.get(key)
+        if safe is None:
+            safe = self.safe[key] = _SAFE_PATH.fullmatch(self.root + exe + location) is not None
+        return safe
+
+    def _needs_checks(self, entry: ScheduleEntry, plain_arguments: bool) -> bool:
+        """False when ``entry`` (it runs a program, here) cannot get a warning: it runs a file it
+        drops executable, at a plain path, with plain arguments; or it runs no file it drops (its
+        command line is then its executable and arguments, as without data) and its executable
+        is quiet (:meth:`_quiet`) and its arguments plain."""
+        exe = entry.executable or ""
+        own = self.owns.get(entry.index) if entry.data else None
+        if own is not None:
+            return not (plain_arguments and own.executable and self._safe_drop(exe, own.location))
+        known = self.quiet.get(exe)
+        if known is None:
+            known = self.quiet[exe] = self._quiet(exe)
+        return not (known and plain_arguments)
+
     def run(self) -> List[str]:
         """Every warning, in entry order (per entry: program, drop flag, syntax)."""
         warnings: List[str] = []
         plain = _PLAIN.fullmatch
-        quiet = self.quiet
         entries = self.schedule.entries
         # one match over every argument string (" " is plain): when it holds, no entry's
         # arguments need their own (100 000 matches cost more than the join)
         all_plain = plain(" ".join([e.arguments for e in entries])) is not None
+        checked: List[ScheduleEntry] = []
+        quiet, needs, add = self.quiet, self._needs_checks, checked.append
         for entry in entries:
             exe = entry.executable
             if not exe or entry.on_host:
                 continue
-            if not entry.data:
-                known = quiet.get(exe)
-                if known is None:
-                    known = quiet[exe] = self._quiet(exe)
-                if known and (all_plain or not entry.arguments or plain(entry.arguments)):
-                    continue
+            plain_arguments = all_plain or not entry.arguments or plain(entry.arguments) is not None
+            if not entry.data and quiet.get(exe) and plain_arguments:  # (most entries: inline)
+                continue
+            if needs(entry, plain_arguments):
+                add(entry)
+        # the working dirs of the entries checked that run a file they drop: only those spell
+        # a working dir in their command line
+        owners = [e.index for e in checked if e.index in self.owns]
+        if owners:
+            starts = [e.start_time for e in entries]
+            executables = [e.executable for e in entries]
+            self.workdirs = working_dirs_of(starts, executables, owners, self.launch_dir)
+        for entry in checked:
             self.entry(entry, warnings)
         return warnings
 
@@ -155,12 +197,10 @@ class _Lint:
 
     def entry(self, entry: ScheduleEntry, warnings: List[str]) -> None:
         """Append the warnings of one entry that runs a program."""
-        if entry.data and not self.workdirs:
-            self.workdirs = working_dirs(list(self.schedule.entries), self.launch_dir)
         workdir = self.workdirs.get(entry.index, self.launch_dir)
         line = command_line(entry, workdir)
         word = first_word(line)
-        own = dropped_item(entry)
+        own = self.owns.get(entry.index)
         lookup = own is None and (os.path.isabs(word) or "/" not in word)
         if lookup and self._is_missing(word):
             warnings.append(
@@ -196,6 +236,9 @@ def lint_schedule(
         One message per problem, naming the entry, the program or the shell's complaint.
         Each program is looked up once and each distinct command line checked once; an entry
         that drops nothing, runs a found plain program and has plain arguments costs a few
-        dictionary look-ups (100 000 such entries: tens of ms).
+        dictionary look-ups (100 000 such entries: tens of ms). The cyclic garbage collector is
+        paused meanwhile (:func:`~vmr_handler.core.gcpause.paused_gc`): with a big schedule
+        alive, its passes cost more than the lint.
     """
-    return _Lint(schedule, launch_dir, path, shell or find_shell()).run()
+    with paused_gc():
+        return _Lint(schedule, launch_dir, path, shell or find_shell()).run()

@@ -10,8 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-from itertools import repeat
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple, cast
+from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, cast
 
 import vmr_handler.core.schedule.items as items
 from vmr_handler.core.errors import ScheduleError, ScheduleValidationError
@@ -25,6 +24,7 @@ from vmr_handler.core.schedule.limits import (
     joined_arguments,
 )
 from vmr_handler.core.schedule.model import DataItem, PauseSpec, ResumeMark, ScheduleEntry
+from vmr_handler.core.schedule.screen import Screen, plain_screen
 
 __all__ = [
     "ENTRY_FIELDS", "SHORTHAND_FIELDS", "ScheduleColumns", "parse_number", "show", "validate_columns",
@@ -298,10 +298,6 @@ def validate_record(
     return draft.entry(draft.start)
 
 
-#: Integers a float holds exactly: a larger ``start_time`` goes through :func:`parse_number`.
-_EXACT = 2**53
-
-
 def _plain_entry(index: int, record: Any) -> Optional[ScheduleEntry]:
     """``record`` (entry ``index``) as its entry when it is a *valid plain program entry*, else
     None: :func:`_plain_entries` of one record."""
@@ -311,17 +307,59 @@ def _plain_entry(index: int, record: Any) -> Optional[ScheduleEntry]:
 def _plain_entries(
     records: Sequence[Any], first: int = 0
 ) -> Tuple[List[Optional[ScheduleEntry]], List[int], int]:
-    """Each record as its entry when it is a *valid plain program entry* (:func:`_plain_screen`),
-    else None; the indices (from ``first``) of the None ones, ascending: they take the full
-    checks; and the characters of the plain entries' executables and arguments (the expanded
-    size).
+    """Each record as its entry when it is a *valid plain program entry*
+    (:func:`~vmr_handler.core.schedule.screen.plain_screen`), else None; the indices (from
+    ``first``) of the None ones, ascending: they take the full checks; and the characters of the
+    plain entries' executables and arguments (the expanded size).
     """
-    screen = _plain_screen(records, first)
-    entries: List[Optional[ScheduleEntry]] = []
+    screen = plain_screen(records, first, longest=MAX_ARGUMENTS_LENGTH)
+    return _entries_of(screen, first), screen.doubtful, screen.size
+
+
+def _entries_of(screen: Screen, first: int = 0) -> List[Optional[ScheduleEntry]]:
+    """The entry of every record ``screen`` vouches for (plain program and plain drop entries),
+    None for the doubtful ones; entry ``first + k`` at position ``k``."""
+    entries: List[Optional[ScheduleEntry]] = list(
+        _new_entries(
+            range(first, first + len(screen.starts)), screen.starts, screen.executables, screen.arguments
+        )
+    )
+    for name, indices in (("ignore_failure", screen.ignored), ("on_host", screen.hosts)):
+        for index in indices:
+            entries[index - first].__dict__[name] = True  # type: ignore[union-attr]
+    for index, data in screen.drops.items():
+        entries[index - first].__dict__["data"] = data  # type: ignore[union-attr]
+    for index in screen.doubtful:
+        entries[index - first] = None
+    return entries
+
+
+def _drop_entries(screen: Screen) -> Dict[int, ScheduleEntry]:
+    """The plain drop entries ``screen`` found (``Screen.drops``), by index."""
+    indices = list(screen.drops)
+    starts = map(screen.starts.__getitem__, indices)
+    exes = map(screen.executables.__getitem__, indices)
+    made = dict(zip(indices, _new_entries(indices, starts, exes, map(screen.arguments.__getitem__, indices))))
+    for index, data in screen.drops.items():
+        made[index].__dict__["data"] = data
+    for name, flagged in (("ignore_failure", screen.ignored), ("on_host", screen.hosts)):
+        for index in flagged:
+            if index in made:
+                made[index].__dict__[name] = True
+    return made
+
+
+def _new_entries(
+    indices: Iterable[int],
+    starts: Iterable[float],
+    executables: Iterable[Optional[str]],
+    arguments: Iterable[str],
+) -> List[ScheduleEntry]:
+    """A plain program entry per index, from its start time, executable and arguments (no
+    data, false flags: the caller sets the others)."""
+    entries: List[ScheduleEntry] = []
     add, new = entries.append, _new
-    for index, start, exe, args in zip(
-        range(first, first + len(records)), screen.starts, screen.executables, screen.arguments
-    ):
+    for index, start, exe, args in zip(indices, starts, executables, arguments):
         # the frozen dataclass's own __init__ costs as much as parsing the record; the fields
         # are what that __init__ would set (tests compare both paths' entries), item by item
         # into the instance dict (it shares its keys with the other instances: half the time
@@ -338,143 +376,7 @@ def _plain_entries(
         fields["on_host"] = False
         fields["timeout"] = None
         add(entry)
-    for name, indices in (("ignore_failure", screen.ignored), ("on_host", screen.hosts)):
-        for index in indices:
-            entries[index - first].__dict__[name] = True  # type: ignore[union-attr]
-    for index in screen.doubtful:
-        entries[index - first] = None
-    return entries, screen.doubtful, screen.size
-
-
-class _Screen(NamedTuple):
-    """:func:`_plain_screen`'s findings: a record that is not a plain program entry has the
-    placeholders ``nan``, None, ``""`` in the columns, and its index in ``doubtful``."""
-
-    starts: List[float]
-    executables: List[Optional[str]]
-    arguments: List[str]
-    doubtful: List[int]
-    ignored: List[int]
-    hosts: List[int]
-    size: int
-
-
-#: The fields of a plain program entry besides ``start_time``, ``executable`` and ``arguments``:
-#: the types their values may have (``data`` and ``pause`` must also be false as truth values:
-#: ``[]``, false).
-_OPTIONAL_TYPES = {
-    "ignore_failure": frozenset({bool, type(None)}),
-    "on_host": frozenset({bool, type(None)}),
-    "data": frozenset({list, type(None)}),
-    "pause": frozenset({bool, type(None)}),
-}
-_NUMBER_TYPES = frozenset({float, int})
-#: Characters of text joined at most to be searched at once (:func:`_screen_text`).
-_JOINED_LIMIT = 16 * 1024 * 1024
-_TEXT_TYPES = frozenset({str, type(None)})
-
-
-def _plain_screen(records: Sequence[Any], first: int = 0) -> _Screen:
-    """Which records are *valid plain program entries*, with their start times (floats),
-    executables and arguments as columns, the indices (from ``first``) of the others
-    (``doubtful``, ascending: they take the full checks), and of the plain ones whose
-    ``ignore_failure`` or ``on_host`` is true.
-
-    Plain: a dict with only ``start_time`` (an int or float, finite, not 0), ``executable``
-    (a non-empty string without NUL, or null), ``arguments`` (a string without NUL, or null),
-    both at most :data:`MAX_ARGUMENTS_LENGTH` characters,
-    ``ignore_failure``/``on_host`` (true/false/null), ``pause`` (false or null, as the
-    reference's pickles carry it) and ``data`` (absent, null or empty).
-    These are the rules the field checks apply to such a record (:data:`_FIELD_CHECKS`), so
-    the entry is the one :func:`validate_record` returns; everything else (pauses, data items,
-    any doubt) takes the full checks, which name what is wrong. No display label is built, no
-    problem list is touched and no Python code runs per record: each field is taken out as a
-    column and checked in C loops (types, NUL, lengths, sum, min and max), record by record
-    only where a column has something odd. Validation at parse speed.
-    """
-    bad: Set[int] = set()
-    if set(map(type, records)) - {dict}:
-        bad.update(i for i, r in enumerate(records) if type(r) is not dict)
-        records = [{} if i in bad else r for i, r in enumerate(records)]
-    get = dict.get
-    starts: List[Any] = list(map(get, records, repeat("start_time")))
-    exes: List[Any] = list(map(get, records, repeat("executable")))
-    args: List[Any] = list(map(get, records, repeat("arguments")))
-    true: Dict[str, List[int]] = {"ignore_failure": [], "on_host": []}
-    for key in set().union(*records) - {"start_time", "executable", "arguments"}:
-        holders = [i for i, r in enumerate(records) if key in r]
-        if key not in _OPTIONAL_TYPES:
-            bad.update(holders)  # an unknown field
-            continue
-        values = [records[i][key] for i in holders]
-        types, false_only = _OPTIONAL_TYPES[key], key in ("data", "pause")
-        if not set(map(type, values)) <= types or (false_only and any(values)):
-            bad.update(i for i, v in zip(holders, values) if type(v) not in types or (false_only and v))
-        if key in true:
-            true[key] = [i for i, v in zip(holders, values) if v is True]
-    ints = _screen_starts(starts, bad)
-    size = _screen_text(exes, bad, empty=False) + _screen_text(args, bad, empty=True)
-    for i in bad:
-        size -= sum(len(v) for v in (exes[i], args[i]) if type(v) is str)
-        starts[i], exes[i], args[i] = math.nan, None, ""
-    if ints:
-        starts = list(map(float, starts))
-    if None in args:
-        args = [a or "" for a in args]
-    doubtful = sorted(bad)
-    ignored, hosts = ([first + i for i in true[key] if i not in bad] for key in ("ignore_failure", "on_host"))
-    return _Screen(starts, exes, args, [first + i for i in doubtful], ignored, hosts, size)
-
-
-def _screen_starts(starts: List[Any], bad: Set[int]) -> bool:
-    """Add to ``bad`` the positions of ``starts`` that are not a plain start time: an int or a
-    float, finite, not 0; an int inside +-2**53 (a larger one takes :func:`parse_number`).
-    Returns True when some are ints."""
-    types = set(map(type, starts))
-    if starts and types <= _NUMBER_TYPES:
-        try:
-            total = sum(starts)  # NaN or inf when any is; an int too large for a float raises
-        except OverflowError:
-            total = math.nan
-        if total - total == 0.0 and min(starts) > -_EXACT and max(starts) < _EXACT and 0 not in starts:
-            return int in types
-    bad.update(
-        i
-        for i, t in enumerate(starts)
-        # x - x is 0.0 only for a finite x: NaN and inf are not plain
-        if not (((type(t) is float and t - t == 0.0) or (type(t) is int and -_EXACT < t < _EXACT)) and t != 0)
-    )
-    return int in types
-
-
-def _screen_text(values: List[Any], bad: Set[int], *, empty: bool) -> int:
-    """Add to ``bad`` the positions of ``values`` that are not null or a string without NUL of
-    at most :data:`MAX_ARGUMENTS_LENGTH` characters (``empty``: the empty string allowed).
-    Returns the characters of all the strings (the expanded size). The strings are
-    joined (to look for NUL in one pass) only when they are few characters: they may be one
-    shared string (a pickle's memo, YAML aliases) that would expand beyond any limit."""
-    if set(map(type, values)) <= _TEXT_TYPES:
-        texts = list(filter(None, values))  # without "": it is in values when they differ in length
-        total = sum(map(len, texts))
-        if (
-            (empty or values.count(None) + len(texts) == len(values))
-            and (total <= MAX_ARGUMENTS_LENGTH or max(map(len, texts)) <= MAX_ARGUMENTS_LENGTH)
-            and (
-                "\x00" not in "".join(texts)
-                if total <= _JOINED_LIMIT
-                else not any(map(str.__contains__, texts, repeat("\x00")))
-            )
-        ):
-            return total
-    bad.update(
-        i
-        for i, v in enumerate(values)
-        if not (
-            v is None
-            or (type(v) is str and (empty or v) and len(v) <= MAX_ARGUMENTS_LENGTH and "\x00" not in v)
-        )
-    )
-    return sum(len(v) for v in values if type(v) is str)
+    return entries
 
 
 _new = object.__new__
@@ -500,12 +402,34 @@ def validate_records(
             the first entry and field over a limit of :mod:`.limits`, checked before the
             allocation it guards.
     """
-    fast, doubtful, size = _plain_entries(records)
-    checked, warnings = _full_checks(records, doubtful, size, source_size, strict_fields, lambda: fast)
+    screen, checked, warnings = _checked(records, strict_fields, source_size)
+    fast = _entries_of(screen)
     for index, entry in checked.items():
         fast[index] = entry
-    entries = tuple(e for e in fast if e is not None) if doubtful else tuple(fast)
+    entries = tuple(e for e in fast if e is not None) if screen.doubtful else tuple(fast)
     return cast(Tuple[ScheduleEntry, ...], entries), warnings
+
+
+def _checked(
+    records: Sequence[Mapping[str, Any]], strict_fields: bool, source_size: Optional[int]
+) -> Tuple[Screen, Dict[int, ScheduleEntry], Tuple[str, ...]]:
+    """The screen of ``records`` (plain program and drop entries), then the full checks of
+    the others (:func:`_full_checks`). When these find a problem and plain drop entries were
+    screened, all drops take the full checks again: the plain drops' charges made ahead would
+    change the totals a limit's message names, so the error is the one the full checks give.
+
+    Raises:
+        ScheduleValidationError: as :func:`validate_records`.
+    """
+    limit = expanded_limit(source_size)
+    screen = plain_screen(records, drop_room=limit, longest=MAX_ARGUMENTS_LENGTH)
+    try:
+        return (screen, *_full_checks(records, screen, limit, strict_fields))
+    except ScheduleValidationError:
+        if not screen.drops:
+            raise
+    screen = plain_screen(records, longest=MAX_ARGUMENTS_LENGTH)
+    return (screen, *_full_checks(records, screen, limit, strict_fields))
 
 
 class ScheduleColumns(NamedTuple):
@@ -537,10 +461,12 @@ def validate_columns(
     """:func:`validate_records` with the schedule as :class:`ScheduleColumns`: the same checks,
     the same errors (raises ScheduleValidationError exactly when it does, with the same
     problems), the same entries, but no object is made for a plain program entry."""
-    screen = _plain_screen(records)
-    checked, warnings = _full_checks(
-        records, screen.doubtful, screen.size, source_size, strict_fields, lambda: _plain_entries(records)[0]
-    )
+    screen, checked, warnings = _checked(records, strict_fields, source_size)
+    if screen.drops:  # entries that drop files are kept as entries (their command lines need them)
+        checked.update(_drop_entries(screen))
+        hosts = [index for index in screen.hosts if index not in screen.drops]
+    else:
+        hosts = screen.hosts
     starts, executables, arguments = screen.starts, screen.executables, screen.arguments
     for index, entry in checked.items():
         starts[index], executables[index], arguments[index] = (
@@ -548,32 +474,28 @@ def validate_columns(
             entry.executable,
             entry.arguments,
         )
-    return ScheduleColumns(starts, executables, arguments, screen.hosts, checked, warnings)
+    return ScheduleColumns(starts, executables, arguments, hosts, checked, warnings)
 
 
 def _full_checks(
-    records: Sequence[Mapping[str, Any]],
-    doubtful: List[int],
-    size: int,
-    source_size: Optional[int],
-    strict_fields: bool,
-    plain: Callable[[], Sequence[Optional[ScheduleEntry]]],
+    records: Sequence[Mapping[str, Any]], screen: Screen, limit: int, strict_fields: bool
 ) -> Tuple[Dict[int, ScheduleEntry], Tuple[str, ...]]:
-    """The full field checks of the records at the ``doubtful`` indices, after the plain ones
-    (``size``: their characters; ``plain()``: their entries, asked for only when they alone go
-    over the expanded-size limit). Returns the entries checked, by index, and the warnings.
+    """The full field checks of the records ``screen`` found doubtful, after the entries it
+    vouches for (their executables, arguments, contents and items charged first, against the
+    expanded-size ``limit``; the plain entries are charged one by one only when they alone go
+    over it). Returns the entries checked, by index, and the warnings.
 
     Raises:
         ScheduleValidationError: as :func:`validate_records`.
     """
-    limit = expanded_limit(source_size)
-    problems = _Problems(Budget(size, limit))
+    problems = _Problems(Budget(screen.size + screen.drop_size, limit))
+    problems.budget.items = screen.drop_items
     warnings: List[str] = []
     checked: Dict[int, ScheduleEntry] = {}
     try:
-        if size > limit:
-            _charge_plain(plain(), limit)
-        for index in doubtful:  # ascending: problems and warnings come in schedule order
+        if screen.size > limit:
+            _charge_plain(_entries_of(screen), limit)
+        for index in screen.doubtful:  # ascending: problems and warnings come in schedule order
             if len(problems.items) >= MAX_PROBLEMS:
                 problems.items.append(f"(validation stopped after {MAX_PROBLEMS} problems)")
                 break
