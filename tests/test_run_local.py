@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -527,3 +529,18 @@ def test_default_timeout_bounds_entries_without_their_own(tmp_path, agents):
     assert (ends[0]["timeout"], ends[1]["timeout"]) == (0.5, 0.3)
     assert ends[0]["details"] == "timed out after 0.5 s (SIGTERM)" and ends[0]["ended_by"] == "timeout"
     assert "timed out after 0.5 s (SIGTERM)" in a.log()
+
+
+def test_entries_start_with_default_signals_when_the_agent_ignores_them(tmp_path):
+    """An agent started with SIGHUP ignored (``nohup``, some service managers): its entries still
+    die of SIGHUP (an ignored signal is inherited across exec; ``vmr-host kill --signal HUP``)."""
+    sched = [{"start_time": -1, "executable": "/bin/sh", "arguments": "-c 'kill -HUP $$; echo survived'"}]
+    a = Agent(tmp_path, sched, start_buffer=0)
+    with open(tmp_path / "agent.log", "ab") as log:
+        a.proc = subprocess.Popen(
+            [sys.executable, "-m", "vmr_handler", *a.args], stdout=log, stderr=log,
+            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
+        )  # fmt: skip
+    assert a.wait() == 0, a.log()
+    (exited,) = a.by_index("entry_exited")[0]
+    assert exited["data"]["signal"] == signal.SIGHUP, exited  # not "survived", exit 0

@@ -7,7 +7,9 @@ entries (:mod:`vmr_handler.host.serve.experiment.hostentries`), so neither impor
 * :class:`ProcessRunner` -- start a command in its own session, stream stdout/stderr line by
   line while it runs (:data:`OutputCallback`), report exit code or signal and duration;
 * :func:`kill_tree` -- signal a process tree (SIGTERM, or the signal asked for), SIGKILL what is
-  left after a grace period.
+  left after a grace period;
+* :func:`spawn_with_default_signals` -- programs start with the default action of the signals
+  they may be sent, even when this process ignores them (``nohup``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,42 @@ OutputCallback = Callable[[str, bytes, bool, bool], Optional[Awaitable[None]]]
 ``eol`` = the piece ended with a newline (False for a last line without one). It may return
 an awaitable: the pipe is not read again before it is done (back-pressure while reports
 cannot be written)."""
+
+
+#: Signals a program may be sent (``vmr-host kill --signal``, a timeout, the agent's stop) or
+#: expect at their default action.
+INHERITED_SIGNALS = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGALRM")
+
+
+def _ignored(signum: int, frame: object) -> None:
+    """The handler that stands for an ignored signal (see :func:`spawn_with_default_signals`)."""
+
+
+def spawn_with_default_signals() -> List[str]:
+    """Make every program this process starts from now on begin with the default action of
+    :data:`INHERITED_SIGNALS`, while this process keeps ignoring the ones it ignored.
+
+    A signal set to "ignore" is inherited across ``exec`` (POSIX), so an agent started with
+    SIGHUP ignored (``nohup``, some init systems and service managers) would start entries that
+    ignore SIGHUP: ``vmr-host kill --signal HUP`` would then wait out the grace and SIGKILL them.
+    A handler is reset to the default by ``exec``: each ignored signal gets a handler that does
+    nothing. Only the main thread may change handlers; elsewhere nothing changes.
+
+    Returns:
+        The names of the signals that were ignored (and are now handled by doing nothing).
+    """
+    changed = []
+    for name in INHERITED_SIGNALS:
+        sig = getattr(signal, name, None)
+        if sig is None:
+            continue
+        try:
+            if signal.getsignal(sig) == signal.SIG_IGN:
+                signal.signal(sig, _ignored)
+                changed.append(name)
+        except (ValueError, OSError):  # not the main thread, or not settable here
+            break
+    return changed
 
 
 async def _pump(reader: Optional[asyncio.StreamReader], stream: str, on_output: OutputCallback) -> None:
@@ -101,6 +139,7 @@ class ProcessRunner:
             EntryError: the process could not be started.
         """
         self._t0 = time.monotonic()
+        spawn_with_default_signals()  # cheap: a few getsignal calls
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *argv,
