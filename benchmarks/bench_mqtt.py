@@ -84,8 +84,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+if REPO not in sys.path:  # after a --src tree on PYTHONPATH: the shimmed vmr-host runs that tree
+    sys.path.insert(1 + len([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]), REPO)
 
 from vmr_handler.core.events import Event  # noqa: E402
 from vmr_handler.core.wire.protocol import encode_message  # noqa: E402
@@ -942,9 +942,10 @@ def wait_port(port: int, proc: subprocess.Popen, timeout: float = 10.0) -> None:
     raise RuntimeError("mosquitto did not listen")
 
 
-def out_file(path: str) -> Any:
-    """A file a child process writes to (owned by the child for its life)."""
-    return open(path, "wb")
+def out_file(path: str, mode: str = "wb") -> Any:
+    """A file a child process writes to (owned by the child for its life); ``mode="ab"``: after
+    what an earlier process wrote (a restarted host)."""
+    return open(path, mode)
 
 
 def text(path: str) -> str:
@@ -1164,7 +1165,11 @@ def restart_host(
     connects = text(herr).count("connected to broker")
     t0 = time.monotonic()
     host = spawn(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=out_file(herr), env=spawn_env()
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=out_file(herr, "ab"),
+        env=spawn_env(),
     )
     sampler.add("host", host.pid)
     deadline = t0 + host_wait
@@ -1201,7 +1206,7 @@ def analyse(
     fig["handshake_lat"] = stats_ms([v["t_welcome"] - v["t_connack"] for v in vms if "t_welcome" in v])
     fig["schedules_per_vm"] = (min(col("schedules") or [0]), max(col("schedules") or [0]))
     fig["vms_schedule_twice"] = sum(1 for v in vms if v.get("schedules", 0) > 1)
-    fig["vms_two_welcomes"] = sum(1 for v in vms if v.get("welcomes", 0) > 1)
+    fig["vms_two_welcomes"] = sum(1 for v in vms if v.get("welcomes", 0) > 1)  # the restart's included
     fig["disconnects"] = sum(v.get("disconnects", 0) for v in vms)
     cfg = col("t_configured")
     last_cfg = max(cfg)
