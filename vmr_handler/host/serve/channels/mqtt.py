@@ -22,6 +22,12 @@ barrier, logs and de-duplication by event id). What differs (``docs/mqtt.md``):
   messages first (its own start topic by an empty frame, which lets agents see that they may
   read it), and every start names this host's run (:mod:`vmr_handler.core.wire.runs`): an agent
   ignores another run's;
+* at every connect the start waits for this host's own echo on ``vmr/E/_hosts/<host>/sync``
+  (the broker has then delivered every retained presence and this host's retained start): it is
+  not published again where the broker kept it (unsigned), so a restarted host sends nothing a
+  VM already has (:meth:`MqttService._on_synced`);
+* no application heartbeat crosses the broker: a VM's liveness is its MQTT keep-alive and
+  retained last will, so its session is never *silent* while its presence says ``online``;
 * a lost broker connection detaches every VM and reconnects with backoff (tenacity).
 
 Several hosts, one broker (``--coordinator`` / ``--member``): the coordinator publishes its
