@@ -31,8 +31,14 @@ as the agent's channel does) and its ``hello``
 (protocol fields of ``_send_hello``); it answers a host ``hello`` with a ``hello`` (unless
 it sent one < 1 s ago, as the agent does), the ``schedule`` with a ``result`` success, a
 ``start_time`` (from ``down``, its retained ``start`` topic or its host's start topic,
-whichever comes first) with an ``ack``, a ``resume`` with a ``result``, and sends a
-``heartbeat`` after 5 s of silence.
+whichever comes first) with an ``ack``, a ``resume`` with a ``result``, and sends no
+``heartbeat`` (over MQTT the broker tells liveness: its keep-alive pings and last will;
+``--agent-heartbeats``: one after 5 s of silence and no ``connection`` in the hello, as the
+agent did before, for a ``--src`` baseline). Its hello carries its connection id and
+``"heartbeats": false`` and a journal of what it accepted (schedule digest, start time).
+After the RESUME the host is **restarted** (SIGTERM, then the same command on its logs):
+every message that reaches a simulated VM until none has for 5 s (at most 30 s after the new
+host connected) is counted, by type.
 
 Where the start's time goes: a **probe** (one more paho client in the controller,
 idle otherwise) subscribes, before the ``configured`` burst, to the start topics of every
@@ -78,8 +84,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+if REPO not in sys.path:  # after a --src tree on PYTHONPATH: the shimmed vmr-host runs that tree
+    sys.path.insert(1 + len([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]), REPO)
 
 from vmr_handler.core.events import Event  # noqa: E402
 from vmr_handler.core.wire.protocol import encode_message  # noqa: E402
@@ -94,7 +100,11 @@ from vmr_handler.transports.mqtt.topics import (  # noqa: E402
 EXPERIMENT = "bench"
 SESSION_EXPIRY = 7 * 24 * 3600  # as transports/mqtt/bridge.py
 KEEPALIVE = 15  # the agent's default
-HEARTBEAT = 5.0  # the agent's default
+HEARTBEAT = 5.0  # the agent's default (sent over MQTT by agents before 0.1.0's liveness change)
+#: ``--agent-heartbeats``: the simulated agents behave as before the broker told liveness (a
+#: heartbeat after 5 s of send silence, no ``connection``/``heartbeats`` in the hello), for
+#: the baseline of a ``--src`` tree from before that change
+AGENT_HEARTBEATS = False
 WAIT = 120.0  # bound of every phase wait, seconds
 HOST_CONNECT_WAIT = 45.0  # vmr-host start-up until "connected to broker"
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
@@ -175,6 +185,8 @@ class SimAgent:
         self.reads_host_start = False
         self.arrived: Optional[float] = None  # kernel receive time of the bytes being read
         self.seen_resume: Dict[str, float] = {}
+        self.connection = ""  # the id of this connection, in each of its hellos (as the agent's)
+        self.journal: Dict[str, Any] = {"digest": None, "start_time": None}  # what it accepted
         c = mqtt.Client(
             CallbackAPIVersion.VERSION2,
             client_id=f"vmr-{worker.experiment}-{self.vm}",
@@ -222,13 +234,21 @@ class SimAgent:
                 "boot_id": self.boot_id,
                 "vm": self.vm,
                 "journal": {
-                    "digest": None,
-                    "configured_at": None,
-                    "start_time": None,
+                    "digest": self.journal["digest"],
+                    "configured_at": self.rec.get("t_configured"),
+                    "start_time": self.journal["start_time"],
                     "stages_done": [],
                     "resumes": 0,
                 },
                 "unacked": len(self.pending),
+                **(
+                    {}
+                    if AGENT_HEARTBEATS
+                    else {
+                        "connection": self.connection,
+                        "heartbeats": False,
+                    }  # MQTT: liveness is the broker's
+                ),
             },
         )
 
@@ -248,6 +268,7 @@ class SimAgent:
             self.rec["refused"] = reason
             return
         self.rec.setdefault("t_connack", now)
+        self.connection = uuid.uuid4().hex
         self.client.subscribe([(self.down, 1), (self.start_topic, 1), (self.host_starts, HOST_START_QOS)])
         self.client.publish(self.presence, self._presence("online"), qos=1, retain=True)
         self.hello()
@@ -259,6 +280,8 @@ class SimAgent:
             # hosts' start topics, so it says so in its presence
             self.reads_host_start = True
             self.client.publish(self.presence, self._presence("online"), qos=1, retain=True)
+        self.w.rx_msgs += 1
+        self.w.rx_bytes += len(payload)
         for line in payload.split(b"\n"):
             if not line.strip():
                 continue
@@ -275,6 +298,7 @@ class SimAgent:
         t = ev.get("type")
         data = ev.get("data") or {}
         rec = self.rec
+        self.w.rx_types[str(t)] = self.w.rx_types.get(str(t), 0) + 1
         if t == "hello":
             rec["host_hellos"] = rec.get("host_hellos", 0) + 1
             # the agent's rule (vmr_handler/agent/connected/link.py HostLink._on_hello): answer the host's
@@ -289,6 +313,7 @@ class SimAgent:
         elif t == "schedule":
             rec["schedules"] = rec.get("schedules", 0) + 1
             rec.setdefault("t_schedule", now)
+            self.journal["digest"] = data.get("sha256")  # the agent's journal: schedule_digest
             self.send("result", {"answers": ev["id"], "status": "success", "details": "loaded"}, "schedule")
         elif t == "ack":
             for ident in data.get("ids") or []:
@@ -309,6 +334,7 @@ class SimAgent:
                     rec["t_start_kernel"] = self.arrived  # the kernel had it then
                 rec["start_via"] = leaf
                 rec["start_time"] = data.get("start_time")
+                self.journal["start_time"] = data.get("start_time")
                 self.w.progress["started"] += 1
                 self.send("ack", {"ids": [ev["id"]]})
         elif t == "resume":
@@ -333,8 +359,10 @@ class SimAgent:
         self.send("configured", {"at": now, "stages": [-1]}, "configured")
 
     def tick(self, mono: float) -> None:
+        """paho's keep-alive pings; no application heartbeat (the agent sends none over MQTT:
+        its keep-alive and last will tell the host it is there), unless ``--agent-heartbeats``."""
         self.client.loop_misc()
-        if "t_connack" in self.rec and mono - self.last_tx >= HEARTBEAT:
+        if AGENT_HEARTBEATS and "t_connack" in self.rec and mono - self.last_tx >= HEARTBEAT:
             self.send("heartbeat", {})
 
 
@@ -361,6 +389,8 @@ class Worker:
         self.progress = {"connected": 0, "ready": 0, "started": 0, "resumed": 0}
         self.bad_frames = 0
         self.disconnects = 0
+        self.rx_msgs = self.rx_bytes = 0  # messages (and their bytes) from the host since "mark"
+        self.rx_types: Dict[str, int] = {}  # events received since "mark", by type
         self.sims = [SimAgent(self, i) for i in range(first, first + count)]
         self.to_connect: List[SimAgent] = []
         self.cfg_queue: List[Tuple[float, SimAgent]] = []
@@ -413,6 +443,11 @@ class Worker:
                 due = t0 + (window * s.index / (n - 1) if n > 1 else 0.0)
                 self.cfg_queue.append((due, s))
             self.cfg_queue.sort(key=lambda item: item[0])
+        elif parts[0] == "mark":
+            self.rx_msgs = self.rx_bytes = 0
+            self.rx_types = {}
+        elif parts[0] == "rx":
+            self.emit({"ev": "rx", "msgs": self.rx_msgs, "bytes": self.rx_bytes, "types": self.rx_types})
         elif parts[0] == "report":
             self.emit({"ev": "report", "bad_frames": self.bad_frames, "disconnects": self.disconnects,
                        "vms": [s.rec for s in self.sims]})  # fmt: skip
@@ -512,6 +547,8 @@ def kernel_arrival(sock: Any) -> Optional[float]:
 
 
 def worker_main(args: argparse.Namespace) -> int:
+    global AGENT_HEARTBEATS
+    AGENT_HEARTBEATS = args.agent_heartbeats
     raise_nofile(args.count * 2 + 256)
     Worker("127.0.0.1", args.port, args.experiment, args.first, args.count).run()
     return 0
@@ -768,11 +805,13 @@ class Workers:
         self.q: queue.Queue[Tuple[int, Dict[str, Any]]] = queue.Queue()
         self.progress: Dict[int, Dict[str, int]] = {}
         self.reports: Dict[int, Dict[str, Any]] = {}
+        self.rx_docs: Dict[int, Dict[str, Any]] = {}
         per = [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
         name = f"worker{first}-" if first else "worker"
         for i, count in enumerate(per):
             argv = [sys.executable, os.path.abspath(__file__), "--worker", "--port", str(port),
-                    "--experiment", EXPERIMENT, "--first", str(first), "--count", str(count)]  # fmt: skip
+                    "--experiment", EXPERIMENT, "--first", str(first), "--count", str(count),
+                    *(["--agent-heartbeats"] if AGENT_HEARTBEATS else [])]  # fmt: skip
             first += count
             err = os.path.join(root, f"{name}{i}.err")
             p = spawn(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=out_file(err))
@@ -795,6 +834,8 @@ class Workers:
                 self.progress[i] = doc
             elif doc.get("ev") == "report":
                 self.reports[i] = doc
+            elif doc.get("ev") == "rx":
+                self.rx_docs[i] = doc
             self.q.put((i, doc))
 
     def send(self, line: str) -> None:
@@ -819,16 +860,31 @@ class Workers:
                 raise RuntimeError("a generator process died (see worker*.err)")
         return False
 
-    def report(self) -> List[Dict[str, Any]]:
-        self.reports.clear()
-        self.send("report")
+    def _ask(self, command: str, answers: Dict[int, Dict[str, Any]]) -> List[Dict[str, Any]]:
+        """Send ``command`` to every generator; their answers (filed in ``answers`` by
+        :meth:`_reader`), those that came within 60 s."""
+        answers.clear()
+        self.send(command)
         deadline = time.monotonic() + 60
-        while len(self.reports) < len(self.procs) and time.monotonic() < deadline:
+        while len(answers) < len(self.procs) and time.monotonic() < deadline:
             try:
-                self.q.get(timeout=0.1)
+                self.q.get(timeout=0.05)
             except queue.Empty:
                 pass
-        return [vm for r in self.reports.values() for vm in r["vms"]]
+        return list(answers.values())
+
+    def rx(self) -> Dict[str, Any]:
+        """What the simulated VMs received since ``mark``: ``{"msgs", "bytes", "types": {type: n}}``."""
+        total: Dict[str, Any] = {"msgs": 0, "bytes": 0, "types": {}}
+        for doc in self._ask("rx", self.rx_docs):
+            total["msgs"] += doc["msgs"]
+            total["bytes"] += doc["bytes"]
+            for t, k in doc["types"].items():
+                total["types"][t] = total["types"].get(t, 0) + k
+        return total
+
+    def report(self) -> List[Dict[str, Any]]:
+        return [vm for r in self._ask("report", self.reports) for vm in r["vms"]]
 
     def quit(self) -> None:
         try:
@@ -886,9 +942,10 @@ def wait_port(port: int, proc: subprocess.Popen, timeout: float = 10.0) -> None:
     raise RuntimeError("mosquitto did not listen")
 
 
-def out_file(path: str) -> Any:
-    """A file a child process writes to (owned by the child for its life)."""
-    return open(path, "wb")
+def out_file(path: str, mode: str = "wb") -> Any:
+    """A file a child process writes to (owned by the child for its life); ``mode="ab"``: after
+    what an earlier process wrote (a restarted host)."""
+    return open(path, mode)
 
 
 def text(path: str) -> str:
@@ -946,12 +1003,11 @@ def run_once(
         herr = os.path.join(root, "host.err")
         t_host = time.time()
         launcher = [sys.executable, os.path.abspath(__file__), "--host-with-poll"] if shim else vmr_host()
-        host = spawn(
-            [*launcher, "serve", "--transport", "mqtt", "--broker", f"mqtt://127.0.0.1:{port}",
-             "--experiment", EXPERIMENT, "--host-id", "h1", "--schedules", sch, "--logs", logs,
-             "--start-buffer", str(buffer)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=out_file(herr), env=spawn_env(),
-        )  # fmt: skip
+        host_argv = [*launcher, "serve", "--transport", "mqtt", "--broker", f"mqtt://127.0.0.1:{port}",
+                     "--experiment", EXPERIMENT, "--host-id", "h1", "--schedules", sch, "--logs", logs,
+                     "--start-buffer", str(buffer)]  # fmt: skip
+        host = spawn(host_argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=out_file(herr),
+                     env=spawn_env())  # fmt: skip
         sampler.add("host", host.pid)
         host_wait = max(HOST_CONNECT_WAIT, 0.006 * n)  # start-up opens 2 logs per VM
         deadline = time.monotonic() + host_wait
@@ -1048,8 +1104,9 @@ def run_once(
         time.sleep(0.5)
         fig["host_cpu_s_resume"] = sampler.cpu("host") - cpu["host"]
         fig["broker_cpu_s_resume"] = sampler.cpu("broker") - cpu["broker"]
+        host_cpu_before_restart = sampler.cpu("host")
         fig["gen_cpu_s_total"] = sum(sampler.cpu(f"w{i}") for i in range(procs)) - wcpu0
-        fig["host_cpu_s_total"] = sampler.cpu("host")
+        fig["host_cpu_s_total"] = host_cpu_before_restart
         fig["broker_cpu_s_total"] = sampler.cpu("broker")
         fig["host_rss_max"] = sampler.rss_max.get("host")
         fig["broker_rss_max"] = sampler.rss_max.get("broker")
@@ -1057,6 +1114,8 @@ def run_once(
         fig["machine_busy_pct"] = psutil.cpu_percent(None)
         fig["load1"] = (load0, os.getloadavg()[0])
         fig["run_s"] = time.monotonic() - t_run
+        # ---- the host restarted: what it sends the VMs again
+        host = restart_host(fig, host, host_argv, herr, workers, sampler, host_wait)
         # ---- per-VM records
         vms = workers.report()
         fig["vms_reported"] = len(vms)
@@ -1081,6 +1140,60 @@ def run_once(
             shutil.rmtree(root, ignore_errors=True)
 
 
+#: Seconds without a message to any simulated VM after which a restarted host is done sending,
+#: and the longest count after it connected (a host that heartbeats is never quiet).
+RESTART_QUIET, RESTART_WINDOW = 5.0, 30.0
+
+
+def restart_host(
+    fig: Dict[str, Any],
+    host: subprocess.Popen,
+    argv: List[str],
+    herr: str,
+    workers: Workers,
+    sampler: Sampler,
+    host_wait: float,
+) -> subprocess.Popen:
+    """Stop the host (SIGTERM), start it again on its logs, and count what reaches the VMs
+    from then until nothing has for :data:`RESTART_QUIET` s, at most :data:`RESTART_WINDOW` s
+    after it connected (every message the broker
+    delivers to a simulated VM: the host's on ``down``, the VM's retained ``start``, the host
+    start topic's fan-out), by event type; the new host's CPU seconds meanwhile. Returns the
+    new host process."""
+    stop(host, 20.0)
+    workers.send("mark")
+    connects = text(herr).count("connected to broker")
+    t0 = time.monotonic()
+    host = spawn(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=out_file(herr, "ab"),
+        env=spawn_env(),
+    )
+    sampler.add("host", host.pid)
+    deadline = t0 + host_wait
+    while text(herr).count("connected to broker") <= connects and time.monotonic() < deadline:
+        time.sleep(0.05)
+    fig["restart_connected_s"] = time.monotonic() - t0
+    last, quiet_since = -1, time.monotonic()
+    end = time.monotonic() + RESTART_WINDOW
+    while time.monotonic() - quiet_since < RESTART_QUIET and time.monotonic() < end:
+        got = workers.rx()["msgs"]
+        if got != last:
+            last, quiet_since = got, time.monotonic()
+        time.sleep(0.5)
+    rx = workers.rx()
+    fig["restart_rx_msgs"], fig["restart_rx_bytes"], fig["restart_rx_types"] = (
+        rx["msgs"],
+        rx["bytes"],
+        rx["types"],
+    )
+    fig["restart_host_cpu_s"] = sampler.cpu("host")
+    fig["restart_count_s"] = time.monotonic() - t0
+    return host
+
+
 def analyse(
     fig: Dict[str, Any], vms: List[Dict[str, Any]], exp: Dict[str, Any], t_cmd: float, t_cli: float
 ) -> None:
@@ -1093,7 +1206,7 @@ def analyse(
     fig["handshake_lat"] = stats_ms([v["t_welcome"] - v["t_connack"] for v in vms if "t_welcome" in v])
     fig["schedules_per_vm"] = (min(col("schedules") or [0]), max(col("schedules") or [0]))
     fig["vms_schedule_twice"] = sum(1 for v in vms if v.get("schedules", 0) > 1)
-    fig["vms_two_welcomes"] = sum(1 for v in vms if v.get("welcomes", 0) > 1)
+    fig["vms_two_welcomes"] = sum(1 for v in vms if v.get("welcomes", 0) > 1)  # the restart's included
     fig["disconnects"] = sum(v.get("disconnects", 0) for v in vms)
     cfg = col("t_configured")
     last_cfg = max(cfg)
@@ -1594,7 +1707,7 @@ ROWS: List[Tuple[str, Any, str, int]] = [
         0,
     ),
     ("host: CPU s, connect + handshakes of N", lambda r: r["host_cpu_s_connect"], "s", 2),
-    ("host: CPU % of a core, idle with N connected (heartbeats)", lambda r: r["host_cpu_pct_idle"], "s", 1),
+    ("host: CPU % of a core, idle with N connected", lambda r: r["host_cpu_pct_idle"], "s", 1),
     ("host: CPU %, none connected", lambda r: r["host_cpu_pct_none"], "s", 1),
     ("host: CPU s, configured burst + start fan-out", lambda r: r["host_cpu_s_start"], "s", 2),
     ("generators: CPU s, configured burst + start", lambda r: r["gen_cpu_s_start"], "s", 2),
@@ -1630,6 +1743,24 @@ ROWS: List[Tuple[str, Any, str, int]] = [
         "",
         0,
     ),
+    (
+        "host restarted (SIGTERM, same logs): what reaches the VMs until 5 s quiet (<= 30 s)",
+        lambda r: None,
+        "",
+        0,
+    ),
+    ("  counted for, s (from the new host's start)", lambda r: r["restart_count_s"], "s", 1),
+    ("  messages per VM", lambda r: r["restart_rx_msgs"] / r["n"], "", 2),
+    ("  bytes per VM", lambda r: r["restart_rx_bytes"] / r["n"], "", 0),
+    ("  start_time events", lambda r: r["restart_rx_types"].get("start_time", 0), "", 0),
+    ("  schedule events", lambda r: r["restart_rx_types"].get("schedule", 0), "", 0),
+    (
+        "  hello + welcome events",
+        lambda r: sum(r["restart_rx_types"].get(t, 0) for t in ("hello", "welcome")),
+        "",
+        0,
+    ),
+    ("  new host CPU s (start-up included)", lambda r: r["restart_host_cpu_s"], "s", 1),
     ("  disconnects", lambda r: r["disconnects"], "", 0),
     ("  host WARNING/ERROR lines (beyond the 4 routine ones)", lambda r: r["host_warnings"], "", 0),
     ("  host recorded answers", lambda r: r["host_answers"], "", 0),
@@ -1687,6 +1818,11 @@ def main() -> int:
         help="2 x N VMs: a coordinator and a member host on two bridged brokers, beside both on one broker",
     )
     # worker mode (internal)
+    ap.add_argument(
+        "--agent-heartbeats",
+        action="store_true",
+        help="simulated agents heartbeat over MQTT as before the broker told liveness (baseline with --src)",
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--experiment", default=EXPERIMENT, help=argparse.SUPPRESS)
@@ -1697,8 +1833,9 @@ def main() -> int:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         return worker_main(args)
     sizes = [int(x) for x in args.vms.split(",") if x.strip()]
-    global SRC
+    global SRC, AGENT_HEARTBEATS
     SRC = os.path.abspath(args.src) if args.src else None
+    AGENT_HEARTBEATS = args.agent_heartbeats
     atexit.register(_cleanup)
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)

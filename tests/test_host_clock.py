@@ -5,8 +5,9 @@ the sessions, the event maker); here a :class:`~vmr_handler.core.clock.FakeClock
 :class:`~vmr_handler.host.serve.experiment.experiment.Experiment` and real
 :class:`~vmr_handler.host.serve.session.session.VmSession`\\ s (their logs on disk, a link that
 keeps what is sent): the barrier's start and release, a peer marked silent exactly after
-``silent_after``, heartbeats after send silence, RESUME stamps before and after the start,
-what a handshake re-sends, the clock answers and the debounced save.
+``silent_after``, heartbeats after send silence (neither over a transport that tells liveness,
+MQTT), RESUME stamps before and after the start, what a handshake re-sends (nothing the agent
+holds; once per agent connection when hellos cross), the clock answers and the debounced save.
 """
 
 from __future__ import annotations
@@ -93,9 +94,9 @@ class Host:
         self.experiment.replayed()
         self._n = 0
 
-    def connect(self, vm: str = "vm1") -> KeptLink:
+    def connect(self, vm: str = "vm1", transport_liveness: bool = False) -> KeptLink:
         link = KeptLink()
-        assert self.sessions[vm].attach(link, self.clock.time())
+        assert self.sessions[vm].attach(link, self.clock.time(), transport_liveness)
         return link
 
     def agent_says(self, to: str, type_: str, **data: Any) -> None:
@@ -104,8 +105,10 @@ class Host:
         ev = Event(type_, self.clock.time(), f"{to}-ev-{self._n}", data)
         self.sessions[to].feed(encode_message([ev], self.clock.time()), self.clock.time())
 
-    def hello(self, vm: str = "vm1") -> None:
-        self.agent_says(vm, "hello", protocol=1, agent_version="t", boot_id="b1", vm=vm, journal={})
+    def hello(self, vm: str = "vm1", journal: Optional[Dict[str, Any]] = None, **more: Any) -> None:
+        self.agent_says(
+            vm, "hello", protocol=1, agent_version="t", boot_id="b1", vm=vm, journal=journal or {}, **more
+        )
 
 
 def run(coro: Any) -> Any:
@@ -249,6 +252,77 @@ def test_no_heartbeat_and_no_silence_without_a_connection(tmp_path: Path) -> Non
     run(host.clock.advance(100.0))
     session.tick(host.clock.time())
     assert not session.silent and session.link is None
+
+
+def test_over_a_transport_that_tells_liveness_the_peer_is_never_silent_nor_heartbeaten(
+    tmp_path: Path,
+) -> None:
+    """MQTT: the broker's keep-alive and the agent's last will say whether it is there."""
+    host = Host(tmp_path, limits=Limits(heartbeat=5.0, silent_after=15.0))
+    session = host.sessions["vm1"]
+
+    async def main() -> None:
+        link = host.connect(transport_liveness=True)
+        host.hello(heartbeats=False, connection="c1")
+        for _ in range(10):
+            await host.clock.advance(30.0)
+            session.tick(host.clock.time())
+        assert not session.silent and "heartbeat" not in link.types()
+        status = session.status(None, host.clock.time())
+        assert status["silent"] is False and status["gone_for"] is None and status["state"] != "lost"
+
+    run(main())
+    assert "peer silent" not in (tmp_path / "vm1.log").read_text()
+
+
+def test_an_agent_that_wants_heartbeats_gets_them_over_any_transport(tmp_path: Path) -> None:
+    """An older agent (no ``heartbeats: false`` in its hello) watches the host's silence."""
+    host = Host(tmp_path, limits=Limits(heartbeat=5.0, silent_after=15.0))
+    session = host.sessions["vm1"]
+
+    async def main() -> None:
+        link = host.connect(transport_liveness=True)
+        host.hello()
+        await host.clock.advance(5.0)
+        session.tick(host.clock.time())
+        assert link.types().count("heartbeat") == 1
+        await host.clock.advance(100.0)
+        session.tick(host.clock.time())
+        assert not session.silent  # its presence, not its frames, says it is there
+
+    run(main())
+
+
+def test_crossing_hellos_of_one_agent_connection_get_the_schedule_once(tmp_path: Path) -> None:
+    host = Host(tmp_path)
+    host.experiment.on_configured("vm1", host.clock.time())
+    run(host.clock.advance(BUFFER + 1.0))
+    record, _sent = host.experiment.resume(["vm1"])
+    link = host.connect(transport_liveness=True)
+    host.hello(connection="c1")  # its own hello
+    host.hello(connection="c1")  # its answer to the host's hello, which came late
+    assert link.types().count("welcome") == 2
+    assert [link.types().count(t) for t in ("schedule", "start_time", "resume")] == [1, 1, 1]
+    assert host.sessions["vm1"].handshakes == 2
+    host.hello(connection="c2")  # a new connection of the agent (it may have lost what was sent)
+    assert [link.types().count(t) for t in ("schedule", "start_time", "resume")] == [2, 2, 2]
+    assert record.id in [ev.id for _now, ev in link.events() if ev.type == "resume"]
+
+
+def test_a_handshake_sends_no_start_the_agent_journal_holds(tmp_path: Path) -> None:
+    """A restarted host: the agent's journal holds this schedule and this start."""
+    host = Host(tmp_path)
+    host.experiment.on_configured("vm1", host.clock.time())
+    run(host.clock.advance(BUFFER + 1.0))
+    session = host.sessions["vm1"]
+    start = T0 + BUFFER
+    link = host.connect()
+    host.hello(journal={"digest": session.spec.digest, "start_time": start, "configured_at": T0})
+    assert link.types().count("welcome") == 1
+    assert "schedule" not in link.types() and "start_time" not in link.types()
+    assert session.state.start_acked
+    host.hello(journal={"digest": session.spec.digest, "start_time": start - 1.0}, connection="c2")
+    assert link.types().count("start_time") == 1  # another start in its journal: this one is sent
 
 
 # ---------------------------------------------------------------------------- RESUME

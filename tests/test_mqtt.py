@@ -9,7 +9,7 @@ client of the broker (isolation between VMs by ACL is `test_mqtt_acl.py`).
 from __future__ import annotations
 
 import time
-from typing import Iterator, List
+from typing import Any, Iterator, List, Tuple
 
 import pytest
 
@@ -217,3 +217,107 @@ def test_hellos_of_an_outage_are_not_replayed_to_a_restarted_host(envs: List[Hos
     assert vm["connected"], vm
     assert vm["handshakes"] <= 3, vm  # the reconnect's own, not one per queued hello
     assert vm["refused"]["hello_flood"] == 0, vm
+
+
+class Sniffer:
+    """A paho client reading every topic of an experiment: the event types it saw, per topic."""
+
+    def __init__(self, env: HostEnv) -> None:
+        import paho.mqtt.client as mqtt
+        from paho.mqtt.enums import CallbackAPIVersion
+
+        from vmr_handler.core.wire.protocol import FrameDecoder
+
+        assert env.broker is not None
+        self.seen: List[Tuple[str, str]] = []  # (topic, event type)
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"sniffer-{time.monotonic_ns()}")
+
+        def note(_c: Any, _u: Any, msg: Any) -> None:
+            frames = FrameDecoder().feed(bytes(msg.payload).rstrip(b"\n") + b"\n")
+            self.seen.extend((msg.topic, ev.type) for m in frames for ev in m.events)
+
+        self.client.on_message = note
+        self.client.connect("127.0.0.1", env.broker.port)
+        self.client.subscribe(f"vmr/{env.experiment}/#", 1)
+        self.client.loop_start()
+
+    def types(self) -> List[str]:
+        return [t for _topic, t in self.seen]
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
+def test_a_restarted_host_sends_no_start_and_no_schedule_a_vm_already_has(envs: List[HostEnv]) -> None:
+    """The agent's journal holds the schedule and the start, the broker the retained start:
+    after the host's restart only the handshake (hello, welcome) crosses the broker."""
+    sched = [{"start_time": -1, "executable": "/bin/true"}, {"start_time": 60, "executable": "/bin/true"}]
+    env = HostEnv({"a": sched}, start_buffer=0.5, transport="mqtt")
+    envs.append(env)
+    env.start_host()
+    env.start_agent("a")
+    env.wait_event("a", "experiment_started")
+    sniffer = Sniffer(env)
+    try:
+        env.wait_for(lambda: "start_time" in sniffer.types() or None, "the retained starts read")
+        env.kill_host()
+        del sniffer.seen[:]
+        env.start_host()
+        env.wait_for(lambda: "welcome" in sniffer.types() or None, "the handshake after the restart")
+        env.wait_for(lambda: env.status()["vms"][0]["connected"] or None, "a connected")
+        time.sleep(1.0)  # whatever the restart publishes has reached the broker by now
+        types = sniffer.types()
+        assert "start_time" not in types and "schedule" not in types, sniffer.seen
+        assert types.count("welcome") == 1, sniffer.seen
+    finally:
+        sniffer.close()
+
+
+def test_an_idle_agent_over_mqtt_trades_no_heartbeats_is_never_silent_and_is_lost_by_its_will(
+    envs: List[HostEnv],
+) -> None:
+    """Liveness over MQTT is the broker's (keep-alive, the retained last will on presence):
+    with heartbeats due every 0.5 s on both sides, none crosses the broker, and the host never
+    calls the idle VM silent; killed (SIGKILL), its will says offline after 1.5 keep-alives
+    and the VM is lost after ``--lost-after``."""
+    import paho.mqtt.client as mqtt
+    import yaml
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    from vmr_handler.core.wire.protocol import FrameDecoder
+
+    sched = [
+        {"start_time": -1, "executable": "/bin/true"},
+        {"start_time": 1, "executable": "sleep", "arguments": "60"},
+    ]
+    env = HostEnv({"a": sched}, start_buffer=0.5, transport="mqtt")
+    envs.append(env)
+    config = env.root / "agent.yaml"
+    config.write_text(yaml.safe_dump({"heartbeat": 0.5, "peer_timeout": 1, "keepalive": 2}))
+    env.start_host("--heartbeat", "0.5", "--silent-after", "1", "--lost-after", "2")
+    env.start_agent("a", "--config", str(config))
+    env.wait_event("a", "entry_started", index=1)
+    assert env.broker is not None
+    seen: List[str] = []
+    sniffer = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="sniffer")
+    sniffer.on_message = lambda _c, _u, msg: seen.extend(
+        ev.type for m in FrameDecoder().feed(msg.payload + b"\n") for ev in m.events
+    )
+    sniffer.connect("127.0.0.1", env.broker.port)
+    sniffer.subscribe([(f"vmr/{env.experiment}/a/up", 1), (f"vmr/{env.experiment}/a/down", 1)])
+    sniffer.loop_start()
+    try:
+        time.sleep(5.0)  # ten heartbeat periods of either side
+        vm = env.status()["vms"][0]
+        assert vm["connected"] and vm["silent"] is False and vm["state"] == "running", vm
+        assert "heartbeat" not in seen, seen
+        assert "host silent" not in env.agent_log("a")
+        assert "peer silent" not in (env.logs / "a.log").read_text()
+        env.agents["a"].kill()  # no goodbye: the broker's will says offline
+        env.agents["a"].wait(timeout=30)
+        lost = env.wait_for(lambda: v if (v := env.status()["vms"][0])["state"] == "lost" else None, "a lost")
+        assert not lost["connected"] and lost["gone_for"] >= 2.0, lost
+    finally:
+        sniffer.loop_stop()
+        sniffer.disconnect()

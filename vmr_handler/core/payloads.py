@@ -442,14 +442,8 @@ class Kpi(Payload):
                 one = _Fields(cls.TYPE, rates, f"net.{name[:64]}.")
                 interfaces[name] = {k: one.finite(k) for k in KPI_NET_FIELDS}
         numbers = {k: f.finite(k) for k in KPI_NUMBERS}
-        return cls(
-            cpu_percent=f.finite("cpu_percent"),
-            load_1=loads.finite("0"),
-            load_5=loads.finite("1"),
-            load_15=loads.finite("2"),
-            net=interfaces,
-            **numbers,
-        )
+        return cls(cpu_percent=f.finite("cpu_percent"), load_1=loads.finite("0"), load_5=loads.finite("1"),
+                   load_15=loads.finite("2"), net=interfaces, **numbers)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- protocol (docs/protocol.md)
@@ -483,10 +477,12 @@ class Hello(Payload):
         protocol: the ``repr`` of the ``protocol`` sent when not supported (for the refusal).
         vm: the VM name it claims (whole), None when not a string; vm_given: ``vm`` not null.
         agent_version, boot_id: strings or None. unacked: an integer or None.
-        journal_digest: ``journal.digest`` (a string or None).
-        journal_configured_at: ``journal.configured_at`` (finite or None).
+        journal_digest, journal_configured_at, journal_start_time: ``journal.digest`` (a string
+            or None), ``journal.configured_at`` and ``journal.start_time`` (finite or None).
         expects_signed: ``signed`` is true: the agent has a host public key and takes only
             signed control messages (an older agent sends no ``signed``).
+        connection: the agent's id of its connection, in each hello on it (None: older agent).
+        heartbeats: False when ``heartbeats`` is false (its transport tells liveness), else True.
     """
 
     TYPE = HELLO
@@ -500,6 +496,9 @@ class Hello(Payload):
     journal_digest: Optional[str]
     journal_configured_at: Optional[float]
     expects_signed: bool
+    journal_start_time: Optional[float]
+    connection: Optional[str]
+    heartbeats: bool
 
     @classmethod
     def _read(cls, f: _Fields) -> Hello:
@@ -521,7 +520,8 @@ class Hello(Payload):
             journal.string("digest"),
             journal.finite("configured_at"),
             f.data.get("signed") is True,
-        )
+            journal.finite("start_time"), f.string("connection"), f.data.get("heartbeats") is not False,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ carries the bytes. The transports, one module each::
 ``sees_disconnects`` says whether a peer that goes away is visible: a socket or the memory
 pair says so (:class:`ChannelClosed` on read); a virtio-serial port and a broker do not (the
 session layer notices silence and says hello again). tests/test_transport_contract.py runs
-one suite over every transport.
+one suite over every transport. ``transport_liveness`` says whether the transport reports
+the peer's presence itself (MQTT: keep-alive and last will), which replaces the heartbeats.
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ class ByteChannel:
 
     #: True when a peer disconnect is visible (unix socket); False for a character device.
     sees_disconnects = True
+    #: True when the transport itself tells whether the peer is there, so neither side sends
+    #: application heartbeats over it and silence is no sign of absence: MQTT (the broker
+    #: drops a client silent for 1.5x its keep-alive and publishes its retained last will,
+    #: ``offline``, on its presence topic). False: the session layers heartbeat (sockets,
+    #: virtio-serial).
+    transport_liveness = False
 
     async def read(self) -> bytes:
         """Some bytes (never empty). Raises :class:`ChannelClosed` when the peer is gone."""

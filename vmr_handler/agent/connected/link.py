@@ -2,9 +2,10 @@
 
 :class:`HostLink` keeps one conversation with the host alive across channel drops, host
 restarts and agent restarts: handshake on every (re)connection, NTP-style clock sync,
-at-least-once reports from the :class:`~vmr_handler.agent.state.outbox.Outbox`, heartbeats (a
-virtio-serial guest cannot see the host leave), and dispatch of control events (a table from
-event type to handler method).
+at-least-once reports from the :class:`~vmr_handler.agent.state.outbox.Outbox`, heartbeats
+where the transport does not tell liveness (a virtio-serial guest cannot see the host leave;
+over MQTT the broker's keep-alive and last will do), and dispatch of control events (a table
+from event type to handler method).
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ LATER: Dict[str, Any] = {}
 GOOD_CLOCK_DELAY = 0.002
 #: Seconds without any ack while reports are in flight before they are sent again.
 RESEND_AFTER = 10.0
+
+
 class LinkConfig(Protocol):
     """The settings :class:`HostLink` reads (those of
     :class:`~vmr_handler.agent.connected.agent.AgentConfig`, which documents them)."""
@@ -107,6 +110,7 @@ class HostLink:
         self._requests: Dict[str, asyncio.Queue[Event]] = {}
         self._last_rx = self._last_tx = time.monotonic()
         self._hello_sent_at = 0.0
+        self._connection = ""  # this connection's id, in every hello on it (the host answers once)
         self.welcome: Dict[str, Any] = {}
         #: where refusals are reported (the agent's event sink); set by the agent
         self.report: Optional[Callable[[Event], None]] = None
@@ -199,6 +203,7 @@ class HostLink:
         self._held.clear()  # the host sends every control event again after the handshake
         self._gate.clear()  # (and so they are answered again)
         self._last_rx = time.monotonic()
+        self._connection = uuid.uuid4().hex
         await self._write(P.CONNECT_PREFIX)
         await self._send_hello()
         tasks = [
@@ -232,6 +237,9 @@ class HostLink:
                     journal=journal,
                     unacked=len(self.outbox),
                     signed=self.verifier is not None,  # the host says so when it cannot sign
+                    connection=self._connection,  # a second hello on it gets the welcome alone
+                    # the transport tells liveness (MQTT keep-alive, last will): no heartbeats
+                    heartbeats=not self._liveness_from_transport,
                 )
             ],
             ttl=2 * self.config.heartbeat,  # a newer hello follows every heartbeat until welcomed
@@ -407,15 +415,25 @@ class HostLink:
                 continue
             await self._more.wait()
 
+    @property
+    def _liveness_from_transport(self) -> bool:
+        """The channel tells liveness itself (MQTT: keep-alive and the last will on presence)."""
+        return self._channel is not None and self._channel.transport_liveness
+
     async def _keepalive(self, channel: ByteChannel) -> None:
+        """Heartbeat after ``heartbeat`` s of send silence and notice a host silent for
+        ``peer_timeout`` s, unless ``channel`` tells liveness itself (MQTT: the broker sees
+        this agent through its keep-alive, and a host that comes back says hello); resend
+        reports never acknowledged; say hello again every ``heartbeat`` s until welcomed."""
         step = min(1.0, self.config.heartbeat / 2)
         last_hello = time.monotonic()
+        beats = not channel.transport_liveness
         while True:
             await asyncio.sleep(step)
             now = time.monotonic()
-            if now - self._last_tx >= self.config.heartbeat:
+            if beats and now - self._last_tx >= self.config.heartbeat:
                 await self._send([self.events.make_raw(P.HEARTBEAT)], ttl=2 * self.config.heartbeat)
-            if now - self._last_rx >= self.config.peer_timeout:
+            if beats and now - self._last_rx >= self.config.peer_timeout:
                 if channel.sees_disconnects:
                     raise ChannelClosed(f"host silent for {self.config.peer_timeout:.0f} s")
                 if self.welcomed.is_set():

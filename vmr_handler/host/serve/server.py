@@ -55,7 +55,8 @@ from vmr_handler.host.serve.files.transfers import TransferStore
 from vmr_handler.host.serve.http.common import NoteFn
 from vmr_handler.host.serve.http.server import ResourceHttp
 from vmr_handler.host.serve.session.api import HostEvents
-from vmr_handler.host.serve.session.session import VmSession, restore_session, save_checkpoint
+from vmr_handler.host.serve.session.checkpoint import restore_session
+from vmr_handler.host.serve.session.session import VmSession, save_checkpoint
 
 log = logging.getLogger("vmr_handler.host")
 

@@ -37,6 +37,7 @@ class MqttChannel(ByteChannel):
     """
 
     sees_disconnects = False
+    transport_liveness = True
 
     def __init__(self, bridge: PahoBridge, topics: Topics, boot_id: str = "") -> None:
         self._bridge = bridge

@@ -63,6 +63,12 @@ def host_start_topic(experiment: str, host: str) -> str:
     return hosts_topic(experiment, f"{host}/{HOST_START}")
 
 
+def host_sync_topic(experiment: str, host: str) -> str:
+    """``vmr/<experiment>/_hosts/<host>/sync``: a host's own echo (it publishes and reads it):
+    its message comes back after every retained message its subscriptions brought at connect."""
+    return hosts_topic(experiment, f"{host}/sync")
+
+
 def host_starts(experiment: str) -> str:
     """``vmr/<experiment>/_hosts/+/start``: the filter of every host's start topic (an agent
     does not know which host serves it; it takes only its host's run's start,

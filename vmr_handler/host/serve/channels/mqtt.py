@@ -22,6 +22,12 @@ barrier, logs and de-duplication by event id). What differs (``docs/mqtt.md``):
   messages first (its own start topic by an empty frame, which lets agents see that they may
   read it), and every start names this host's run (:mod:`vmr_handler.core.wire.runs`): an agent
   ignores another run's;
+* at every connect the start waits for this host's own echo on ``vmr/E/_hosts/<host>/sync``
+  (the broker has then delivered every retained presence and this host's retained start): it is
+  not published again where the broker kept it (unsigned), so a restarted host sends nothing a
+  VM already has (:meth:`MqttService._on_synced`);
+* no application heartbeat crosses the broker: a VM's liveness is its MQTT keep-alive and
+  retained last will, so its session is never *silent* while its presence says ``online``;
 * a lost broker connection detaches every VM and reconnects with backoff (tenacity).
 
 Several hosts, one broker (``--coordinator`` / ``--member``): the coordinator publishes its
@@ -40,12 +46,13 @@ import asyncio
 import json
 import logging
 import socket
+import uuid
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Protocol, Set, Tuple
 
 from vmr_handler.core.clock import Clock
 from vmr_handler.core.events import Event
 from vmr_handler.core.ratelimit import TokenBucket
-from vmr_handler.core.wire.protocol import encode_message
+from vmr_handler.core.wire.protocol import START_TIME, FrameDecoder, encode_message
 from vmr_handler.core.wire.runs import EVERY_VM_OF_RUN
 from vmr_handler.host.serve.channels._waits import backoff, pause
 from vmr_handler.host.serve.channels.links import ChannelLink, SessionReader
@@ -66,6 +73,7 @@ from vmr_handler.transports.mqtt.topics import (
     coordinator_topic,
     host_start_topic,
     host_state_topic,
+    host_sync_topic,
     hosts_topic,
     topic,
     vm_of,
@@ -162,6 +170,11 @@ class MqttService:
         self.reads_host_start: Set[str] = set()
         self.unknown = 0
         self.connected = asyncio.Event()
+        #: this connection's echo on :attr:`sync_topic`: when it comes back, every retained
+        #: presence and this host's retained start have been read (:meth:`_on_synced`)
+        self._sync_token = ""
+        #: id of the start event the broker holds retained on :attr:`start_topic` (as read)
+        self._kept_start: Optional[str] = None
 
     def topics(self, vm: str) -> Topics:
         return Topics(self.experiment, vm)
@@ -194,7 +207,9 @@ class MqttService:
                 for vm in self.server.sessions:
                     bridge.publish_nowait(self.topics(vm).start, b"", retain=True)
             first = False
-            self.publish_start()
+            self._kept_start = None
+            self._sync_token = uuid.uuid4().hex  # the start waits for the echo (_on_synced)
+            bridge.publish_nowait(self.sync_topic, self._sync_token.encode())
             self.publish_host_state()
             self.connected.set()
             refresh = asyncio.ensure_future(self._refresh_start()) if self.server.signs else None
@@ -243,8 +258,14 @@ class MqttService:
         """``vmr/E/_hosts/<this host>/start``: this host's start for all its VMs (they may read it)."""
         return host_start_topic(self.experiment, self.host_id)
 
+    @property
+    def sync_topic(self) -> str:
+        """``vmr/E/_hosts/<this host>/sync`` (:func:`host_sync_topic`)."""
+        return host_sync_topic(self.experiment, self.host_id)
+
     def _subscriptions(self) -> List[Tuple[str, int]]:
         subs = [(topic(self.experiment, EVERY_VM, leaf), 1) for leaf in (UP, PRESENCE)]
+        subs += [(self.start_topic, 1), (self.sync_topic, 1)]  # (subscribed after the presences)
         if self.role == "coordinator":
             subs.append((host_state_topic(self.experiment, EVERY_VM), 1))
         elif self.role == "member":
@@ -275,7 +296,33 @@ class MqttService:
         elif len(rest) == 2 and rest[1] == HOST_STATE and rest[0] != self.host_id:
             self.server.on_peer_state(rest[0], doc)
 
+    def _on_own_message(self, topic: str, payload: bytes) -> bool:
+        """This host's retained start (note which start the broker keeps) or its connect echo
+        (:meth:`_on_synced`); False for any other topic."""
+        if topic == self.start_topic:
+            events = [ev for m in FrameDecoder().feed(payload.rstrip(b"\n") + b"\n") for ev in m.events]
+            self._kept_start = next((ev.id for ev in events if ev.type == START_TIME), None)
+            return True
+        if topic == self.sync_topic:
+            if self._sync_token and payload == self._sync_token.encode():
+                self._sync_token = ""
+                self._on_synced()
+            return True
+        return False
+
+    def _on_synced(self) -> None:
+        """Every retained message of this connection's subscriptions has been read: which VMs
+        read this host's start topic (their presence), and whether the broker still holds this
+        host's start. Publish the start where it is missing: not again on :attr:`start_topic`
+        when the broker kept this very start unsigned (a restarted host, a reconnect), and on
+        the own topic of no VM that reads that one."""
+        start = self.server.start_event()
+        kept = start is not None and start.id == self._kept_start and not self.server.signs
+        self.publish_start(kept=kept)
+
     def _on_message(self, bridge: PahoBridge, topic: str, payload: bytes) -> None:
+        if self._on_own_message(topic, payload):
+            return
         if topic.startswith(self.hosts_topic("")):
             self._on_host_message(topic, payload)
             return
@@ -328,7 +375,7 @@ class MqttService:
             await asyncio.gather(previous, return_exceptions=True)
         session = self.server.sessions[vm]
         link = ChannelLink.of(session, channel, TokenBucket(DOWN_RATE, DOWN_BURST, session.clock.monotonic()))
-        if not session.attach(link, session.clock.time()):
+        if not session.attach(link, session.clock.time(), channel.transport_liveness):
             link.close()
             return
         reader = SessionReader(session, channel, link)
@@ -358,12 +405,14 @@ class MqttService:
             await self.clock.wait(never, self.clock.time() + START_REFRESH)
             self.publish_start()
 
-    def publish_start(self) -> FrozenSet[str]:
+    def publish_start(self, kept: bool = False) -> FrozenSet[str]:
         """Publish the start time (once it is set), retained: once on :attr:`start_topic` for
         every VM (signed for :data:`EVERY_VM_OF_RUN` with a key), and on the ``start`` topic of
         each VM not known to read that (:attr:`reads_host_start`); and a coordinator's run and
         start on ``_hosts/_start`` (retained; replaces an earlier run's, so members answer
-        this run).
+        this run). ``kept``: the broker holds this very start on :attr:`start_topic` already
+        (read back at connect, unsigned): not published there again (the broker would bring
+        it to every VM once more).
 
         Returns:
             The VMs the broker brings the start to through :attr:`start_topic`: their agents
@@ -383,18 +432,20 @@ class MqttService:
         # signed: expires with its signature (300 s), re-published every START_REFRESH s, so no
         # stale copy waits in the broker or the queue of a VM that is away
         expiry = SIGNED_START_EXPIRY if self.server.signs else None
-        everyone = encode_message([self.server.sign_for(EVERY_VM_OF_RUN, start)], self.clock.time())
-        if not bridge.publish_nowait(self.start_topic, everyone, retain=True, expiry=expiry):
-            return frozenset()
-        bridge.flush()  # to the broker now, before the loop turns to anything else
+        if not kept:
+            everyone = encode_message([self.server.sign_for(EVERY_VM_OF_RUN, start)], self.clock.time())
+            if not bridge.publish_nowait(self.start_topic, everyone, retain=True, expiry=expiry):
+                return frozenset()
+            bridge.flush()  # to the broker now, before the loop turns to anything else
         reached = frozenset(self.reads_host_start.intersection(self.server.sessions))
         others = [vm for vm in self.server.sessions if vm not in reached]
         for vm in others:
             frame = encode_message([self.server.sign_for(vm, start)], self.clock.time())
             bridge.publish_nowait(self.topics(vm).start, frame, retain=True, expiry=expiry)
         log.info(
-            "start time published on %s for %d VM(s), and on the own start topic of %d VM(s) "
+            "start time %s %s for %d VM(s), and on the own start topic of %d VM(s) "
             "not known to read it, in %.1f ms",
+            "kept by the broker on" if kept else "published on",
             self.start_topic,
             len(reached),
             len(others),

@@ -21,6 +21,7 @@ class SessionView(Protocol):
     name: str
     expected: bool
     silent: bool
+    transport_liveness: bool
     clock: Clock
     limits: Limits
     last_recv: float
@@ -44,11 +45,14 @@ def session_presence(s: SessionView) -> Presence:
     """Where the agent of ``s`` is, on the host's clock (``monotonic``): connected, it is gone
     once *silent* (no frame for ``limits.silent_after`` s), for as long as it has been silent;
     not connected, it is gone since its last connection ended (``gone_since``: or since this
-    host started, for an agent heard from in an earlier run). It was heard from once when it
-    connected in this run or its reports were stored before."""
+    host started, for an agent heard from in an earlier run). Over a transport that tells
+    liveness (MQTT: its presence says ``online``) a connected agent is never gone. It was heard
+    from once when it connected in this run or its reports were stored before."""
     mono = s.clock.monotonic()
     ever = s.connections > 0 or s.state.last_seen is not None
-    if s.connected:
+    if s.connected and s.transport_liveness:
+        gone = None
+    elif s.connected:
         quiet = mono - s.last_recv
         gone = quiet if quiet >= s.limits.silent_after else None
     else:

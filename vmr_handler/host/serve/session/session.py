@@ -28,11 +28,11 @@ name a guest claims is only compared and logged. Nothing here raises into the se
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, TypeVar
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, TypeVar
 
 from vmr_handler import __version__
 from vmr_handler.core.clock import Clock, SystemClock
-from vmr_handler.core.errors import PayloadError, SavedStateError
+from vmr_handler.core.errors import PayloadError
 from vmr_handler.core.events import Event
 from vmr_handler.core.payloads import Ack, ClockReq, Hello, HostEntryRequest
 from vmr_handler.core.ratelimit import TokenBucket, worth_logging
@@ -70,6 +70,7 @@ from vmr_handler.host.serve.files.transfers import TransferStore
 from vmr_handler.host.serve.session._delivery import ResourceStreams, ScheduleOffer
 from vmr_handler.host.serve.session._status import session_presence, session_status
 from vmr_handler.host.serve.session.api import HostApi, HostEvents, Link
+from vmr_handler.host.serve.session.checkpoint import ToldHost, snapshot_session
 from vmr_handler.host.serve.session.clocklead import StampLead
 from vmr_handler.host.serve.session.intake import TRANSFER_TYPES, TransferIntake
 
@@ -92,90 +93,8 @@ HOST_ONLY = frozenset({WELCOME, SCHEDULE, CLOCK_RESP, RESOURCE_CHUNK, START_TIME
 HELLO_RATE = 2.0
 HELLO_BURST = 10.0
 
-#: RESUME answers a restart checkpoint keeps per VM (one per RESUME issued to it)
-MAX_ANSWERS = 1000
-
 #: Agent control events that are answered, not stored.
 UNSTORED = frozenset({HELLO, HEARTBEAT, ACK, CLOCK_REQ, RESOURCE_REQUEST, HOST_ENTRY})
-
-
-class ToldHost:
-    """The experiment as a VM's reports tell it things (:class:`ReportHost`), remembering what
-    a restart checkpoint must tell it again: the last outcome and the answers to RESUMEs
-    still pending (at most :data:`MAX_ANSWERS`).
-
-    Args:
-        host: the experiment.
-    """
-
-    def __init__(self, host: HostApi) -> None:
-        self.host = host
-        self.outcome: Optional[Tuple[str, Optional[str], float]] = None
-        self.answers: List[Tuple[str, Dict[str, Any], float]] = []
-
-    def on_configured(self, vm: str, at: float) -> None:
-        """Forwarded."""
-        self.host.on_configured(vm, at)
-
-    def on_outcome(self, vm: str, outcome: str, details: Optional[str], at: float) -> None:
-        """Forwarded and remembered."""
-        self.outcome = (outcome, details, at)
-        self.host.on_outcome(vm, outcome, details, at)
-
-    def on_resume_answer(self, vm: str, resume_id: str, data: Mapping[str, Any], at: float) -> None:
-        """Forwarded; remembered when it answers a RESUME still pending for ``vm``."""
-        if len(self.answers) < MAX_ANSWERS and any(r.id == resume_id for r in self.host.pending_resumes(vm)):
-            keep = ("status", "details", "ended_break", "ignored")
-            self.answers.append((resume_id, {k: data.get(k) for k in keep}, at))
-        self.host.on_resume_answer(vm, resume_id, data, at)
-
-    def snapshot(self) -> Dict[str, Any]:
-        """``{"outcome": [outcome, details, at] | None, "answers": [[id, data, at], ...]}``."""
-        return {"outcome": self.outcome, "answers": self.answers}
-
-    @classmethod
-    def parse(cls, data: Mapping[str, Any]) -> ToldHost:
-        """What a :meth:`snapshot` holds, in a :class:`ToldHost` of no experiment.
-
-        Raises:
-            ValueError, TypeError, KeyError: ``data`` is not such a snapshot.
-        """
-        told = cls.__new__(cls)
-        out = data["outcome"]
-        if out is not None:
-            out = (str(out[0]), None if out[1] is None else str(out[1]), float(out[2]))
-        told.outcome = out
-        told.answers = [(str(i), dict(d), float(t)) for i, d, t in data["answers"]]
-        return told
-
-
-def snapshot_session(state: VmState, counters: Counters, told: ToldHost) -> Dict[str, Any]:
-    """What replaying a VM's ``.jsonl`` so far gave (JSON safe): its state, the outcome and
-    RESUME answers the experiment was told, the malformed payloads counted (the restart
-    checkpoint, :class:`~vmr_handler.host.logs.store.Checkpoint`)."""
-    return {"vm": state.snapshot(), "malformed_payloads": counters.malformed_payloads, **told.snapshot()}
-
-
-def restore_session(vm: str, state: VmState, counters: Counters, told: ToldHost, data: Any) -> None:
-    """Take a :func:`snapshot_session` of VM ``vm`` back (instead of replaying what it covers)
-    and tell the experiment (through ``told``) what the replay would have told it.
-
-    Raises:
-        SavedStateError: ``data`` is not a snapshot (nothing changed).
-    """
-    try:
-        malformed = int(data["malformed_payloads"])
-        saved = ToldHost.parse(data)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise SavedStateError(f"not a session snapshot: {exc!r}") from exc
-    state.restore(data["vm"])
-    counters.malformed_payloads = malformed
-    if state.configured_at is not None:
-        told.on_configured(vm, state.configured_at)
-    if saved.outcome is not None:
-        told.on_outcome(vm, *saved.outcome)
-    for resume_id, answer, at in saved.answers:
-        told.on_resume_answer(vm, resume_id, answer, at)
 
 
 class VmSession:
@@ -235,6 +154,10 @@ class VmSession:
         self.handshaken = False
         self._last_send = self.last_recv = 0.0  # monotonic
         self.silent = False
+        #: the transport tells the agent's liveness (attach): heartbeats and silence do not
+        self.transport_liveness = False
+        self._heartbeats = True  # until the hello of an agent whose transport tells liveness
+        self._answered: Optional[str] = None  # the agent connection whose hello was answered
         mono = self.clock.monotonic()  # the buckets count on the clock they are charged on
         self.gone_since = mono  # monotonic: the last connection's end, or this host's start
         self.bucket = TokenBucket(limits.rate, limits.burst, mono)
@@ -268,8 +191,12 @@ class VmSession:
         """True while a connection to this VM's channel is up."""
         return self.link is not None and not self.link.closed
 
-    def attach(self, link: Link, now: float) -> bool:
-        """A new connection on this VM's channel at UTC ``now``.
+    def attach(self, link: Link, now: float, transport_liveness: bool = False) -> bool:
+        """A new connection on this VM's channel at UTC ``now``; ``transport_liveness``: the
+        transport tells whether the agent is there (MQTT: keep-alive and last will, see
+        :attr:`~vmr_handler.transports.base.ByteChannel.transport_liveness`), so the peer is
+        never marked *silent* for lack of frames, and no heartbeat is sent once its hello says
+        it needs none.
 
         Returns:
             False (and nothing changes) when a connection is already up: the caller closes
@@ -285,6 +212,9 @@ class VmSession:
         self.connected_since = now
         self.handshaken = False
         self.silent = False
+        self.transport_liveness = transport_liveness
+        self._heartbeats = True  # until the agent's hello says it needs none
+        self._answered = None
         mono = self.clock.monotonic()
         self.last_recv = mono
         self.log.note(f"channel connected (connection {self.connections})", now)
@@ -508,6 +438,17 @@ class VmSession:
         if hello.journal_configured_at is not None and digest == self.spec.digest:
             # the agent configured earlier but its `configured` report never reached this host
             self.state.configured(now)
+        if not hello.heartbeats and self.transport_liveness:
+            self._heartbeats = False
+        self._answer_hello(hello, now)
+
+    def _answer_hello(self, hello: Hello, now: float) -> None:
+        """``welcome``, then only what the agent does not have yet: the schedule when its
+        journal's digest differs, the start when its journal holds another (or none), the
+        RESUMEs it has not answered. A second hello of the same agent connection (``connection``;
+        hellos crossed: the host's came late, so the agent said hello again) gets the welcome
+        alone: the rest was sent on this connection already and the transport loses nothing."""
+        digest = hello.journal_digest
         start = self.host.start_event()
         pending = self.host.pending_resumes(self.name)
         welcome = {
@@ -522,17 +463,26 @@ class VmSession:
             "default_timeout": self.host.default_timeout,  # unless the agent has its own
         }
         self._send([self.events.make(WELCOME, welcome)])
+        repeat = hello.connection is not None and hello.connection == self._answered
+        self._answered = hello.connection
+        self.handshaken = True
+        self.handshakes += 1
+        if repeat:
+            self.log.note("handshake again on the same agent connection: welcome only", now)
+            return
         if digest != self.spec.digest:
             self._send_schedule()
         elif self.state.schedule_state != "accepted":
             self.state.schedule_state = "accepted"
-        self._send(([start] if start is not None else []) + pending)
-        self.handshaken = True
-        self.handshakes += 1
+        held = start is not None and hello.journal_start_time == start.data["start_time"]
+        if held:
+            self.state.start_acked = True  # its journal holds this very start
+        self._send(([start] if start is not None and not held else []) + pending)
+        said = "held by the agent" if held else "sent" if start else "not set"
         self.log.note(
             f"handshake: agent {self.state.agent_version} boot {self.state.boot_id} journal digest "
             f"{'matches' if digest == self.spec.digest else 'differs: schedule sent'}; "
-            f"start time {'sent' if start else 'not set'}; {len(pending)} pending RESUME(s)",
+            f"start time {said}; {len(pending)} pending RESUME(s)",
             now,
         )
 
@@ -573,12 +523,17 @@ class VmSession:
         return False
 
     def tick(self, now: float) -> None:
-        """Periodic duty at UTC ``now``: a heartbeat after send silence; mark a silent peer."""
+        """Periodic duty at UTC ``now``: a heartbeat after send silence; mark a silent peer.
+        Over a transport that tells liveness (:meth:`attach`) the peer is never *silent*, and
+        gets no heartbeat once its hello said ``heartbeats: false`` (docs/host.md, States)."""
         if not self.connected:
             return
         mono = self.clock.monotonic()
-        if mono - self._last_send >= self.limits.heartbeat:
+        beats = self._heartbeats or not self.transport_liveness
+        if beats and mono - self._last_send >= self.limits.heartbeat:
             self._send([self.events.make(HEARTBEAT, {})])
+        if self.transport_liveness:
+            return  # connected = its presence says online: silence is no sign of absence
         if not self.silent and mono - self.last_recv >= self.limits.silent_after:
             self.silent = True
             self.log.note(f"peer silent for {self.limits.silent_after:g} s", now)
