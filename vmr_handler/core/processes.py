@@ -42,6 +42,10 @@ cannot be written)."""
 INHERITED_SIGNALS = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGALRM")
 
 
+#: What :func:`spawn_with_default_signals` changed, once it ran in the main thread.
+_DEFAULTS: List[List[str]] = []
+
+
 def _ignored(signum: int, frame: object) -> None:
     """The handler that stands for an ignored signal (see :func:`spawn_with_default_signals`)."""
 
@@ -56,10 +60,14 @@ def spawn_with_default_signals() -> List[str]:
     A handler is reset to the default by ``exec``: each ignored signal gets a handler that does
     nothing. Only the main thread may change handlers; elsewhere nothing changes.
 
+    Done once per process (:data:`_DEFAULTS`); later calls return what the first one changed.
+
     Returns:
         The names of the signals that were ignored (and are now handled by doing nothing).
     """
-    changed = []
+    if _DEFAULTS:
+        return _DEFAULTS[0]
+    changed: List[str] = []
     for name in INHERITED_SIGNALS:
         sig = getattr(signal, name, None)
         if sig is None:
@@ -68,8 +76,9 @@ def spawn_with_default_signals() -> List[str]:
             if signal.getsignal(sig) == signal.SIG_IGN:
                 signal.signal(sig, _ignored)
                 changed.append(name)
-        except (ValueError, OSError):  # not the main thread, or not settable here
-            break
+        except (ValueError, OSError):  # not the main thread: tried again at the next spawn
+            return changed
+    _DEFAULTS.append(changed)
     return changed
 
 
@@ -139,7 +148,7 @@ class ProcessRunner:
             EntryError: the process could not be started.
         """
         self._t0 = time.monotonic()
-        spawn_with_default_signals()  # cheap: a few getsignal calls
+        spawn_with_default_signals()  # once per process
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *argv,
