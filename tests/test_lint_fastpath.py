@@ -5,8 +5,10 @@ the order, that the per-entry checks give: the oracle below is the loop it repla
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
+import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -15,14 +17,16 @@ import pytest
 from vmr_handler.core.schedule import commands as cmd
 from vmr_handler.core.schedule import load_schedule_bytes
 from vmr_handler.core.schedule.lint import _non_executable_drops, lint_schedule, syntax_error
-from vmr_handler.core.schedule.model import Schedule
+from vmr_handler.core.schedule.loader import load_schedule_columns
+from vmr_handler.core.schedule.model import ContentDrop, FileDrop, Schedule, ScheduleEntry
+from vmr_handler.core.schedule.validate import ScheduleColumns
 
 
 def oracle(schedule: Schedule, launch_dir: str, path: Optional[str], shell: str) -> List[str]:
     """Every entry through every check (the plain loop, no fast path), messages as lint_schedule."""
     workdirs: Dict[int, str] = {}
     warnings: List[str] = []
-    non_executable = _non_executable_drops(schedule)
+    non_executable = _non_executable_drops(schedule.entries)
     for entry in schedule.entries:
         if not entry.executable or entry.on_host:
             continue
@@ -139,6 +143,51 @@ def test_fast_path_gives_the_oracle_warnings(seed: int, launch: str, tmp_path: P
     want = oracle(schedule, str(tmp_path), path, shell)
     assert heads(got) == want
     assert want, "the random schedule exercises no warning at all"
+    # ``check`` lints the schedule as columns (no object per plain entry): the same warnings
+    assert lint_schedule(columns_of(schedule), str(tmp_path), path, shell) == got
+
+
+def columns_of(schedule: Schedule) -> ScheduleColumns:
+    """``schedule`` as ``check`` loads it (:func:`load_schedule_columns` of the same records)."""
+    records = [entry_record(e) for e in schedule.entries]
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as fh:
+        json.dump(records, fh)
+        fh.flush()
+        return load_schedule_columns(fh.name)
+
+
+def entry_record(entry: ScheduleEntry) -> Dict[str, Any]:
+    """The JSON record of a program, pause, RESUME or data entry made by the tests here."""
+    record: Dict[str, Any] = {"start_time": entry.start_time}
+    if entry.pause:
+        return {**record, "pause_duration": entry.pause_duration}
+    if entry.is_resume:
+        return {**record, "data": [{"resume": True}]}
+    record.update(executable=entry.executable, arguments=entry.arguments, on_host=entry.on_host)
+    record["data"] = [
+        {"location": d.location, "executable": d.executable,
+         **({"filename": d.filename} if isinstance(d, FileDrop) else {"content": d.content.decode()})}
+        for d in entry.data if isinstance(d, (ContentDrop, FileDrop))
+    ]  # fmt: skip
+    return record
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_columns_give_the_schedule_s_stages_and_entries(seed: int) -> None:
+    """What ``check`` says from columns (entries, stages) is what the schedule says."""
+    rng = random.Random(seed)
+    records = random_records(rng, 120)
+    for _ in range(10):  # pauses and breaks (a break at -inf too), and a stored RESUME
+        at = rng.choice([-math.inf, 0, 1, 4])
+        records.insert(
+            rng.randrange(len(records)), {"start_time": at, "pause_duration": rng.choice([1, "inf"])}
+        )
+    records.append({"start_time": -math.inf, "data": [{"resume": True}]})
+    schedule = schedule_of(records)
+    columns = columns_of(schedule)
+    assert columns.source_format == "json"
+    assert len(columns.starts) == len(schedule.entries)
+    assert columns.stage_times() == schedule.stage_times()
 
 
 def test_quiet_programs_are_found_once_and_warned_per_entry(tmp_path: Path) -> None:

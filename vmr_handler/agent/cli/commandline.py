@@ -345,8 +345,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     Raises:
         ScheduleError: (exit 2) it cannot be used; the message names the file and its format.
     """
-    try:
-        schedule = _load(args.schedule, args.allow_class)
+    from vmr_handler.core.schedule.loader import load_schedule_columns
+
+    try:  # (as columns: no object per entry that cannot get a warning)
+        schedule = load_schedule_columns(args.schedule, args.allow_class)
     except ScheduleError as exc:
         from vmr_handler.core.schedule.loader import format_label
 
@@ -360,7 +362,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     for warning in warnings:
         print(f"{label}: {warning}", file=sys.stderr)
     summary = (
-        f"{schedule.source_format}, {len(schedule.entries)} entries, {len(schedule.stage_times())} stages"
+        f"{schedule.source_format}, {len(schedule.starts)} entries, {len(schedule.stage_times())} stages"
     )
     if args.strict and warnings:
         print(f"{args.schedule}: {len(warnings)} problem(s) with --strict ({summary})", file=sys.stderr)

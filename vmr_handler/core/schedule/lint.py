@@ -19,7 +19,9 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from typing import Dict, List, Optional, Tuple
+from itertools import compress
+from operator import attrgetter
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from vmr_handler.core.gcpause import paused_gc
 from vmr_handler.core.schedule.commands import (
@@ -32,12 +34,15 @@ from vmr_handler.core.schedule.commands import (
     working_dirs_of,
 )
 from vmr_handler.core.schedule.model import ContentDrop, FileDrop, Schedule, ScheduleEntry
+from vmr_handler.core.schedule.validate import ScheduleColumns
 
 #: A command line made only of these characters has no shell syntax that could be wrong.
 _PLAIN = re.compile(r"[A-Za-z0-9_./,:@%+=\- ]*")
 #: A path made only of these characters is written unquoted (``shlex.quote`` leaves it as it is)
 #: and is plain (:data:`_PLAIN`).
 _SAFE_PATH = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
+_DROPS = (ContentDrop, FileDrop)
+_DATA, _START, _EXECUTABLE, _ARGUMENTS = map(attrgetter, ("data", "start_time", "executable", "arguments"))
 #: Longest time one ``bash -n`` may take, seconds (it parses; it never runs anything).
 SYNTAX_TIMEOUT = 10.0
 
@@ -66,22 +71,73 @@ def syntax_error(line: str, shell: str) -> Optional[str]:
     return text[0] if text else f"{shell} -n exited {proc.returncode}"
 
 
-def _non_executable_drops(schedule: Schedule) -> Dict[str, int]:
-    """``{absolute path: entry index}`` of files dropped with ``executable: false``: at an absolute
-    location, or moved there by the helpers' preload (``mv <dropped file> <destination>``)."""
+def _non_executable_drops(entries: Iterable[ScheduleEntry]) -> Dict[str, int]:
+    """``{absolute path: entry index}`` of files dropped with ``executable: false`` by ``entries``:
+    at an absolute location, or moved there by the helpers' preload (``mv <dropped file>
+    <destination>``)."""
     found: Dict[str, int] = {}
-    for entry in schedule.entries:
-        if not entry.data:  # nothing dropped, nothing moved from a drop (most entries)
+    normpath = os.path.normpath
+    for entry in entries:
+        drops = [d for d in entry.data if isinstance(d, _DROPS) and not d.executable]
+        if not drops:  # (most entries with data: executable drops, or transfers)
             continue
-        drops = [d for d in entry.data if isinstance(d, (ContentDrop, FileDrop)) and not d.executable]
         for drop in drops:
-            if os.path.isabs(drop.location):
-                found[os.path.normpath(drop.location)] = entry.index
+            if drop.location.startswith("/"):
+                found[normpath(drop.location)] = entry.index
+        if entry.executable != "mv":
+            continue
         words = entry.arguments.split()
-        moved = entry.executable == "mv" and len(words) == 2 and os.path.isabs(words[1])
-        if moved and any(os.path.normpath(d.location) == os.path.normpath(words[0]) for d in drops):
-            found[os.path.normpath(words[1])] = entry.index
+        moved = len(words) == 2 and words[1].startswith("/")
+        if moved and any(normpath(d.location) == normpath(words[0]) for d in drops):
+            found[normpath(words[1])] = entry.index
     return found
+
+
+class LintView(NamedTuple):
+    """What the lint reads of a validated schedule: its columns (entry ``i`` at position ``i``)
+    and its entries with data. Made from a :class:`Schedule` or, without an object per plain
+    entry, from :class:`~vmr_handler.core.schedule.validate.ScheduleColumns`.
+
+    Attributes:
+        starts: every entry's start time (seconds).
+        executables: every entry's executable (None: none).
+        arguments: every entry's arguments (``""``: none).
+        entry: entry ``i`` (made when asked, for a plain one).
+        dropping: the entries with data, in schedule order.
+    """
+
+    starts: Sequence[float]
+    executables: Sequence[Optional[str]]
+    arguments: Sequence[str]
+    entry: Callable[[int], ScheduleEntry]
+    dropping: List[ScheduleEntry]
+
+    @classmethod
+    def of_schedule(cls, schedule: Schedule) -> LintView:
+        """The view of ``schedule`` (its columns read in C loops)."""
+        entries = schedule.entries
+        return cls(
+            list(map(_START, entries)),
+            list(map(_EXECUTABLE, entries)),
+            list(map(_ARGUMENTS, entries)),
+            entries.__getitem__,
+            list(compress(entries, map(_DATA, entries))),
+        )
+
+    @classmethod
+    def of_columns(cls, columns: ScheduleColumns) -> LintView:
+        """The view of ``columns``: a plain program entry is made only when the lint asks for it."""
+        others, hosts = columns.others, set(columns.hosts)
+        starts, executables, arguments = columns.starts, columns.executables, columns.arguments
+
+        def entry(i: int) -> ScheduleEntry:
+            made = others.get(i)
+            if made is None:
+                made = ScheduleEntry(i, starts[i], executables[i], arguments[i], on_host=i in hosts)
+            return made
+
+        dropping = [others[i] for i in sorted(others) if others[i].data]
+        return cls(starts, executables, arguments, entry, dropping)
 
 
 class _Lint:
@@ -93,15 +149,17 @@ class _Lint:
     at its path, no shell syntax in it): such an entry with plain arguments is skipped.
     """
 
-    def __init__(self, schedule: Schedule, launch_dir: str, path: Optional[str], shell: str) -> None:
-        self.schedule, self.launch_dir, self.path, self.shell = schedule, launch_dir, path, shell
+    def __init__(self, view: LintView, launch_dir: str, path: Optional[str], shell: str) -> None:
+        self.view, self.launch_dir, self.path, self.shell = view, launch_dir, path, shell
         self.workdirs: Dict[int, str] = {}  # of the entries checked that run a file they drop
         self.checked: Dict[str, Optional[str]] = {}  # command line -> the shell's complaint
         self.missing: Dict[str, bool] = {}  # program -> not found
-        self.non_executable = _non_executable_drops(schedule)
+        #: the entries with data (most have none: each pass below looks at these alone)
+        self.dropping = view.dropping
+        self.non_executable = _non_executable_drops(self.dropping)
         self.quiet: Dict[str, bool] = {}  # executable of a data-less entry -> no warning possible
         #: entry index -> the drop it runs (:func:`~vmr_handler.core.schedule.commands.running_drops`)
-        self.owns = running_drops(schedule.entries)
+        self.owns = running_drops(self.dropping)
         #: (executable, location) -> the dropped file's path is plain whatever its working dir
         self.safe: Dict[Tuple[str, str], bool] = {}
         self.root = os.path.abspath(launch_dir)
@@ -149,32 +207,45 @@ class _Lint:
     def run(self) -> List[str]:
         """Every warning, in entry order (per entry: program, drop flag, syntax)."""
         warnings: List[str] = []
-        plain = _PLAIN.fullmatch
-        entries = self.schedule.entries
-        # one match over every argument string (" " is plain): when it holds, no entry's
-        # arguments need their own (100 000 matches cost more than the join)
-        all_plain = plain(" ".join([e.arguments for e in entries])) is not None
-        checked: List[ScheduleEntry] = []
-        quiet, needs, add = self.quiet, self._needs_checks, checked.append
-        for entry in entries:
-            exe = entry.executable
-            if not exe or entry.on_host:
-                continue
-            plain_arguments = all_plain or not entry.arguments or plain(entry.arguments) is not None
-            if not entry.data and quiet.get(exe) and plain_arguments:  # (most entries: inline)
-                continue
-            if needs(entry, plain_arguments):
-                add(entry)
+        view = self.view
+        checked = [view.entry(i) for i in self._candidates()]
         # the working dirs of the entries checked that run a file they drop: only those spell
         # a working dir in their command line
         owners = [e.index for e in checked if e.index in self.owns]
         if owners:
-            starts = [e.start_time for e in entries]
-            executables = [e.executable for e in entries]
-            self.workdirs = working_dirs_of(starts, executables, owners, self.launch_dir)
+            self.workdirs = working_dirs_of(view.starts, view.executables, owners, self.launch_dir)
         for entry in checked:
             self.entry(entry, warnings)
         return warnings
+
+    def _candidates(self) -> List[int]:
+        """Positions, ascending, of the entries that run a program and may get a warning
+        (:meth:`_needs_checks`). Looked at as columns (C loops): each distinct executable is
+        judged once, and an entry that drops nothing, runs a quiet executable and has plain
+        arguments (most entries) is never visited."""
+        executables, arguments = self.view.executables, self.view.arguments
+        plain = _PLAIN.fullmatch
+        # one match over every argument string (" " is plain): when it holds, no entry's
+        # arguments need their own (100 000 matches cost more than the join)
+        all_plain = plain(" ".join(arguments)) is not None
+        distinct = set(executables)
+        for exe in distinct - self.quiet.keys():
+            if exe:
+                self.quiet[exe] = self._quiet(exe)
+        loud = {exe for exe in distinct if exe and not self.quiet[exe]}
+        visit = set(compress(range(len(executables)), map(loud.__contains__, executables))) if loud else set()
+        visit.update(entry.index for entry in self.dropping)
+        if not all_plain:  # some arguments are not plain: their entries too
+            visit.update(i for i, args in enumerate(arguments) if args and plain(args) is None)
+        found: List[int] = []
+        for i in sorted(visit):
+            entry = self.view.entry(i)
+            if not entry.executable or entry.on_host:
+                continue
+            args = arguments[i]
+            if self._needs_checks(entry, all_plain or not args or plain(args) is not None):
+                found.append(i)
+        return found
 
     def non_executable_warning(
         self, entry: ScheduleEntry, word: str, own: Optional[DropItem]
@@ -219,7 +290,7 @@ class _Lint:
 
 
 def lint_schedule(
-    schedule: Schedule,
+    schedule: Union[Schedule, ScheduleColumns],
     launch_dir: str = "/var/launch",
     path: Optional[str] = None,
     shell: Optional[str] = None,
@@ -227,7 +298,9 @@ def lint_schedule(
     """Warnings about the command lines of ``schedule`` on this machine.
 
     Args:
-        schedule: a validated schedule.
+        schedule: a validated schedule, as a :class:`Schedule` or as the columns of
+            :func:`~vmr_handler.core.schedule.loader.load_schedule_columns` (``check``: no
+            object is made for a plain program entry that cannot get a warning).
         launch_dir: root of the working dirs (only used to spell dropped programs' paths).
         path: ``PATH`` to look programs up on (default this process's).
         shell: shell whose syntax is checked (default :func:`~vmr_handler.core.schedule.commands.find_shell`).
@@ -235,10 +308,14 @@ def lint_schedule(
     Returns:
         One message per problem, naming the entry, the program or the shell's complaint.
         Each program is looked up once and each distinct command line checked once; an entry
-        that drops nothing, runs a found plain program and has plain arguments costs a few
-        dictionary look-ups (100 000 such entries: tens of ms). The cyclic garbage collector is
-        paused meanwhile (:func:`~vmr_handler.core.gcpause.paused_gc`): with a big schedule
-        alive, its passes cost more than the lint.
+        that drops nothing, runs a found plain program and has plain arguments is never
+        looked at on its own (100 000 such entries: a few column passes in C, ms). The cyclic
+        garbage collector is paused meanwhile (:func:`~vmr_handler.core.gcpause.paused_gc`):
+        with a big schedule alive, its passes cost more than the lint.
     """
     with paused_gc():
-        return _Lint(schedule, launch_dir, path, shell or find_shell()).run()
+        if isinstance(schedule, Schedule):
+            view = LintView.of_schedule(schedule)
+        else:
+            view = LintView.of_columns(schedule)
+        return _Lint(view, launch_dir, path, shell or find_shell()).run()

@@ -223,7 +223,8 @@ def load_schedule_columns(path: str, allowed_classes: Optional[Iterable[str]] = 
     def columns(data: bytes) -> ScheduleColumns:
         with paused_gc():
             fmt, records = _records(data, allowed_classes)
-            return validate_columns(records, strict_fields=fmt != "pickle", source_size=len(data))
+            valid = validate_columns(records, strict_fields=fmt != "pickle", source_size=len(data))
+            return valid._replace(source_format=fmt)
 
     return _from_file(path, columns)
 

@@ -160,8 +160,15 @@ class Schedule:
         """Distinct negative start times of program, data and on_host entries, ascending (the
         local stages; the host runs a stage's on_host entries inside it)."""
         # e.kind is NEGATIVE or HOST, spelled out (the property call per entry costs 4x)
-        times = {e.start_time for e in self.entries if e.start_time < 0 and not e.pause}
-        return tuple(sorted(times - {-math.inf}))  # (a stored RESUME is at -inf; nothing else is)
+        return stage_times_of(e.start_time for e in self.entries if not e.pause)
+
+
+def stage_times_of(starts: Iterable[float]) -> Tuple[float, ...]:
+    """The local stages of a schedule: the distinct negative ``starts`` (seconds) of its entries
+    that are not pauses, ascending, without ``-inf`` (a stored RESUME is at ``-inf``; nothing
+    else is). SPEC section 3: entries with the same negative start time form one stage."""
+    times = {t for t in set(starts) if t < 0}
+    return tuple(sorted(times - {-math.inf}))
 
 
 def entry_drops(entries: Iterable[ScheduleEntry]) -> Dict[str, Tuple[int, ...]]:

@@ -23,7 +23,7 @@ from vmr_handler.core.schedule.limits import (
     expanded_limit,
     joined_arguments,
 )
-from vmr_handler.core.schedule.model import DataItem, PauseSpec, ResumeMark, ScheduleEntry
+from vmr_handler.core.schedule.model import DataItem, PauseSpec, ResumeMark, ScheduleEntry, stage_times_of
 from vmr_handler.core.schedule.screen import Screen, plain_screen
 
 __all__ = [
@@ -445,6 +445,7 @@ class ScheduleColumns(NamedTuple):
         hosts: indices of the plain entries with ``on_host`` true, ascending.
         others: every entry that is not a plain program entry (data, pause, RESUME, ...), by index.
         warnings: as :func:`validate_records` gives them.
+        source_format: ``pickle``, ``yaml`` or ``json`` (set by the loader; ``""`` when unknown).
     """
 
     starts: List[float]
@@ -453,6 +454,18 @@ class ScheduleColumns(NamedTuple):
     hosts: List[int]
     others: Dict[int, ScheduleEntry]
     warnings: Tuple[str, ...]
+    source_format: str = ""
+
+    def stage_times(self) -> Tuple[float, ...]:
+        """:meth:`Schedule.stage_times <vmr_handler.core.schedule.model.Schedule.stage_times>` of
+        these entries."""
+        pauses = [i for i, entry in self.others.items() if entry.pause]
+        if not pauses:
+            return stage_times_of(self.starts)
+        starts = list(self.starts)
+        for i in pauses:
+            starts[i] = math.nan  # (never negative)
+        return stage_times_of(starts)
 
 
 def validate_columns(
