@@ -19,9 +19,10 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from itertools import compress
-from operator import attrgetter
-from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from bisect import bisect_right
+from itertools import accumulate, chain, compress, repeat
+from operator import attrgetter, eq, not_
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from vmr_handler.core.gcpause import paused_gc
 from vmr_handler.core.schedule.commands import (
@@ -42,7 +43,9 @@ _PLAIN = re.compile(r"[A-Za-z0-9_./,:@%+=\- ]*")
 #: and is plain (:data:`_PLAIN`).
 _SAFE_PATH = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
 _DROPS = (ContentDrop, FileDrop)
-_DATA, _START, _EXECUTABLE, _ARGUMENTS = map(attrgetter, ("data", "start_time", "executable", "arguments"))
+_DATA, _START, _EXECUTABLE, _ARGUMENTS, _INDEX, _LOCATION, _FLAG = map(
+    attrgetter, ("data", "start_time", "executable", "arguments", "index", "location", "executable")
+)
 #: Longest time one ``bash -n`` may take, seconds (it parses; it never runs anything).
 SYNTAX_TIMEOUT = 10.0
 
@@ -71,26 +74,29 @@ def syntax_error(line: str, shell: str) -> Optional[str]:
     return text[0] if text else f"{shell} -n exited {proc.returncode}"
 
 
-def _non_executable_drops(entries: Iterable[ScheduleEntry]) -> Dict[str, int]:
-    """``{absolute path: entry index}`` of files dropped with ``executable: false`` by ``entries``:
-    at an absolute location, or moved there by the helpers' preload (``mv <dropped file>
-    <destination>``)."""
-    found: Dict[str, int] = {}
+def _non_executable_drops(entries: Sequence[ScheduleEntry]) -> Dict[str, int]:
+    """``{absolute path: entry index}`` of files dropped with ``executable: false`` by ``entries``
+    (in schedule order; a later entry's drop at the same path wins): at an absolute location, or
+    moved there by the helpers' preload (``mv <dropped file> <destination>``). Read as columns
+    of the data items (C loops): only the non-executable drops are looked at one by one."""
+    datas = list(map(_DATA, entries))
+    items = list(chain.from_iterable(datas))
+    # transfers, pauses and RESUMEs have no ``executable``: never a non-executable drop
+    at = list(compress(range(len(items)), map(not_, map(getattr, items, repeat("executable"), repeat(True)))))
+    locations = list(map(_LOCATION, map(items.__getitem__, at)))
+    absolute = list(compress(zip(at, locations), map(str.startswith, locations, repeat("/"))))
+    ends = list(accumulate(map(len, datas)))  # item k belongs to entries[bisect_right(ends, k)]
     normpath = os.path.normpath
-    for entry in entries:
-        drops = [d for d in entry.data if isinstance(d, _DROPS) and not d.executable]
-        if not drops:  # (most entries with data: executable drops, or transfers)
-            continue
-        for drop in drops:
-            if drop.location.startswith("/"):
-                found[normpath(drop.location)] = entry.index
-        if entry.executable != "mv":
-            continue
+    # (entry index, 0 for a drop / 1 for the move of a drop, path): applied in this order
+    found = [(entries[bisect_right(ends, k)].index, 0, normpath(location)) for k, location in absolute]
+    for entry in compress(entries, map(eq, map(_EXECUTABLE, entries), repeat("mv"))):
         words = entry.arguments.split()
-        moved = len(words) == 2 and words[1].startswith("/")
-        if moved and any(normpath(d.location) == normpath(words[0]) for d in drops):
-            found[normpath(words[1])] = entry.index
-    return found
+        if len(words) != 2 or not words[1].startswith("/"):
+            continue
+        drops = [d for d in entry.data if isinstance(d, _DROPS) and not d.executable]
+        if any(normpath(d.location) == normpath(words[0]) for d in drops):
+            found.append((entry.index, 1, normpath(words[1])))
+    return {path: index for index, _, path in sorted(found)}
 
 
 class LintView(NamedTuple):
@@ -220,21 +226,30 @@ class _Lint:
 
     def _candidates(self) -> List[int]:
         """Positions, ascending, of the entries that run a program and may get a warning
-        (:meth:`_needs_checks`). Looked at as columns (C loops): each distinct executable is
-        judged once, and an entry that drops nothing, runs a quiet executable and has plain
-        arguments (most entries) is never visited."""
+        (:meth:`_needs_checks`). Looked at as columns (C loops): each distinct executable, and
+        each distinct (executable, drop) of an entry that runs a file it drops, is judged once;
+        an entry that cannot get a warning (most entries) is never visited."""
         executables, arguments = self.view.executables, self.view.arguments
         plain = _PLAIN.fullmatch
         # one match over every argument string (" " is plain): when it holds, no entry's
         # arguments need their own (100 000 matches cost more than the join)
         all_plain = plain(" ".join(arguments)) is not None
-        distinct = set(executables)
+        owns = self.owns
+        judged = list(executables)  # by its executable: every entry but those running their drop
+        for i in owns:
+            judged[i] = None
+        distinct = set(judged)
         for exe in distinct - self.quiet.keys():
             if exe:
                 self.quiet[exe] = self._quiet(exe)
         loud = {exe for exe in distinct if exe and not self.quiet[exe]}
-        visit = set(compress(range(len(executables)), map(loud.__contains__, executables))) if loud else set()
-        visit.update(entry.index for entry in self.dropping)
+        visit = set(compress(range(len(judged)), map(loud.__contains__, judged))) if loud else set()
+        if owns:  # by its drop: executable, at a path that needs no quoting
+            at = list(owns)
+            drops = list(owns.values())
+            keys = list(zip(map(executables.__getitem__, at), map(_LOCATION, drops), map(_FLAG, drops)))
+            needs = {key: not (key[2] and self._safe_drop(key[0] or "", key[1])) for key in set(keys)}
+            visit.update(compress(at, map(needs.__getitem__, keys)))
         if not all_plain:  # some arguments are not plain: their entries too
             visit.update(i for i, args in enumerate(arguments) if args and plain(args) is None)
         found: List[int] = []
