@@ -10,7 +10,7 @@ import os
 import random
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import pytest
 
@@ -286,3 +286,44 @@ def test_entries_that_run_what_they_drop_plainly_cost_no_working_dir(
         "entry exits 126: set executable: true on that drop, or run the file through its interpreter "
         "(/bin/sh FILE)"
     ]
+
+
+def non_executable_oracle(entries: Sequence[ScheduleEntry]) -> Dict[str, int]:
+    """Entry by entry, item by item: the loop :func:`_non_executable_drops` replaced."""
+    found: Dict[str, int] = {}
+    for entry in entries:
+        drops = [d for d in entry.data if isinstance(d, (ContentDrop, FileDrop)) and not d.executable]
+        for drop in drops:
+            if os.path.isabs(drop.location):
+                found[os.path.normpath(drop.location)] = entry.index
+        words = entry.arguments.split()
+        moved = entry.executable == "mv" and len(words) == 2 and os.path.isabs(words[1])
+        if moved and any(os.path.normpath(d.location) == os.path.normpath(words[0]) for d in drops):
+            found[os.path.normpath(words[1])] = entry.index
+    return found
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_non_executable_drops_read_as_columns_equal_the_entry_loop(seed: int) -> None:
+    """Absolute drops, drops moved by ``mv``, the same path dropped by several entries (the
+    later wins), transfers and pauses among the items."""
+    rng = random.Random(seed)
+    records = random_records(rng, 200)
+    for _ in range(30):
+        path = rng.choice(["/opt/x/tool", "/opt/x/cfg", "/opt//x/./cfg", "rel/cfg", "/tmp/drop-src"])
+        data: List[Dict[str, Any]] = [{"location": path, "content": "c", "executable": rng.random() < 0.3}]
+        if rng.random() < 0.3:
+            data.append({"location": "/var/log/out.txt", "interval": 5})
+        if rng.random() < 0.3:
+            record = {
+                "start_time": 3,
+                "executable": "mv",
+                "arguments": f"{path} /opt/moved/{rng.randrange(3)}",
+            }
+        else:
+            record = {"start_time": -2, "executable": "/bin/true"}
+        records.insert(rng.randrange(len(records)), {**record, "data": data})
+    entries = schedule_of(records).entries
+    want = non_executable_oracle(entries)
+    assert _non_executable_drops([e for e in entries if e.data]) == want
+    assert any(path.startswith("/opt/moved/") for path in want)
