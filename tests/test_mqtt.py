@@ -230,9 +230,11 @@ class Sniffer:
 
         assert env.broker is not None
         self.seen: List[Tuple[str, str]] = []  # (topic, event type)
+        self.payloads: List[bytes] = []  # every message, as it crossed
         self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"sniffer-{time.monotonic_ns()}")
 
         def note(_c: Any, _u: Any, msg: Any) -> None:
+            self.payloads.append(bytes(msg.payload))
             frames = FrameDecoder().feed(bytes(msg.payload).rstrip(b"\n") + b"\n")
             self.seen.extend((msg.topic, ev.type) for m in frames for ev in m.events)
 
@@ -251,7 +253,8 @@ class Sniffer:
 
 def test_a_restarted_host_sends_no_start_and_no_schedule_a_vm_already_has(envs: List[HostEnv]) -> None:
     """The agent's journal holds the schedule and the start, the broker the retained start:
-    after the host's restart only the handshake (hello, welcome) crosses the broker."""
+    after the host's restart only the handshake (hello, welcome) crosses the broker, without
+    the connect prefix a byte stream needs."""
     sched = [{"start_time": -1, "executable": "/bin/true"}, {"start_time": 60, "executable": "/bin/true"}]
     env = HostEnv({"a": sched}, start_buffer=0.5, transport="mqtt")
     envs.append(env)
@@ -262,7 +265,7 @@ def test_a_restarted_host_sends_no_start_and_no_schedule_a_vm_already_has(envs: 
     try:
         env.wait_for(lambda: "start_time" in sniffer.types() or None, "the retained starts read")
         env.kill_host()
-        del sniffer.seen[:]
+        del sniffer.seen[:], sniffer.payloads[:]
         env.start_host()
         env.wait_for(lambda: "welcome" in sniffer.types() or None, "the handshake after the restart")
         env.wait_for(lambda: env.status()["vms"][0]["connected"] or None, "a connected")
@@ -270,6 +273,8 @@ def test_a_restarted_host_sends_no_start_and_no_schedule_a_vm_already_has(envs: 
         types = sniffer.types()
         assert "start_time" not in types and "schedule" not in types, sniffer.seen
         assert types.count("welcome") == 1, sniffer.seen
+        # each message is whole over MQTT: no connect prefix (a lone newline) crosses either way
+        assert b"\n" not in sniffer.payloads and b"" not in sniffer.payloads, sniffer.payloads
     finally:
         sniffer.close()
 

@@ -18,7 +18,8 @@ carries the bytes. The transports, one module each::
 pair says so (:class:`ChannelClosed` on read); a virtio-serial port and a broker do not (the
 session layer notices silence and says hello again). tests/test_transport_contract.py runs
 one suite over every transport. ``transport_liveness`` says whether the transport reports
-the peer's presence itself (MQTT: keep-alive and last will), which replaces the heartbeats.
+the peer's presence itself (MQTT: keep-alive and last will), which replaces the heartbeats;
+``framed`` whether each write arrives whole as one message (MQTT), which needs no connect prefix.
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ class ByteChannel:
     #: ``offline``, on its presence topic). False: the session layers heartbeat (sockets,
     #: virtio-serial).
     transport_liveness = False
+    #: True when every write arrives whole, as one message of its own (MQTT): no partial frame
+    #: can be left in the stream, so no :data:`~vmr_handler.core.wire.protocol.CONNECT_PREFIX`
+    #: is sent first (at 10 000 VMs, 10 000 broker messages less per host restart).
+    #: False: a byte stream (sockets, virtio-serial), where the prefix ends any partial frame.
+    framed = False
 
     async def read(self) -> bytes:
         """Some bytes (never empty). Raises :class:`ChannelClosed` when the peer is gone."""

@@ -204,7 +204,8 @@ class HostLink:
         self._gate.clear()  # (and so they are answered again)
         self._last_rx = time.monotonic()
         self._connection = uuid.uuid4().hex
-        await self._write(P.CONNECT_PREFIX)
+        if not channel.framed:  # a byte stream: end any partial frame left in it
+            await self._write(P.CONNECT_PREFIX)
         await self._send_hello()
         tasks = [
             asyncio.ensure_future(self._reader(channel)),

@@ -38,6 +38,7 @@ class MqttChannel(ByteChannel):
 
     sees_disconnects = False
     transport_liveness = True
+    framed = True
 
     def __init__(self, bridge: PahoBridge, topics: Topics, boot_id: str = "") -> None:
         self._bridge = bridge

@@ -34,6 +34,7 @@ class VmTopicsChannel(ByteChannel):
 
     sees_disconnects = False
     transport_liveness = True
+    framed = True
 
     def __init__(self, bridge: PahoBridge, topics: Topics) -> None:
         self._bridge = bridge

@@ -238,7 +238,7 @@ async def serve_channel(session: VmSession, channel: ByteChannel) -> None:
     one: the channel is closed), feed the session what is read (pausing while the VM is over
     its rates), detach and close. Logs ``connected`` and ``disconnected (<why>)``."""
     link = ChannelLink.of(session, channel)
-    if not session.attach(link, session.clock.time(), channel.transport_liveness):
+    if not session.attach(link, session.clock.time(), channel.transport_liveness, channel.framed):
         link.close()
         return
     log.info("%s: connected", session.name)

@@ -375,7 +375,7 @@ class MqttService:
             await asyncio.gather(previous, return_exceptions=True)
         session = self.server.sessions[vm]
         link = ChannelLink.of(session, channel, TokenBucket(DOWN_RATE, DOWN_BURST, session.clock.monotonic()))
-        if not session.attach(link, session.clock.time(), channel.transport_liveness):
+        if not session.attach(link, session.clock.time(), channel.transport_liveness, channel.framed):
             link.close()
             return
         reader = SessionReader(session, channel, link)

@@ -191,12 +191,13 @@ class VmSession:
         """True while a connection to this VM's channel is up."""
         return self.link is not None and not self.link.closed
 
-    def attach(self, link: Link, now: float, transport_liveness: bool = False) -> bool:
+    def attach(self, link: Link, now: float, transport_liveness: bool = False, framed: bool = False) -> bool:
         """A new connection on this VM's channel at UTC ``now``; ``transport_liveness``: the
         transport tells whether the agent is there (MQTT: keep-alive and last will, see
         :attr:`~vmr_handler.transports.base.ByteChannel.transport_liveness`), so the peer is
         never marked *silent* for lack of frames, and no heartbeat is sent once its hello says
-        it needs none.
+        it needs none. ``framed``: every write arrives whole
+        (:attr:`~vmr_handler.transports.base.ByteChannel.framed`), so no connect prefix is sent.
 
         Returns:
             False (and nothing changes) when a connection is already up: the caller closes
@@ -218,7 +219,8 @@ class VmSession:
         mono = self.clock.monotonic()
         self.last_recv = mono
         self.log.note(f"channel connected (connection {self.connections})", now)
-        self._send_raw(CONNECT_PREFIX)
+        if not framed:  # a byte stream: end any partial frame left in it
+            self._send_raw(CONNECT_PREFIX)
         self._send([self.events.make(HELLO, {"protocol": PROTOCOL_VERSION, "host_version": __version__})])
         return True
 
