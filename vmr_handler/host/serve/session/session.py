@@ -214,7 +214,10 @@ class VmSession:
         self.handshaken = False
         self.silent = False
         self.transport_liveness = transport_liveness
-        self._heartbeats = True  # until the agent's hello says it needs none
+        # over a transport that tells liveness, none until a hello asks for them (an older
+        # agent's, without ``heartbeats: false``): a restarted host sends none while the hellos
+        # of 10 000 VMs come back; elsewhere until the agent's hello says it needs none
+        self._heartbeats = not transport_liveness
         self._answered = None
         mono = self.clock.monotonic()
         self.last_recv = mono
@@ -440,8 +443,7 @@ class VmSession:
         if hello.journal_configured_at is not None and digest == self.spec.digest:
             # the agent configured earlier but its `configured` report never reached this host
             self.state.configured(now)
-        if not hello.heartbeats and self.transport_liveness:
-            self._heartbeats = False
+        self._heartbeats = hello.heartbeats or not self.transport_liveness
         self._answer_hello(hello, now)
 
     def _answer_hello(self, hello: Hello, now: float) -> None:
@@ -527,7 +529,8 @@ class VmSession:
     def tick(self, now: float) -> None:
         """Periodic duty at UTC ``now``: a heartbeat after send silence; mark a silent peer.
         Over a transport that tells liveness (:meth:`attach`) the peer is never *silent*, and
-        gets no heartbeat once its hello said ``heartbeats: false`` (docs/host.md, States)."""
+        gets heartbeats only once its hello asked for them, by not saying ``heartbeats: false``
+        (an older agent; docs/host.md, States)."""
         if not self.connected:
             return
         mono = self.clock.monotonic()
