@@ -196,10 +196,13 @@ def top_parser(
             super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
 
         def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+            import sys
+
             from vmr_handler import __version__
 
             lines = [f"{prog} {__version__}", *(about() if about is not None else [])]
-            parser.exit(message="\n".join(lines) + "\n")
+            sys.stdout.write("\n".join(lines) + "\n")
+            parser.exit()
 
     parser = argparse.ArgumentParser(prog=prog, description=description, formatter_class=formatter_class())
     parser.add_argument("--version", action=Version, help="show the version and what this build can do")

@@ -81,7 +81,9 @@ def unsigned_build_error(setting: str, cause: Optional[BaseException] = None) ->
             "cannot verify the host's signed messages, and it never runs unsigned ones when a key is set"
         )
         fix = "install it (pip install cryptography)"
-    return SigningError(f"{setting} is set, but {what}. To go on: {fix}, or remove that setting to run unsigned")
+    return SigningError(
+        f"{setting} is set, but {what}. To go on: {fix}, or remove that setting to run unsigned"
+    )
 
 
 def require_signature_checks(setting: str) -> None:
