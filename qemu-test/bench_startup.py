@@ -6,23 +6,28 @@
 ``bench_guest.py`` compares the single file with onedir across separate guest boots, where the
 shared machine's load differs from boot to boot. This boots one guest and times
 ``vmr-handler --version`` of every agent in turn, round after round (the order rotates each
-round), so that the load falls on all of them alike. The agents: this tree's single file and
-``--onedir`` bundle (built with ``packaging/build.sh``), and any ``--agent LABEL=PATH`` given (a
-single file or an onedir executable built elsewhere, e.g. from another commit).
+round), so that the load falls on all of them alike. The agents: this tree's single file
+(``file``), its single file built ``--without-signatures`` (``file-nosig``: no ``cryptography``)
+and its ``--onedir`` bundle (``dir``), all built with ``packaging/build.sh``, and any
+``--agent LABEL=PATH`` given (a single file or an onedir executable built elsewhere, e.g. from
+another commit).
 
 The guest is ``qemu-test/build-guest.sh``'s busybox initramfs with one more cpio archive appended
 (the kernel unpacks concatenated archives in turn): the agents under ``/ab/<label>/`` and
 ``/ab.sh`` as the init (``rdinit=/ab.sh``), which mounts proc, devtmpfs and a tmpfs on ``/tmp`` (where a
 single file unpacks), runs the rounds, prints each run's start and end by ``/proc/uptime`` (10 ms
 steps) and powers off. The first round is a warm-up and is not counted. Figures per agent: p50
-(min-max, n) of the wall time of one ``--version`` and, for a single file, what it unpacks at
-each start (``bench_guest.unpacked``).
+(min-max, n) of the wall time of one ``--version``; its difference from onedir's in the same
+round (p50 and range: the load changes between rounds more than within one); for a single file,
+what it unpacks at each start (``bench_guest.unpacked``). The machine's load average (1 min)
+before and after the guest is printed with them: the machine is shared.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -65,6 +70,26 @@ done
 echo "ab: done"
 poweroff -f
 """
+
+
+def build_unsigned(out: Path) -> Path:
+    """This tree's single file built by ``packaging/build.sh --without-signatures`` into ``out``
+    (with a private PyInstaller cache, as ``guestlab.build_guest``); the executable's path.
+
+    Raises:
+        RuntimeError: the build failed (its output's tail).
+    """
+    env = {**os.environ, "PYTHON": sys.executable, "VMR_BUILD_WORK": str(out / "pyi")}
+    env["PYINSTALLER_CONFIG_DIR"] = str(out / "pyi-config")
+    for name in ("VMR_PYI_MODE", "VMR_PYI_COMPRESS", "VMR_PYI_SIGNATURES", "VMR_RUNTIME_TMPDIR"):
+        env.pop(name, None)
+    build = [str(REPO / "packaging" / "build.sh"), "--without-signatures", str(out / "dist")]
+    res = subprocess.run(
+        ["bash", *build], capture_output=True, text=True, timeout=gl.BUILD_TIMEOUT, env=env, cwd=REPO
+    )
+    if res.returncode != 0:
+        raise RuntimeError(f"build.sh --without-signatures failed ({res.returncode}):\n{res.stderr[-3000:]}")
+    return out / "dist" / "vmr-handler"
 
 
 def agent_root(path: Path) -> Path:
@@ -153,31 +178,58 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     builders = {"onefile": gl.build_guest(), "onedir": gl.build_guest(onedir=True)}
     try:
         guests = {kind: next(builder) for kind, builder in builders.items()}
-        agents = {"file": Path(guests["onefile"]["agent"]), "dir": Path(guests["onedir"]["agent"]), **extra}
-        unpacks = {label: bg.unpacked(exe) for label, exe in agents.items()}  # before the builds go
         with tempfile.TemporaryDirectory(prefix="vhab") as tmp:
+            agents = {
+                "file": Path(guests["onefile"]["agent"]),
+                "file-nosig": build_unsigned(Path(tmp) / "nosig"),
+                "dir": Path(guests["onedir"]["agent"]),
+                **extra,
+            }
+            unpacks = {label: bg.unpacked(exe) for label, exe in agents.items()}  # before the builds go
             console, appended = Path(tmp) / "console.log", Path(tmp) / "ab.cpio"
             extra_initrd(agents, args.rounds, appended)
+            load = [os.getloadavg()[0]]
             wall = boot(guests["onefile"]["kernel"], [Path(guests["onefile"]["initrd"]), appended], console)
+            load.append(os.getloadavg()[0])
             times = parse(console)
     finally:
         for builder in builders.values():
             for _ in builder:  # removes the build directory
                 pass
-    print(f"\none TCG guest, {args.rounds - 1} rounds (+1 warm-up), {wall:.0f} s\n")
-    print("| agent | `--version` in the guest | unpacked at each start |")
-    print("| --- | --- | --- |")
-    for label in agents:
-        up = unpacks[label]
-        what = f"{up['bytes'] / 1e6:.1f} MB, {up['files']} files" if up else "nothing: runs in place"
-        print(f"| {label} | {bg.fmt(times.get(label, []), 's', 1, 2)} | {what} |")
+    report(agents, times, unpacks, f"{args.rounds - 1} rounds (+1 warm-up), {wall:.0f} s", load)
     out = {
         label: {"version": times.get(label, []), "unpacked": unpacks[label], "exe": str(exe)}
         for label, exe in agents.items()
     }
     if args.json:
-        args.json.write_text(json.dumps({"rounds": args.rounds, "wall": wall, "agents": out}, indent=1))
+        doc = {"rounds": args.rounds, "wall": wall, "load1": load, "agents": out}
+        args.json.write_text(json.dumps(doc, indent=1))
     return 0
+
+
+def report(
+    agents: Dict[str, Path],
+    times: Dict[str, List[float]],
+    unpacks: Dict[str, Dict[str, int]],
+    what: str,
+    load: List[float],
+) -> None:
+    """Print the table: per agent, ``--version`` p50 (min-max, n) in s; minus onedir's (``dir``),
+    paired by round (the agents of one round ran back to back, under one load): p50 (min-max)
+    of the differences; and what it unpacks at each start. ``times``: per label, one value per
+    round in round order. ``load``: the 1-min load average before and after the guest."""
+    print(f"\none TCG guest, {what}; machine load (1 min) {load[0]:.1f} before, {load[-1]:.1f} after\n")
+    print("| agent | `--version` in the guest | minus onedir's, paired by round | unpacked at each start |")
+    print("| --- | --- | --- | --- |")
+    base = times.get("dir", [])
+    for label in agents:
+        up, mine = unpacks[label], times.get(label, [])
+        what = f"{up['bytes'] / 1e6:.1f} MB, {up['files']} files" if up else "nothing: runs in place"
+        diff = [a - b for a, b in zip(mine, base)] if len(mine) == len(base) and label != "dir" else []
+        gap = "-"
+        if diff:
+            gap = f"{bg.pct(diff, 50):+.2f} s ({min(diff):+.2f} to {max(diff):+.2f}, n={len(diff)})"
+        print(f"| {label} | {bg.fmt(mine, 's', 1, 2)} | {gap} | {what} |")
 
 
 if __name__ == "__main__":
