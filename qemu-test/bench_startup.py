@@ -65,6 +65,13 @@ while [ "$r" -lt {rounds} ]; do
         s=$(cut -d' ' -f1 /proc/uptime)
         /ab/$label/vmr-handler --version >/dev/null || echo "ab: $label failed"
         echo "ab-run $r $label $s $(cut -d' ' -f1 /proc/uptime)"
+        if [ -f /ab/$label/unpack-blocks ]; then  # a single file: as many bytes as its start writes
+            s=$(cut -d' ' -f1 /proc/uptime)
+            n=$(cat /ab/$label/unpack-blocks)
+            dd if=/ab/$label/vmr-handler of=/tmp/ab.copy bs=65536 count="$n" 2>/dev/null
+            echo "ab-copy $r $label $s $(cut -d' ' -f1 /proc/uptime)"
+            rm -f /tmp/ab.copy
+        fi
     done
 done
 echo "ab: done"
@@ -97,8 +104,9 @@ def agent_root(path: Path) -> Path:
     return path.parent if (path.parent / "_internal").is_dir() else path
 
 
-def extra_initrd(agents: Dict[str, Path], rounds: int, out: Path) -> None:
-    """Write the appended cpio archive (newc, uncompressed) with the agents and ``/ab.sh``."""
+def extra_initrd(agents: Dict[str, Path], rounds: int, out: Path, unpacks: Dict[str, Dict[str, int]]) -> None:
+    """Write the appended cpio archive (newc, uncompressed) with the agents and ``/ab.sh``; a single
+    file's ``unpack-blocks`` (64 KiB) beside it (``unpacks``: :func:`bench_guest.unpacked` per label)."""
     with tempfile.TemporaryDirectory(prefix="vhab") as tmp:
         root = Path(tmp)
         for label, exe in agents.items():
@@ -108,6 +116,8 @@ def extra_initrd(agents: Dict[str, Path], rounds: int, out: Path) -> None:
             else:
                 dest.mkdir(parents=True)
                 shutil.copy2(src, dest / "vmr-handler")
+            if unpacks.get(label):
+                (dest / "unpack-blocks").write_text(str(-(-unpacks[label]["bytes"] // 65536)))
         init = root / "ab.sh"
         init.write_text(AB_INIT.format(rounds=rounds, labels=" ".join(agents), count=len(agents)))
         init.chmod(0o755)
@@ -149,10 +159,11 @@ def boot(kernel: str, initrds: Sequence[Path], console: Path) -> float:
     return time.monotonic() - t0
 
 
-def parse(console: Path) -> Dict[str, List[float]]:
-    """Wall times (s) of ``--version`` per agent label, the warm-up round left out."""
+def parse(console: Path, tag: str = "ab-run") -> Dict[str, List[float]]:
+    """Wall times (s) per agent label in round order, the warm-up round left out: of ``--version``
+    (``tag`` ``ab-run``), or of copying a single file's unpacked bytes to tmpfs (``ab-copy``)."""
     times: Dict[str, List[float]] = {}
-    for rnd, label, start, end in re.findall(r"ab-run (\d+) (\S+) ([0-9.]+) ([0-9.]+)", console.read_text()):
+    for rnd, label, start, end in re.findall(rf"{tag} (\d+) (\S+) ([0-9.]+) ([0-9.]+)", console.read_text()):
         if int(rnd) > 1:
             times.setdefault(label, []).append(float(end) - float(start))
     return times
@@ -187,20 +198,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             }
             unpacks = {label: bg.unpacked(exe) for label, exe in agents.items()}  # before the builds go
             console, appended = Path(tmp) / "console.log", Path(tmp) / "ab.cpio"
-            extra_initrd(agents, args.rounds, appended)
+            extra_initrd(agents, args.rounds, appended, unpacks)
             load = [os.getloadavg()[0]]
             wall = boot(guests["onefile"]["kernel"], [Path(guests["onefile"]["initrd"]), appended], console)
             load.append(os.getloadavg()[0])
-            times = parse(console)
+            times, copies = parse(console), parse(console, "ab-copy")
     finally:
         for builder in builders.values():
             for _ in builder:  # removes the build directory
                 pass
-    report(agents, times, unpacks, f"{args.rounds - 1} rounds (+1 warm-up), {wall:.0f} s", load)
+    report(agents, times, unpacks, f"{args.rounds - 1} rounds (+1 warm-up), {wall:.0f} s", load, copies)
     out = {
-        label: {"version": times.get(label, []), "unpacked": unpacks[label], "exe": str(exe)}
+        label: {"version": times.get(label, []), "copy": copies.get(label, []), "unpacked": unpacks[label],
+                "exe": str(exe)}
         for label, exe in agents.items()
-    }
+    }  # fmt: skip
     if args.json:
         doc = {"rounds": args.rounds, "wall": wall, "load1": load, "agents": out}
         args.json.write_text(json.dumps(doc, indent=1))
@@ -213,14 +225,19 @@ def report(
     unpacks: Dict[str, Dict[str, int]],
     what: str,
     load: List[float],
+    copies: Dict[str, List[float]],
 ) -> None:
     """Print the table: per agent, ``--version`` p50 (min-max, n) in s; minus onedir's (``dir``),
     paired by round (the agents of one round ran back to back, under one load): p50 (min-max)
     of the differences; and what it unpacks at each start. ``times``: per label, one value per
-    round in round order. ``load``: the 1-min load average before and after the guest."""
+    round in round order. ``load``: the 1-min load average before and after the guest.
+    ``copies``: per single file, the time to copy the bytes its start unpacks (s, per round)."""
     print(f"\none TCG guest, {what}; machine load (1 min) {load[0]:.1f} before, {load[-1]:.1f} after\n")
-    print("| agent | `--version` in the guest | minus onedir's, paired by round | unpacked at each start |")
-    print("| --- | --- | --- | --- |")
+    print(
+        "| agent | `--version` in the guest | minus onedir's, paired by round | unpacked at each start "
+        "| copying those bytes in the guest |"
+    )
+    print("| --- | --- | --- | --- | --- |")
     base = times.get("dir", [])
     for label in agents:
         up, mine = unpacks[label], times.get(label, [])
@@ -229,7 +246,8 @@ def report(
         gap = "-"
         if diff:
             gap = f"{bg.pct(diff, 50):+.2f} s ({min(diff):+.2f} to {max(diff):+.2f}, n={len(diff)})"
-        print(f"| {label} | {bg.fmt(mine, 's', 1, 2)} | {gap} | {what} |")
+        copy = bg.fmt(copies.get(label, []), "s", 1, 2) if copies.get(label) else "-"
+        print(f"| {label} | {bg.fmt(mine, 's', 1, 2)} | {gap} | {what} | {copy} |")
 
 
 if __name__ == "__main__":
