@@ -132,9 +132,12 @@ def extra_initrd(agents: Dict[str, Path], rounds: int, out: Path, unpacks: Dict[
             )
 
 
-def boot(kernel: str, initrds: Sequence[Path], console: Path) -> float:
+def boot(kernel: str, initrds: Sequence[Path], console: Path, icount: Optional[int] = None) -> float:
     """Boot the guest until it powers off; the wall time, s. The initrds are concatenated, each
-    padded with zeros to 4 bytes (an uncompressed cpio after a compressed one must start aligned)."""
+    padded with zeros to 4 bytes (an uncompressed cpio after a compressed one must start aligned).
+    ``icount``: run QEMU with ``-icount shift=N,sleep=off``: the guest's clock then counts its
+    instructions (2**N ns each) instead of following the host's, so its times do not depend on
+    the machine's load (QEMU's "icount" docs)."""
     initrd = console.with_name("initrd.img")
     with initrd.open("wb") as fh:
         for part in initrds:
@@ -144,6 +147,7 @@ def boot(kernel: str, initrds: Sequence[Path], console: Path) -> float:
         "qemu-system-x86_64", "-accel", "tcg", "-m", "1024", "-smp", "1", "-nographic", "-no-reboot",
         "-nic", "none", "-monitor", "none", "-serial", f"file:{console}", "-kernel", kernel,
         "-initrd", str(initrd), "-append", "console=ttyS0 panic=-1 quiet rdinit=/ab.sh",
+        *(["-icount", f"shift={icount},sleep=off"] if icount is not None else []),
     ]  # fmt: skip
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -170,11 +174,17 @@ def parse(console: Path, tag: str = "ab-run") -> Dict[str, List[float]]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Build this tree's two kinds and the guest, boot it once, print the table (and ``--json``)."""
+    """Build this tree's three agents and the guest, boot it once, print the table (and ``--json``)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=11, help="rounds, the first one a warm-up (default 11)")
     ap.add_argument("--agent", action="append", default=[], metavar="LABEL=PATH", help="one more agent")
     ap.add_argument("--json", type=Path, help="also write every figure here")
+    ap.add_argument(
+        "--icount",
+        type=int,
+        metavar="SHIFT",
+        help="time by guest instructions (QEMU -icount shift=SHIFT: 2**SHIFT ns each), not wall time",
+    )
     args = ap.parse_args(argv)
     if args.rounds < 2:
         ap.error("--rounds must be at least 2 (the first one is a warm-up)")
@@ -200,21 +210,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             console, appended = Path(tmp) / "console.log", Path(tmp) / "ab.cpio"
             extra_initrd(agents, args.rounds, appended, unpacks)
             load = [os.getloadavg()[0]]
-            wall = boot(guests["onefile"]["kernel"], [Path(guests["onefile"]["initrd"]), appended], console)
+            initrds = [Path(guests["onefile"]["initrd"]), appended]
+            wall = boot(guests["onefile"]["kernel"], initrds, console, args.icount)
             load.append(os.getloadavg()[0])
             times, copies = parse(console), parse(console, "ab-copy")
     finally:
         for builder in builders.values():
             for _ in builder:  # removes the build directory
                 pass
-    report(agents, times, unpacks, f"{args.rounds - 1} rounds (+1 warm-up), {wall:.0f} s", load, copies)
+    clock = "wall time" if args.icount is None else f"instruction count (-icount shift={args.icount})"
+    what = f"{args.rounds - 1} rounds (+1 warm-up), {wall:.0f} s, the guest's clock: {clock}"
+    report(agents, times, unpacks, what, load, copies)
     out = {
         label: {"version": times.get(label, []), "copy": copies.get(label, []), "unpacked": unpacks[label],
                 "exe": str(exe)}
         for label, exe in agents.items()
     }  # fmt: skip
     if args.json:
-        doc = {"rounds": args.rounds, "wall": wall, "load1": load, "agents": out}
+        doc = {"rounds": args.rounds, "wall": wall, "load1": load, "icount": args.icount, "agents": out}
         args.json.write_text(json.dumps(doc, indent=1))
     return 0
 
