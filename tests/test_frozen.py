@@ -47,7 +47,8 @@ def _unpack_dir() -> Path:
 def _build(out: Path, *options: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHON": sys.executable, "VMR_BUILD_WORK": str(out / "work")}
     env.pop("VMR_PYI_MODE", None)
-    env.pop("VMR_RUNTIME_TMPDIR", None)
+    for name in ("VMR_RUNTIME_TMPDIR", "VMR_PYI_COMPRESS", "VMR_PYI_SIGNATURES"):
+        env.pop(name, None)
     try:
         res = subprocess.run(
             ["bash", str(REPO / "packaging" / "build.sh"), *options, str(out / "dist")],
@@ -80,6 +81,16 @@ def onedir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("onedir")
     res = _build(out, "--onedir")
     exe = out / "dist" / "vmr-handler" / "vmr-handler"
+    assert exe.is_file() and os.access(exe, os.X_OK), res.stdout
+    return exe
+
+
+@pytest.fixture(scope="session")
+def unsigned(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The single file of ``build.sh --without-signatures``: no ``cryptography`` inside."""
+    out = tmp_path_factory.mktemp("unsigned")
+    res = _build(out, "--without-signatures")
+    exe = out / "dist" / "vmr-handler"
     assert exe.is_file() and os.access(exe, os.X_OK), res.stdout
     return exe
 
@@ -193,7 +204,69 @@ def test_onedir_bundle_runs_without_unpacking(onedir: Path, tmp_path: Path) -> N
 def test_version_reports_package_version(frozen: Path) -> None:
     res = _run(frozen, "--version")
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == f"vmr-handler {vmr_handler.__version__}"
+    assert res.stdout.splitlines() == [
+        f"vmr-handler {vmr_handler.__version__}",
+        "signature checks: built in (Ed25519, cryptography)",
+    ]
+
+
+def test_without_signatures_carries_no_cryptography(frozen: Path, unsigned: Path) -> None:
+    """``build.sh --without-signatures`` leaves out cryptography's Rust library, its modules and
+    metadata, the cffi backend only it imports and its runtime hook; the default build keeps them."""
+    gone = ("cryptography", "_cffi_backend", "cffi", "pyi_rth_cryptography_openssl")
+
+    def carried(exe: Path) -> List[str]:
+        names = _archive(exe) + _base_library(exe)
+        return sorted(n for n in names for g in gone if re.match(rf"{g}([./_-]|$)", n))
+
+    kept = carried(frozen)
+    assert (
+        "cryptography/hazmat/bindings/_rust.abi3.so" in kept
+        and "cryptography.hazmat.primitives.asymmetric.ed25519" in kept
+    )
+    assert any(n.startswith("_cffi_backend.") for n in kept), kept
+    assert carried(unsigned) == [], f"the --without-signatures build still carries {carried(unsigned)}"
+    assert unsigned.stat().st_size < frozen.stat().st_size - 10_000_000, "11 MB of Rust library less"
+    res = _run(unsigned, "--version")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == [
+        f"vmr-handler {vmr_handler.__version__}",
+        "signature checks: not built in (built with packaging/build.sh --without-signatures);"
+        " a public_key is refused",
+    ]
+
+
+@pytest.mark.parametrize("where", ["--public-key", "config", "fw_cfg"])
+def test_without_signatures_refuses_a_public_key_at_once(unsigned: Path, tmp_path: Path, where: str) -> None:
+    """With a key set by the flag, the config file or the fw_cfg blob, the agent built without
+    signature checks stops before it touches its state dir or its channel (which does not exist:
+    going on, it would retry it forever) with one error naming the setting and the way out."""
+    from vmr_handler.core.wire.signing import generate_keypair
+
+    _private, public = generate_keypair()
+    key = tmp_path / "host.pub"
+    key.write_bytes(public)
+    config, fw_cfg = tmp_path / "config.yaml", tmp_path / "fw_cfg.yaml"
+    config.write_text("vm_name: vm1\n" + (f"public_key: {key}\n" if where == "config" else ""))
+    fw_cfg.write_text("transport: virtio-serial\n" + (f"public_key: {key}\n" if where == "fw_cfg" else ""))
+    args = ["run", "--config", str(config), "--fw-cfg", str(fw_cfg), "--port", f"unix:{tmp_path}/none.sock",
+            "--state-dir", str(tmp_path / "st"), "--launch-dir", str(tmp_path / "la")]  # fmt: skip
+    if where == "--public-key":
+        args += ["--public-key", str(key)]
+    res = _run(unsigned, *args)
+    setting = {
+        "--public-key": "--public-key",
+        "config": f"public_key in {config}",
+        "fw_cfg": f"public_key in {fw_cfg}",
+    }
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert res.stderr.splitlines() == [
+        f"vmr-handler: error: {setting[where]} is set, but this vmr-handler was built without signature "
+        "checks (packaging/build.sh --without-signatures), so it cannot verify the host's signed schedules, "
+        "start times and RESUMEs, and it never runs unsigned ones when a key is set. To go on: rebuild the "
+        "agent with packaging/build.sh without --without-signatures, or remove that setting to run unsigned"
+    ]
+    assert not (tmp_path / "st").exists() and not (tmp_path / "la").exists(), "nothing started"
 
 
 def test_completion_script(frozen: Path) -> None:
@@ -304,6 +377,7 @@ def test_entries_see_the_guests_environment_and_run_firewheel_lines(
     assert lines == [
         f"LD={original or 'unset'} PYI=unset TMP=unset in /",
         f"vmr-handler {vmr_handler.__version__}",
+        "signature checks: built in (Ed25519, cryptography)",
         "fired",
     ]
     exited = {e["data"]["index"]: e["data"] for e in events if e["type"] == "entry_exited"}
@@ -334,7 +408,11 @@ def lab() -> Iterator[Path]:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def test_connected_to_real_host(frozen: Path, lab: Path) -> None:
+@pytest.mark.parametrize("build", ["frozen", "unsigned"])
+def test_connected_to_real_host(build: str, request: pytest.FixtureRequest, lab: Path) -> None:
+    """The single file (and the one built ``--without-signatures``, with no key) plays its
+    schedule under a real ``vmr-host serve`` over a unix socket."""
+    frozen = request.getfixturevalue(build)
     d, logs, ch = lab / "D", lab / "L", lab / "C"
     unpack = _unpack_dir()
     for p in (d, logs, ch):

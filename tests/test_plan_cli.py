@@ -243,4 +243,7 @@ def test_check_bad_exits_2(tmp_path: Path) -> None:
 def test_version() -> None:
     proc = run_cli("--version")
     assert proc.returncode == 0
-    assert proc.stdout.strip() == f"vmr-handler {vmr_handler.__version__}"
+    assert proc.stdout.splitlines() == [
+        f"vmr-handler {vmr_handler.__version__}",
+        "signature checks: built in (Ed25519, cryptography)",
+    ]

@@ -181,14 +181,31 @@ def formatter_class() -> Any:
     return Formatter
 
 
-def top_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    """The parser of ``prog`` with the global flags both CLIs have: ``--version`` and ``-v``."""
+def top_parser(
+    prog: str, description: str, about: Optional[Callable[[], List[str]]] = None
+) -> argparse.ArgumentParser:
+    """The parser of ``prog`` with the global flags both CLIs have: ``--version`` and ``-v``.
+
+    ``--version`` prints ``<prog> <version>``, then the lines ``about()`` returns (called only
+    when ``--version`` is given; what this build can do), and exits 0.
+    """
     import argparse
 
-    from vmr_handler import __version__
+    class Version(argparse.Action):
+        def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+            super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+        def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+            import sys
+
+            from vmr_handler import __version__
+
+            lines = [f"{prog} {__version__}", *(about() if about is not None else [])]
+            sys.stdout.write("\n".join(lines) + "\n")
+            parser.exit()
 
     parser = argparse.ArgumentParser(prog=prog, description=description, formatter_class=formatter_class())
-    parser.add_argument("--version", action="version", version=f"{prog} {__version__}")
+    parser.add_argument("--version", action=Version, help="show the version and what this build can do")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
 

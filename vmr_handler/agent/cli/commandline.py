@@ -94,8 +94,16 @@ def _parser(only: Optional[str] = ALL) -> argparse.ArgumentParser:
     parser = top_parser(
         "vmr-handler",
         "Plays this VM's part of an experiment: stages, start barrier, timed entries, pause/break/RESUME.",
+        about=_about,
     )
     return build_parser(parser, COMMANDS, only)
+
+
+def _about() -> List[str]:
+    """``--version``'s lines after the version: whether signature checks are built in."""
+    from vmr_handler.agent.machine.features import about_lines
+
+    return about_lines()
 
 
 def _add_allow_class(p: argparse.ArgumentParser) -> None:
@@ -452,6 +460,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         if name:
             agent_config.vm_name = name
         agent_config.public_key = _setting(args, settings, "public_key", None)
+        if agent_config.public_key:  # before anything starts: a key this build cannot check
+            from vmr_handler.agent.machine.features import require_signature_checks
+
+            require_signature_checks(_key_setting(args))
         agent_config.http_ca_file = _setting(args, settings, "http_ca_file", None)
         if "signature_max_age" in settings:
             agent_config.signature_max_age = float(settings["signature_max_age"])
@@ -483,6 +495,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     from vmr_handler.agent.cli._localrun import run_local
 
     return asyncio.run(run_local(schedule, config, args.report, args.quiet, args.kpi_interval))
+
+
+def _key_setting(args: argparse.Namespace) -> str:
+    """Where ``run``'s public key is set, for messages: ``--public-key``, else ``public_key in
+    FILE`` (the fw_cfg blob, which wins, then the config file)."""
+    if args.public_key:
+        return "--public-key"
+    for path, default in ((args.fw_cfg, DEFAULT_FW_CFG), (args.config, DEFAULT_CONFIG)):
+        if load_config(path, default).get("public_key"):
+            return f"public_key in {path or default}"
+    return "public_key"
 
 
 def _default_timeout(args: argparse.Namespace, settings: Dict[str, Any]) -> Optional[float]:

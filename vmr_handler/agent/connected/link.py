@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Optional
 
 from vmr_handler import __version__
 from vmr_handler.agent.connected._stamps import NotedEvents, PresyncGate, PresyncStamps
+from vmr_handler.agent.machine.features import unsigned_build_error
 from vmr_handler.agent.state.journal import JOURNAL_NAME
 from vmr_handler.agent.state.outbox import Outbox
 from vmr_handler.core.clock import SystemClock
@@ -133,8 +134,10 @@ class HostLink:
             P.HEARTBEAT: self._on_heartbeat,
         }
         if config.public_key:
-            from vmr_handler.core.wire.signing import Verifier, load_public_key
-
+            try:
+                from vmr_handler.core.wire.signing import Verifier, load_public_key
+            except ImportError as exc:  # never run unsigned control messages when a key is set
+                raise unsigned_build_error("public_key", exc) from exc
             self.verifier = Verifier(
                 load_public_key(config.public_key),
                 os.path.join(config.state_dir, "signed-ids.json"),
