@@ -18,6 +18,8 @@ import os
 import re
 import shlex
 import shutil
+from itertools import chain, compress, repeat
+from operator import add, and_, attrgetter, eq, is_not, ne, not_, or_
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from vmr_handler.core.errors import EntryError
@@ -36,12 +38,16 @@ def format_start_time(start_time: float) -> str:
     return repr(float(start_time))
 
 
+_START, _EXECUTABLE, _INDEX = attrgetter("start_time"), attrgetter("executable"), attrgetter("index")
+_DATA, _LOCATION = attrgetter("data"), attrgetter("location")
+
+
 def _dir_name(executable: Optional[str]) -> str:
     base = os.path.basename(executable.rstrip("/")) or "entry" if executable else "data"
     return base.replace(os.sep, "_") if base not in (".", "..") else "entry"
 
 
-def working_dirs(entries: List[ScheduleEntry], launch_dir: str) -> Dict[int, str]:
+def working_dirs(entries: Sequence[ScheduleEntry], launch_dir: str) -> Dict[int, str]:
     """Working directory of every entry: ``<launch_dir>/<start_time>/<name>[_N]``.
 
     ``name`` is the executable's base name (``data`` for data-only entries); the second
@@ -51,52 +57,105 @@ def working_dirs(entries: List[ScheduleEntry], launch_dir: str) -> Dict[int, str
     Returns:
         ``{entry index: absolute path}``.
     """
-    return _numbered_dirs(((e.index, e.start_time, e.executable) for e in entries), launch_dir)
+    starts = list(map(_START, entries))
+    texts = start_time_texts(starts)
+    dirs = _numbered_dirs(texts, list(map(_EXECUTABLE, entries)), launch_dir)
+    return dict(zip(map(_INDEX, entries), dirs))
 
 
 def working_dirs_of(
-    starts: Sequence[float], executables: Sequence[Optional[str]], wanted: Iterable[int], launch_dir: str
+    starts: Sequence[float],
+    executables: Sequence[Optional[str]],
+    wanted: Iterable[int],
+    launch_dir: str,
+    texts: Optional[Sequence[str]] = None,
 ) -> Dict[int, str]:
     """:func:`working_dirs` of the entries at the indices ``wanted`` of a schedule given as
     columns (entry ``i``: ``starts[i]``, ``executables[i]``). Only the entries at the same start
     times are looked at (two entries share a directory only when their start times are equal),
-    so a few entries of a big schedule cost a pass over the start times.
+    so a few entries of a big schedule cost a pass over the start times. ``texts``: the
+    :func:`start_time_texts` of ``starts`` when the caller has them (else spelled here).
 
     Returns:
         ``{entry index: absolute path}`` for every index in ``wanted``.
     """
     wanted = sorted(set(wanted))
+    return dict(zip(wanted, _dirs_of(starts, executables, wanted, launch_dir, texts)))
+
+
+def _dirs_of(
+    starts: Sequence[float],
+    executables: Sequence[Optional[str]],
+    wanted: List[int],
+    launch_dir: str,
+    texts: Optional[Sequence[str]],
+) -> List[str]:
+    """The working dirs of the entries at the ascending distinct indices ``wanted``, in that
+    order (:func:`working_dirs_of`)."""
     if not wanted:
-        return {}
-    times = {starts[i] for i in wanted}
-    same = [i for i, t in enumerate(starts[: wanted[-1] + 1]) if t in times]
-    dirs = _numbered_dirs(((i, starts[i], executables[i]) for i in same), launch_dir)
-    return {i: dirs[i] for i in wanted}
+        return []
+    end = wanted[-1] + 1
+    times = set(map(starts.__getitem__, wanted))
+    same = list(compress(range(end), map(times.__contains__, starts[:end])))
+    if texts is None:
+        spelled = start_time_texts(list(map(starts.__getitem__, same)))
+    else:
+        spelled = list(map(texts.__getitem__, same))
+    dirs = _numbered_dirs(spelled, list(map(executables.__getitem__, same)), launch_dir)
+    if len(same) == len(wanted):
+        return dirs
+    return list(compress(dirs, map(set(wanted).__contains__, same)))
 
 
-def _numbered_dirs(items: Iterable[Tuple[int, float, Optional[str]]], launch_dir: str) -> Dict[int, str]:
-    """``{index: <launch_dir>/<start_time>/<name>[_N]}`` of ``(index, start_time, executable)``
-    items, numbered in the order given (:func:`working_dirs`)."""
-    seen: Dict[str, int] = {}
-    result: Dict[int, str] = {}
+def _numbered_dirs(texts: List[str], executables: List[Optional[str]], launch_dir: str) -> List[str]:
+    """``<launch_dir>/<start_time>/<name>[_N]`` of the entries whose start times are spelled
+    ``texts`` (:func:`start_time_texts`) and executables are ``executables``, numbered in the
+    order given (:func:`working_dirs`). Each distinct executable's name is made once; only the
+    entries whose directory an earlier one has are numbered one by one."""
     root = os.path.abspath(launch_dir)
-    # os.path.join(root, time, name): neither part is empty or starts with "/"; each distinct
-    # start time and executable is spelled once (100 000 entries: a few dict look-ups each)
+    # os.path.join(root, time, name): neither part is empty or starts with "/"
     prefix = root if root.endswith("/") else root + "/"
-    times: Dict[float, str] = {}
-    names: Dict[Optional[str], str] = {}
-    for index, start, executable in items:
-        time_text = times.get(start)
-        if time_text is None:
-            time_text = times[start] = prefix + format_start_time(start) + "/"
-        name = names.get(executable)
-        if name is None:
-            name = names[executable] = _dir_name(executable)
-        base = time_text + name
-        count = seen.get(base, 0)
-        seen[base] = count + 1
-        result[index] = base if count == 0 else f"{base}_{count}"
-    return result
+    names = {exe: "/" + _dir_name(exe) for exe in set(executables)}
+    bases = list(map(add, map(prefix.__add__, texts), map(names.__getitem__, executables)))
+    positions = range(len(bases))
+    first = dict(zip(reversed(bases), reversed(positions)))  # written backwards: the first wins
+    if len(first) == len(bases):
+        return bases
+    seen: Dict[str, int] = {}
+    for pos in compress(positions, map(ne, map(first.__getitem__, bases), positions)):
+        base = bases[pos]
+        count = seen[base] = seen.get(base, 0) + 1
+        bases[pos] = f"{base}_{count}"
+    return bases
+
+
+def start_time_texts(values: Sequence[float]) -> List[str]:
+    """:func:`format_start_time` of every value in ``values`` (seconds)."""
+    texts, others = trimmed_reprs(values, _POSITIONAL)
+    for index in others:
+        texts[index] = format_start_time(values[index])
+    return texts
+
+
+#: Floats below this (in magnitude) have a positional ``repr``.
+_POSITIONAL = 1e16
+
+
+def trimmed_reprs(values: Sequence[float], bound: float) -> Tuple[List[str], List[int]]:
+    """``repr(v)`` without a trailing ``.0`` of every float ``v`` in ``values`` (``2.5``,
+    ``3`` for ``3.0``), and the positions of the values that are 0 (also ``-0.0``), infinite,
+    NaN or not inside ``+-bound``: those a caller spells by its own rule. The repr of a finite
+    integral float below 1e16 ends in ``.0`` and no other does, so one C loop spells nearly
+    all; ``bound`` must not be over 1e16."""
+    texts = list(map(str.removesuffix, map(repr, values), repeat(".0")))
+    if values:
+        try:
+            total = sum(values)  # NaN or inf when any is
+        except OverflowError:
+            total = math.nan
+        if total - total == 0.0 and min(values) > -bound and max(values) < bound and 0 not in values:
+            return texts, []
+    return texts, [i for i, v in enumerate(values) if not -bound < v < bound or v == 0]
 
 
 def target_path(location: str, workdir: str) -> str:
@@ -116,42 +175,78 @@ def dropped_item(entry: ScheduleEntry) -> Optional[DropItem]:
     if not exe or os.path.isabs(exe):
         return None
     for item in entry.data:
-        if not isinstance(item, (ContentDrop, FileDrop)) or os.path.isabs(item.location):
-            continue
-        names = {os.path.normpath(item.location), os.path.basename(item.location)}
-        if isinstance(item, FileDrop):
-            names.add(item.filename)
-        if exe in names or os.path.normpath(exe) in names:
+        if isinstance(item, (ContentDrop, FileDrop)) and _names(
+            exe, item.location, getattr(item, "filename", None)
+        ):
             return item
     return None
 
 
+def _names(exe: str, location: str, filename: Optional[str]) -> bool:
+    """True when the relative ``exe`` names the drop at ``location`` (of the VM-resource file
+    ``filename``; None: a content drop), as :func:`dropped_item` decides."""
+    if os.path.isabs(location):
+        return False
+    names = {os.path.normpath(location), os.path.basename(location), filename}
+    return exe in names or os.path.normpath(exe) in names
+
+
 def running_drops(entries: Iterable[ScheduleEntry]) -> Dict[int, DropItem]:
     """``{entry index: dropped_item(entry)}`` of the ``entries`` that run a file they drop
-    (:func:`dropped_item` not None). Whether an executable names a drop depends only on the
-    two, so each distinct (executable, location, file name) is decided once: 100 000 entries
-    with data cost a dictionary look-up per item."""
-    names: Dict[Tuple[str, str, Optional[str]], bool] = {}
+    (:func:`dropped_item` not None), in no particular order.
+
+    Whether an executable names a drop depends only on the executable, the location and the
+    file name: the entries are taken executable by executable (the relative ones: an absolute
+    executable names no drop), each distinct location is decided once, and the items are
+    walked as columns (C loops; 100 000 entries with data: a few passes, no Python call per
+    entry). Past :data:`_GROUPS` distinct relative executables, entry by entry.
+    """
+    listed = list(entries)
+    with_data = list(compress(listed, map(_DATA, listed)))
+    exes = list(map(_EXECUTABLE, with_data))
+    distinct = set(exes)
+    groups = [exe for exe in distinct if exe and not os.path.isabs(exe)]
+    if len(groups) > _GROUPS:
+        return {e.index: item for e in with_data for item in [dropped_item(e)] if item is not None}
     found: Dict[int, DropItem] = {}
-    for entry in entries:
-        exe = entry.executable
-        if not exe or not entry.data:
-            continue
-        for item in entry.data:
-            if isinstance(item, ContentDrop):
-                key: Tuple[str, str, Optional[str]] = (exe, item.location, None)
-            elif isinstance(item, FileDrop):
-                key = (exe, item.location, item.filename)
-            else:
-                continue
-            named = names.get(key)
-            if named is None:
-                alone = ScheduleEntry(entry.index, entry.start_time, exe, data=(item,))
-                named = names[key] = dropped_item(alone) is not None
-            if named:
-                found[entry.index] = item
-                break
+    for exe in groups:
+        runs = with_data if len(distinct) == 1 else list(compress(with_data, map(eq, exes, repeat(exe))))
+        found.update(_named_drops(exe, runs))
     return found
+
+
+#: Distinct relative executables past which :func:`running_drops` goes entry by entry.
+_GROUPS = 16
+
+
+def _named_drops(exe: str, entries: List[ScheduleEntry]) -> Dict[int, DropItem]:
+    """:func:`running_drops` of ``entries``, which all run the relative ``exe`` and have data."""
+    datas = list(map(_DATA, entries))
+    items = list(chain.from_iterable(datas))
+    single = len(items) == len(entries)  # one item each (no entry has an empty data tuple)
+    if single:
+        indices = list(map(_INDEX, entries))
+    else:
+        indices = list(chain.from_iterable(map(repeat, map(_INDEX, entries), map(len, datas))))
+    types = set(map(type, items))
+    if not _DROP_TYPES.issuperset(types):  # transfers out, or a subclass
+        drops = list(map(isinstance, items, repeat((ContentDrop, FileDrop))))
+        items, indices = list(compress(items, drops)), list(compress(indices, drops))
+    locations = list(map(_LOCATION, items))
+    named = {location: _names(exe, location, None) for location in set(locations)}
+    flags = list(map(named.__getitem__, locations))
+    exe_names = {exe, os.path.normpath(exe)}
+    if not all(flags) and any(issubclass(t, FileDrop) for t in types):  # named by its VM-resource file?
+        by_file = map(exe_names.__contains__, map(getattr, items, repeat("filename"), repeat(None)))
+        relative = {location: not os.path.isabs(location) for location in named}
+        flags = list(map(or_, flags, map(and_, map(relative.__getitem__, locations), by_file)))
+    if single:
+        return dict(zip(compress(indices, flags), compress(items, flags)))
+    # the first item named of each entry: the last one written when written backwards
+    return dict(zip(reversed(list(compress(indices, flags))), reversed(list(compress(items, flags)))))
+
+
+_DROP_TYPES = frozenset((ContentDrop, FileDrop))
 
 
 def dropped_line(item: DropItem, workdir: str, arguments: str) -> str:
@@ -159,6 +254,69 @@ def dropped_line(item: DropItem, workdir: str, arguments: str) -> str:
     (:func:`dropped_item`), in the working dir ``workdir``: the file's path, shell-quoted only
     when it needs quoting, and the arguments."""
     return _plain_line(shlex.quote(target_path(item.location, workdir)), arguments)
+
+
+def dropped_lines(
+    columns: Tuple[Sequence[float], Sequence[Optional[str]], Sequence[str]],
+    entries: Iterable[ScheduleEntry],
+    launch_dir: str,
+    texts: Optional[Sequence[str]] = None,
+) -> Dict[int, str]:
+    """``{entry index: command line}`` (:func:`command_line`, working dirs under
+    ``launch_dir``) of the ``entries`` that run a file they drop, in a schedule given as
+    ``columns`` ``(starts, executables, arguments)`` (entry ``i``: ``starts[i]``,
+    ``executables[i]``, ``arguments[i]``; ``entries``: its entries with data, or more).
+    ``texts``: the :func:`start_time_texts` of ``starts`` when the caller has them.
+
+    A line is the dropped file's path, ``<working dir>/<location>`` normalised and
+    shell-quoted when it needs it, then the arguments. Where the location stays under the
+    working dir and the launch dir, the executable's name and the location need no quoting
+    (decided once per distinct one), the paths are joined as columns; any other entry takes
+    :func:`dropped_line`.
+
+    Returns:
+        ``{entry index: command line}``, in ascending index order.
+    """
+    starts, executables, arguments = columns
+    drops = running_drops(entries)
+    if not drops:
+        return {}
+    indices = sorted(drops)
+    dirs = _dirs_of(starts, executables, indices, launch_dir, texts)
+    items = list(map(drops.__getitem__, indices))
+    root = os.path.abspath(launch_dir)
+    plain = os.sep == "/" and _UNSAFE(root) is None  # a start time needs no quoting
+    exes = list(map(executables.__getitem__, indices))
+    names = {exe: plain and _UNSAFE(_dir_name(exe)) is None for exe in set(exes)}
+    tails = {location: _tail(location) for location in set(map(_LOCATION, items))}
+    suffixes = list(map(tails.__getitem__, map(_LOCATION, items)))
+    spaced = list(map(arguments.__getitem__, indices))
+    spaced = [f" {a}" if a else "" for a in spaced] if "" in spaced else list(map(" ".__add__, spaced))
+    fast = list(map(and_, map(names.__getitem__, exes), map(is_not, suffixes, repeat(None))))
+    if all(fast):
+        return dict(zip(indices, map(add, map(add, dirs, suffixes), spaced)))
+    lines = [f"{d}{s}{a}" if f else "" for d, s, a, f in zip(dirs, suffixes, spaced, fast)]
+    for k in compress(range(len(lines)), map(not_, fast)):
+        lines[k] = dropped_line(items[k], dirs[k], spaced[k][1:])
+    return dict(zip(indices, lines))
+
+
+#: A character that makes ``shlex.quote`` quote a word (its own test).
+_UNSAFE = re.compile(r"[^\w@%+=:,./-]", re.ASCII).search
+
+
+def _tail(location: str) -> Optional[str]:
+    """What follows a working dir in the normalised path of a file dropped at ``location``
+    (relative to it): ``""`` or ``/<normalised location>``; None when the location is absolute,
+    leaves the working dir (``..``) or needs shell quoting."""
+    if os.path.isabs(location):
+        return None
+    norm = os.path.normpath(location)
+    if norm == ".":
+        return ""
+    if norm == ".." or norm.startswith("../") or _UNSAFE(norm) is not None:
+        return None
+    return "/" + norm
 
 
 def dropped_path(entry: ScheduleEntry, workdir: str) -> Optional[str]:
