@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import sys
 from bisect import bisect_left
+from itertools import repeat
+from operator import add, sub
 from typing import TYPE_CHECKING, Any, Callable, Iterator, List, NamedTuple, Sequence, Tuple
 
 if TYPE_CHECKING:
@@ -181,8 +183,12 @@ def _kind_texts(plan: PlanColumns) -> List[str]:
 def _plain_texts(schedule: ScheduleColumns) -> bool:
     """True when no executable or arguments hold a character JSON escapes (``"``, ``\\``, a
     control or non-ASCII character): the JSON of their line is then the line in quotes."""
-    texts = "".join(filter(None, set(schedule.executables))) + "".join(schedule.arguments)
-    return texts.isascii() and texts.isprintable() and '"' not in texts and "\\" not in texts
+    return _plain("".join(filter(None, set(schedule.executables))) + "".join(schedule.arguments))
+
+
+def _plain(text: str) -> bool:
+    """True when JSON escapes no character of ``text``: its JSON is then ``text`` in quotes."""
+    return text.isascii() and text.isprintable() and '"' not in text and "\\" not in text
 
 
 def _command_texts(
@@ -201,9 +207,12 @@ def _command_texts(
 
     exes, args, plain = schedule.executables, schedule.arguments, _plain_texts(schedule)
     columns = (schedule.starts, exes, args)
-    lines = dropped_lines(columns, schedule.others.values(), launch_dir, dirs)  # ascending indices
-    order = list(lines)
-    dropped = dict(zip(order, map(quoted, lines.values())))
+    lines = dropped_lines(columns, schedule.others, launch_dir, dirs)  # ascending indices
+    order, dropped = list(lines), list(lines.values())
+    if _plain("".join(dropped)):
+        dropped = list(map(add, map('"'.__add__, dropped), repeat('"')))
+    else:
+        dropped = list(map(quoted, dropped))
 
     def texts(first: int, end: int) -> List[str]:
         pairs = zip(exes[first:end], args[first:end])
@@ -211,8 +220,8 @@ def _command_texts(
             lines = [(f'"{exe} {arg}"' if arg else f'"{exe}"') if exe else "null" for exe, arg in pairs]
         else:
             lines = ["null" if not exe else quoted(f"{exe} {arg}" if arg else exe) for exe, arg in pairs]
-        for index in order[bisect_left(order, first) : bisect_left(order, end)]:
-            lines[index - first] = dropped[index]
+        low, high = bisect_left(order, first), bisect_left(order, end)
+        list(map(lines.__setitem__, map(sub, order[low:high], repeat(first)), dropped[low:high]))
         return lines
 
     return texts

@@ -19,11 +19,11 @@ import re
 import shlex
 import shutil
 from itertools import chain, compress, repeat
-from operator import add, and_, attrgetter, eq, is_not, ne, not_, or_
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from operator import add, and_, attrgetter, eq, is_not, itemgetter, ne, not_, or_
+from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from vmr_handler.core.errors import EntryError
-from vmr_handler.core.schedule.model import ContentDrop, FileDrop, ScheduleEntry
+from vmr_handler.core.schedule.model import ContentDrop, DataItem, FileDrop, ScheduleEntry
 
 #: A data item that drops a file: content, or a VM resource.
 DropItem = Union[ContentDrop, FileDrop]
@@ -153,7 +153,7 @@ def trimmed_reprs(values: Sequence[float], bound: float) -> Tuple[List[str], Lis
             total = sum(values)  # NaN or inf when any is
         except OverflowError:
             total = math.nan
-        if total - total == 0.0 and min(values) > -bound and max(values) < bound and 0 not in values:
+        if total - total == 0.0 and min(values) > -bound and max(values) < bound and 0.0 not in values:
             return texts, []
     return texts, [i for i, v in enumerate(values) if not -bound < v < bound or v == 0]
 
@@ -171,15 +171,7 @@ def dropped_item(entry: ScheduleEntry) -> Optional[DropItem]:
     (``abstract_driver.py``: ``exec_path = working_dir / executable`` when a ``filename`` drop
     equals the executable).
     """
-    exe = entry.executable
-    if not exe or os.path.isabs(exe):
-        return None
-    for item in entry.data:
-        if isinstance(item, (ContentDrop, FileDrop)) and _names(
-            exe, item.location, getattr(item, "filename", None)
-        ):
-            return item
-    return None
+    return _first_named(entry.executable, entry.data) if entry.executable else None
 
 
 def _names(exe: str, location: str, filename: Optional[str]) -> bool:
@@ -193,7 +185,27 @@ def _names(exe: str, location: str, filename: Optional[str]) -> bool:
 
 def running_drops(entries: Iterable[ScheduleEntry]) -> Dict[int, DropItem]:
     """``{entry index: dropped_item(entry)}`` of the ``entries`` that run a file they drop
-    (:func:`dropped_item` not None), in no particular order.
+    (:func:`dropped_item` not None), by ascending index when ``entries`` come so
+    (:func:`_drops`: decided once per distinct executable and location, as columns)."""
+    listed = list(entries)
+    found = _drops(list(map(_INDEX, listed)), list(map(_EXECUTABLE, listed)), list(map(_DATA, listed)))
+    return dict(zip(found.indices, found.items))
+
+
+class _Drops(NamedTuple):
+    """The entries that run a file they drop (:func:`_drops`): their indices, the drop each
+    runs and its location, aligned."""
+
+    indices: List[int]
+    items: List[DropItem]
+    locations: List[str]
+
+
+def _drops(
+    indices: List[int], exes: Sequence[Optional[str]], datas: Sequence[Tuple[DataItem, ...]]
+) -> _Drops:
+    """The entries ``indices[k]`` (executable ``exes[k]``, data ``datas[k]``) that run a file
+    they drop, as :func:`dropped_item` decides, in the order given when ``indices`` ascend.
 
     Whether an executable names a drop depends only on the executable, the location and the
     file name: the entries are taken executable by executable (the relative ones: an absolute
@@ -201,37 +213,43 @@ def running_drops(entries: Iterable[ScheduleEntry]) -> Dict[int, DropItem]:
     walked as columns (C loops; 100 000 entries with data: a few passes, no Python call per
     entry). Past :data:`_GROUPS` distinct relative executables, entry by entry.
     """
-    listed = list(entries)
-    with_data = list(compress(listed, map(_DATA, listed)))
-    exes = list(map(_EXECUTABLE, with_data))
     distinct = set(exes)
     groups = [exe for exe in distinct if exe and not os.path.isabs(exe)]
     if len(groups) > _GROUPS:
-        return {e.index: item for e in with_data for item in [dropped_item(e)] if item is not None}
-    found: Dict[int, DropItem] = {}
+        firsts = [(i, _first_named(exe, data)) for i, exe, data in zip(indices, exes, datas) if exe and data]
+        return _Drops(*_unzip([(i, item, item.location) for i, item in firsts if item is not None], 3))
+    parts = []
     for exe in groups:
-        runs = with_data if len(distinct) == 1 else list(compress(with_data, map(eq, exes, repeat(exe))))
-        found.update(_named_drops(exe, runs))
-    return found
+        if len(distinct) == 1:
+            parts.append(_named_drops(exe, indices, datas))
+        else:
+            runs = list(map(eq, exes, repeat(exe)))
+            parts.append(_named_drops(exe, list(compress(indices, runs)), list(compress(datas, runs))))
+    if len(parts) == 1:
+        return parts[0]
+    rows = sorted(chain.from_iterable(zip(*part) for part in parts), key=itemgetter(0))
+    return _Drops(*_unzip(rows, 3))
 
 
-#: Distinct relative executables past which :func:`running_drops` goes entry by entry.
+def _unzip(rows: Sequence[Tuple[Any, ...]], width: int) -> List[List[Any]]:
+    """The columns of ``rows`` (each ``width`` long)."""
+    return [list(column) for column in zip(*rows)] if rows else [[] for _ in range(width)]
+
+
+#: Distinct relative executables past which :func:`_drops` goes entry by entry.
 _GROUPS = 16
 
 
-def _named_drops(exe: str, entries: List[ScheduleEntry]) -> Dict[int, DropItem]:
-    """:func:`running_drops` of ``entries``, which all run the relative ``exe`` and have data."""
-    datas = list(map(_DATA, entries))
-    items = list(chain.from_iterable(datas))
-    single = len(items) == len(entries)  # one item each (no entry has an empty data tuple)
-    if single:
-        indices = list(map(_INDEX, entries))
-    else:
-        indices = list(chain.from_iterable(map(repeat, map(_INDEX, entries), map(len, datas))))
+def _named_drops(exe: str, indices: List[int], datas: Sequence[Tuple[DataItem, ...]]) -> _Drops:
+    """:func:`_drops` of the entries ``indices`` (data ``datas``), which all run the relative ``exe``."""
+    counts = list(map(len, datas))
+    items: List[Any] = list(chain.from_iterable(datas))  # (drops, once screened below)
+    single = counts.count(1) == len(counts)  # one item each
+    owners = indices if single else list(chain.from_iterable(map(repeat, indices, counts)))
     types = set(map(type, items))
-    if not _DROP_TYPES.issuperset(types):  # transfers out, or a subclass
+    if not _DROP_TYPES.issuperset(types):  # transfers out, pauses, or a subclass
         drops = list(map(isinstance, items, repeat((ContentDrop, FileDrop))))
-        items, indices = list(compress(items, drops)), list(compress(indices, drops))
+        items, owners = list(compress(items, drops)), list(compress(owners, drops))
     locations = list(map(_LOCATION, items))
     named = {location: _names(exe, location, None) for location in set(locations)}
     flags = list(map(named.__getitem__, locations))
@@ -240,10 +258,30 @@ def _named_drops(exe: str, entries: List[ScheduleEntry]) -> Dict[int, DropItem]:
         by_file = map(exe_names.__contains__, map(getattr, items, repeat("filename"), repeat(None)))
         relative = {location: not os.path.isabs(location) for location in named}
         flags = list(map(or_, flags, map(and_, map(relative.__getitem__, locations), by_file)))
-    if single:
-        return dict(zip(compress(indices, flags), compress(items, flags)))
+    found = _Drops(
+        list(compress(owners, flags)), list(compress(items, flags)), list(compress(locations, flags))
+    )
+    if single or len(set(found.indices)) == len(found.indices):
+        return found
     # the first item named of each entry: the last one written when written backwards
-    return dict(zip(reversed(list(compress(indices, flags))), reversed(list(compress(items, flags)))))
+    first = sorted(dict(zip(reversed(found.indices), reversed(range(len(found.indices))))).values())
+    return _Drops(
+        list(map(found.indices.__getitem__, first)),
+        list(map(found.items.__getitem__, first)),
+        list(map(found.locations.__getitem__, first)),
+    )
+
+
+def _first_named(exe: str, data: Tuple[DataItem, ...]) -> Optional[DropItem]:
+    """The first drop in ``data`` that ``exe`` names (:func:`dropped_item`), else None."""
+    if os.path.isabs(exe):
+        return None
+    for item in data:
+        if isinstance(item, (ContentDrop, FileDrop)) and _names(
+            exe, item.location, getattr(item, "filename", None)
+        ):
+            return item
+    return None
 
 
 _DROP_TYPES = frozenset((ContentDrop, FileDrop))
@@ -258,15 +296,15 @@ def dropped_line(item: DropItem, workdir: str, arguments: str) -> str:
 
 def dropped_lines(
     columns: Tuple[Sequence[float], Sequence[Optional[str]], Sequence[str]],
-    entries: Iterable[ScheduleEntry],
+    entries: Mapping[int, ScheduleEntry],
     launch_dir: str,
     texts: Optional[Sequence[str]] = None,
 ) -> Dict[int, str]:
     """``{entry index: command line}`` (:func:`command_line`, working dirs under
     ``launch_dir``) of the ``entries`` that run a file they drop, in a schedule given as
     ``columns`` ``(starts, executables, arguments)`` (entry ``i``: ``starts[i]``,
-    ``executables[i]``, ``arguments[i]``; ``entries``: its entries with data, or more).
-    ``texts``: the :func:`start_time_texts` of ``starts`` when the caller has them.
+    ``executables[i]``, ``arguments[i]``; ``entries``: its entries with data, or more, by
+    index). ``texts``: the :func:`start_time_texts` of ``starts`` when the caller has them.
 
     A line is the dropped file's path, ``<working dir>/<location>`` normalised and
     shell-quoted when it needs it, then the arguments. Where the location stays under the
@@ -278,26 +316,26 @@ def dropped_lines(
         ``{entry index: command line}``, in ascending index order.
     """
     starts, executables, arguments = columns
-    drops = running_drops(entries)
-    if not drops:
+    keys = sorted(entries)
+    exes = list(map(executables.__getitem__, keys))
+    drops = _drops(keys, exes, list(map(_DATA, map(entries.__getitem__, keys))))
+    indices = drops.indices
+    if not indices:
         return {}
-    indices = sorted(drops)
     dirs = _dirs_of(starts, executables, indices, launch_dir, texts)
-    items = list(map(drops.__getitem__, indices))
-    root = os.path.abspath(launch_dir)
-    plain = os.sep == "/" and _UNSAFE(root) is None  # a start time needs no quoting
+    plain = os.sep == "/" and _UNSAFE(os.path.abspath(launch_dir)) is None  # a start time needs no quoting
     exes = list(map(executables.__getitem__, indices))
     names = {exe: plain and _UNSAFE(_dir_name(exe)) is None for exe in set(exes)}
-    tails = {location: _tail(location) for location in set(map(_LOCATION, items))}
-    suffixes = list(map(tails.__getitem__, map(_LOCATION, items)))
+    tails = {location: _tail(location) for location in set(drops.locations)}
+    suffixes = list(map(tails.__getitem__, drops.locations))
     spaced = list(map(arguments.__getitem__, indices))
     spaced = [f" {a}" if a else "" for a in spaced] if "" in spaced else list(map(" ".__add__, spaced))
-    fast = list(map(and_, map(names.__getitem__, exes), map(is_not, suffixes, repeat(None))))
-    if all(fast):
+    if all(names.values()) and None not in tails.values():  # (the usual case: no flag per entry)
         return dict(zip(indices, map(add, map(add, dirs, suffixes), spaced)))
+    fast = list(map(and_, map(names.__getitem__, exes), map(is_not, suffixes, repeat(None))))
     lines = [f"{d}{s}{a}" if f else "" for d, s, a, f in zip(dirs, suffixes, spaced, fast)]
     for k in compress(range(len(lines)), map(not_, fast)):
-        lines[k] = dropped_line(items[k], dirs[k], spaced[k][1:])
+        lines[k] = dropped_line(drops.items[k], dirs[k], spaced[k][1:])
     return dict(zip(indices, lines))
 
 
