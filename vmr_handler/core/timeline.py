@@ -30,7 +30,7 @@ import math
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import chain, compress, repeat
-from operator import add, attrgetter, ge, lt, or_
+from operator import add, attrgetter, ge, lt, not_, or_
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from vmr_handler.core.gcpause import paused_gc
@@ -403,25 +403,32 @@ def plan_columns(
     )
 
 
-_PAUSE, _ON_HOST, _DATA = attrgetter("pause"), attrgetter("on_host"), attrgetter("data")
+_PAUSE, _ON_HOST = attrgetter("pause"), attrgetter("on_host")
+_EXECUTABLE, _DATA = attrgetter("executable"), attrgetter("data")
 
 
-def special_kinds(others: Mapping[int, ScheduleEntry], hosts: Iterable[int] = ()) -> Dict[int, EntryKind]:
-    """The :class:`EntryKind` of every entry of a schedule given as columns (as
+def special_kinds(
+    others: Mapping[int, ScheduleEntry],
+    hosts: Iterable[int] = (),
+    executables: Optional[Sequence[Optional[str]]] = None,
+) -> Dict[int, EntryKind]:
+    """The :class:`EntryKind` of every entry of a validated schedule given as columns (as
     :func:`plan_columns` takes it) that is neither NEGATIVE nor POSITIVE: host, pause, break,
     RESUME, by index (``others`` first, then ``hosts``). Only the entries that pause, run on
-    the host or carry a :class:`ResumeMark` have such a kind, so the kind is read of those
-    alone; the others are picked out as columns (no Python call per entry)."""
+    the host or are a stored RESUME have such a kind, so the kind is read of those alone; the
+    others are picked out as columns (no Python call per entry). A stored RESUME runs no
+    program (validation's rule, as ``firewheel vm resume`` writes it): only the data of the
+    entries without an executable is looked at for a :class:`ResumeMark`. ``executables``:
+    the schedule's executables column (entry ``i``: ``executables[i]``) when the caller has it.
+    """
     indices, entries = list(others), list(others.values())
     special = list(map(or_, map(_PAUSE, entries), map(_ON_HOST, entries)))
-    if any(issubclass(kind, ResumeMark) for kind in set(map(type, chain.from_iterable(map(_DATA, entries))))):
-        datas = list(map(_DATA, entries))
-        owners = compress(
-            chain.from_iterable(map(repeat, range(len(entries)), map(len, datas))),
-            map(isinstance, chain.from_iterable(datas), repeat(ResumeMark)),
-        )
-        for position in owners:
-            special[position] = True
-    kinds = {i: e.kind for i, e in compress(zip(indices, entries), special)}
+    runs = map(_EXECUTABLE, entries) if executables is None else map(executables.__getitem__, indices)
+    runless = list(compress(range(len(entries)), map(not_, runs)))
+    datas = list(map(_DATA, map(entries.__getitem__, runless)))
+    if any(issubclass(kind, ResumeMark) for kind in set(map(type, chain.from_iterable(datas)))):
+        for position, data in zip(runless, datas):
+            special[position] = special[position] or any(isinstance(item, ResumeMark) for item in data)
+    kinds = {i: others[i].kind for i in compress(indices, special)}
     kinds.update(dict.fromkeys(hosts, EntryKind.HOST))
     return kinds

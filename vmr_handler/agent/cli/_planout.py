@@ -75,7 +75,7 @@ def plan_json_parts(request: PlanRequest) -> Iterator[str]:
     from vmr_handler.core.timeline import plan_columns, special_kinds
 
     schedule = load_schedule_columns(request.schedule, request.allow_classes)
-    kinds = special_kinds(schedule.others, schedule.hosts)
+    kinds = special_kinds(schedule.others, schedule.hosts, schedule.executables)
     stored = [-float("inf")] * list(kinds.values()).count(EntryKind.RESUME)  # stored RESUME entries
     resumes = [*stored, *request.resumes]
     plan = plan_columns(schedule.starts, schedule.others, schedule.hosts, resumes, kinds)
