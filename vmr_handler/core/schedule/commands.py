@@ -19,7 +19,7 @@ import re
 import shlex
 import shutil
 from itertools import chain, compress, repeat
-from operator import add, and_, attrgetter, eq, is_not, itemgetter, ne, not_, or_
+from operator import and_, attrgetter, eq, is_not, itemgetter, ne, not_, or_
 from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from vmr_handler.core.errors import EntryError
@@ -58,9 +58,8 @@ def working_dirs(entries: Sequence[ScheduleEntry], launch_dir: str) -> Dict[int,
         ``{entry index: absolute path}``.
     """
     starts = list(map(_START, entries))
-    texts = start_time_texts(starts)
-    dirs = _numbered_dirs(texts, list(map(_EXECUTABLE, entries)), launch_dir)
-    return dict(zip(map(_INDEX, entries), dirs))
+    parts = _dir_parts(starts, list(map(_EXECUTABLE, entries)), range(len(starts)), None)
+    return dict(zip(map(_INDEX, entries), map("".join, zip(repeat(_prefix(launch_dir)), *parts))))
 
 
 def working_dirs_of(
@@ -80,53 +79,58 @@ def working_dirs_of(
         ``{entry index: absolute path}`` for every index in ``wanted``.
     """
     wanted = sorted(set(wanted))
-    return dict(zip(wanted, _dirs_of(starts, executables, wanted, launch_dir, texts)))
+    parts = _dir_parts(starts, executables, wanted, texts)
+    return dict(zip(wanted, map("".join, zip(repeat(_prefix(launch_dir)), *parts))))
 
 
-def _dirs_of(
+def _prefix(launch_dir: str) -> str:
+    """``<launch_dir>/``, absolute: what every working dir starts with (``os.path.join(root,
+    time, name)``: neither part is empty or starts with ``/``)."""
+    root = os.path.abspath(launch_dir)
+    return root if root.endswith("/") else root + "/"
+
+
+def _dir_parts(
     starts: Sequence[float],
     executables: Sequence[Optional[str]],
-    wanted: List[int],
-    launch_dir: str,
+    wanted: Sequence[int],
     texts: Optional[Sequence[str]],
-) -> List[str]:
-    """The working dirs of the entries at the ascending distinct indices ``wanted``, in that
-    order (:func:`working_dirs_of`)."""
+) -> Tuple[List[str], List[str], List[str]]:
+    """What follows the launch dir in the working dirs of the entries at the ascending
+    distinct indices ``wanted``, in that order: the start time as spelled in a dir
+    (``texts[i]``, else :func:`start_time_texts`), ``/<name>``, and ``""`` or ``_<N>``.
+
+    Two entries share a directory only at equal start times, so only the entries at a time
+    the ``wanted`` ones have are looked at, and only those at a time more than one of them
+    has are numbered one by one, by (time, name), in index order."""
     if not wanted:
-        return []
+        return [], [], []
     end = wanted[-1] + 1
     times = set(map(starts.__getitem__, wanted))
     same = list(compress(range(end), map(times.__contains__, starts[:end])))
-    if texts is None:
-        spelled = start_time_texts(list(map(starts.__getitem__, same)))
-    else:
-        spelled = list(map(texts.__getitem__, same))
-    dirs = _numbered_dirs(spelled, list(map(executables.__getitem__, same)), launch_dir)
-    if len(same) == len(wanted):
-        return dirs
-    return list(compress(dirs, map(set(wanted).__contains__, same)))
-
-
-def _numbered_dirs(texts: List[str], executables: List[Optional[str]], launch_dir: str) -> List[str]:
-    """``<launch_dir>/<start_time>/<name>[_N]`` of the entries whose start times are spelled
-    ``texts`` (:func:`start_time_texts`) and executables are ``executables``, numbered in the
-    order given (:func:`working_dirs`). Each distinct executable's name is made once; only the
-    entries whose directory an earlier one has are numbered one by one."""
-    root = os.path.abspath(launch_dir)
-    # os.path.join(root, time, name): neither part is empty or starts with "/"
-    prefix = root if root.endswith("/") else root + "/"
-    names = {exe: "/" + _dir_name(exe) for exe in set(executables)}
-    bases = list(map(add, map(prefix.__add__, texts), map(names.__getitem__, executables)))
-    positions = range(len(bases))
-    first = dict(zip(reversed(bases), reversed(positions)))  # written backwards: the first wins
-    if len(first) == len(bases):
-        return bases
-    seen: Dict[str, int] = {}
-    for pos in compress(positions, map(ne, map(first.__getitem__, bases), positions)):
-        base = bases[pos]
-        count = seen[base] = seen.get(base, 0) + 1
-        bases[pos] = f"{base}_{count}"
-    return bases
+    at = list(map(starts.__getitem__, same))
+    exes = list(map(executables.__getitem__, same))
+    names = {exe: "/" + _dir_name(exe) for exe in set(exes)}
+    numbers = [""] * len(same)
+    positions = range(len(same))
+    first = dict(zip(reversed(at), reversed(positions)))  # written backwards: the first wins
+    if len(first) != len(at):
+        last = dict(zip(at, positions))
+        seen: Dict[Tuple[float, str], int] = {}
+        for pos in compress(positions, map(ne, map(first.__getitem__, at), map(last.__getitem__, at))):
+            key = (at[pos], names[exes[pos]])
+            count = seen[key] = seen.get(key, 0) + 1
+            if count > 1:
+                numbers[pos] = f"_{count - 1}"
+    if len(same) != len(wanted):
+        keep = list(map(set(wanted).__contains__, same))
+        at, exes, numbers = (
+            list(compress(at, keep)),
+            list(compress(exes, keep)),
+            list(compress(numbers, keep)),
+        )
+    spelled = start_time_texts(at) if texts is None else list(map(texts.__getitem__, wanted))
+    return spelled, list(map(names.__getitem__, exes)), numbers
 
 
 def start_time_texts(values: Sequence[float]) -> List[str]:
@@ -322,8 +326,8 @@ def dropped_lines(
     indices = drops.indices
     if not indices:
         return {}
-    dirs = _dirs_of(starts, executables, indices, launch_dir, texts)
-    plain = os.sep == "/" and _UNSAFE(os.path.abspath(launch_dir)) is None  # a start time needs no quoting
+    prefix, (spelled, named, numbers) = _prefix(launch_dir), _dir_parts(starts, executables, indices, texts)
+    plain = os.sep == "/" and _UNSAFE(prefix) is None  # a start time needs no quoting
     exes = list(map(executables.__getitem__, indices))
     names = {exe: plain and _UNSAFE(_dir_name(exe)) is None for exe in set(exes)}
     tails = {location: _tail(location) for location in set(drops.locations)}
@@ -331,7 +335,10 @@ def dropped_lines(
     spaced = list(map(arguments.__getitem__, indices))
     spaced = [f" {a}" if a else "" for a in spaced] if "" in spaced else list(map(" ".__add__, spaced))
     if all(names.values()) and None not in tails.values():  # (the usual case: no flag per entry)
-        return dict(zip(indices, map(add, map(add, dirs, suffixes), spaced)))
+        return dict(
+            zip(indices, map("".join, zip(repeat(prefix), spelled, named, numbers, suffixes, spaced)))
+        )
+    dirs = list(map("".join, zip(repeat(prefix), spelled, named, numbers)))
     fast = list(map(and_, map(names.__getitem__, exes), map(is_not, suffixes, repeat(None))))
     lines = [f"{d}{s}{a}" if f else "" for d, s, a, f in zip(dirs, suffixes, spaced, fast)]
     for k in compress(range(len(lines)), map(not_, fast)):
