@@ -18,8 +18,9 @@ import os
 import re
 import shlex
 import shutil
+from collections import Counter
 from itertools import chain, compress, repeat
-from operator import and_, attrgetter, eq, is_not, itemgetter, ne, not_, or_
+from operator import and_, attrgetter, eq, is_not, itemgetter, lt, not_, or_
 from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from vmr_handler.core.errors import EntryError
@@ -106,31 +107,28 @@ def _dir_parts(
     if not wanted:
         return [], [], []
     end = wanted[-1] + 1
-    times = set(map(starts.__getitem__, wanted))
-    same = list(compress(range(end), map(times.__contains__, starts[:end])))
-    at = list(map(starts.__getitem__, same))
-    exes = list(map(executables.__getitem__, same))
-    names = {exe: "/" + _dir_name(exe) for exe in set(exes)}
-    numbers = [""] * len(same)
-    positions = range(len(same))
-    first = dict(zip(reversed(at), reversed(positions)))  # written backwards: the first wins
-    if len(first) != len(at):
-        last = dict(zip(at, positions))
-        seen: Dict[Tuple[float, str], int] = {}
-        for pos in compress(positions, map(ne, map(first.__getitem__, at), map(last.__getitem__, at))):
-            key = (at[pos], names[exes[pos]])
-            count = seen[key] = seen.get(key, 0) + 1
-            if count > 1:
-                numbers[pos] = f"_{count - 1}"
-    if len(same) != len(wanted):
-        keep = list(map(set(wanted).__contains__, same))
-        at, exes, numbers = (
-            list(compress(at, keep)),
-            list(compress(exes, keep)),
-            list(compress(numbers, keep)),
-        )
-    spelled = start_time_texts(at) if texts is None else list(map(texts.__getitem__, wanted))
-    return spelled, list(map(names.__getitem__, exes)), numbers
+    if texts is None:  # equal start times are equal texts: either is the key of a time
+        keys: Sequence[Any] = starts
+        spelled = start_time_texts(list(map(starts.__getitem__, wanted)))
+    else:
+        keys, spelled = texts, list(map(texts.__getitem__, wanted))  # (a text hashes once)
+    times = set(map(keys.__getitem__, wanted))
+    same = list(compress(range(end), map(times.__contains__, keys[:end])))
+    names = {exe: "/" + _dir_name(exe) for exe in set(map(executables.__getitem__, same))}
+    named = list(map(names.__getitem__, map(executables.__getitem__, wanted)))
+    at = list(map(keys.__getitem__, same))
+    counts = Counter(at)
+    if len(counts) == len(at):
+        return spelled, named, [""] * len(wanted)
+    numbers = dict.fromkeys(wanted, "")
+    seen: Dict[Tuple[Any, str], int] = {}
+    for pos in compress(range(len(same)), map(lt, repeat(1), map(counts.__getitem__, at))):
+        index = same[pos]
+        key = (at[pos], names[executables[index]])
+        count = seen[key] = seen.get(key, 0) + 1
+        if count > 1 and index in numbers:
+            numbers[index] = f"_{count - 1}"
+    return spelled, named, list(numbers.values())
 
 
 def start_time_texts(values: Sequence[float]) -> List[str]:
