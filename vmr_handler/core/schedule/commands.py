@@ -4,9 +4,12 @@ Pure rules about a schedule (the only I/O: :func:`program_missing` looks a progr
 by the agent's executor, ``vmr-handler plan`` and ``vmr-handler check``:
 
 * :func:`working_dirs` -- ``<launch>/<start_time>/<name>`` with ``_1``, ``_2`` suffixes
-  (reference ``abstract_driver.py`` ``create_paths`` / ``deconflict_agent_path``).
+  (reference ``abstract_driver.py`` ``create_paths`` / ``deconflict_agent_path``);
+  :func:`working_dirs_of` for some entries of a schedule given as columns.
 * :func:`exec_path` / :func:`command_line` -- ``<exec path> <arguments>``, unquoted, as the
   reference writes it into its ``call_arguments.sh``; :func:`command_lines` for a whole schedule.
+* :func:`running_drops` / :func:`dropped_lines` -- the entries that run a file they drop and
+  their command lines, decided as columns (``plan --json`` and ``check`` at parse speed).
 * :func:`first_word` / :func:`program_missing` -- which program a command line starts with,
   and whether the shell would find it.
 """
