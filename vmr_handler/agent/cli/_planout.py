@@ -209,6 +209,9 @@ def _command_texts(
     columns = (schedule.starts, exes, args)
     lines = dropped_lines(columns, schedule.others, launch_dir, dirs)  # ascending indices
     order, dropped = list(lines), list(lines.values())
+    if order:  # their own lines are not made (then replaced)
+        exes = list(exes)
+        list(map(exes.__setitem__, order, repeat(None)))
     if _plain("".join(dropped)):
         dropped = list(map(add, map('"'.__add__, dropped), repeat('"')))
     else:

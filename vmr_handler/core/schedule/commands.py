@@ -23,7 +23,7 @@ import shlex
 import shutil
 from collections import Counter
 from itertools import chain, compress, repeat
-from operator import and_, attrgetter, eq, is_not, itemgetter, lt, not_, or_
+from operator import add, and_, attrgetter, eq, is_not, itemgetter, lt, not_, or_
 from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from vmr_handler.core.errors import EntryError
@@ -333,12 +333,12 @@ def dropped_lines(
     names = {exe: plain and _UNSAFE(_dir_name(exe)) is None for exe in set(exes)}
     tails = {location: _tail(location) for location in set(drops.locations)}
     suffixes = list(map(tails.__getitem__, drops.locations))
-    spaced = list(map(arguments.__getitem__, indices))
-    spaced = [f" {a}" if a else "" for a in spaced] if "" in spaced else list(map(" ".__add__, spaced))
+    args = list(map(arguments.__getitem__, indices))
+    spaces = [" " if a else "" for a in args] if "" in args else repeat(" ")
     if all(names.values()) and None not in tails.values():  # (the usual case: no flag per entry)
-        return dict(
-            zip(indices, map("".join, zip(repeat(prefix), spelled, named, numbers, suffixes, spaced)))
-        )
+        parts = zip(repeat(prefix), spelled, named, numbers, suffixes, spaces, args)
+        return dict(zip(indices, map("".join, parts)))
+    spaced = list(map(add, spaces, args))
     dirs = list(map("".join, zip(repeat(prefix), spelled, named, numbers)))
     fast = list(map(and_, map(names.__getitem__, exes), map(is_not, suffixes, repeat(None))))
     lines = [f"{d}{s}{a}" if f else "" for d, s, a, f in zip(dirs, suffixes, spaced, fast)]
