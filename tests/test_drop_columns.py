@@ -181,6 +181,7 @@ def test_special_kinds_are_the_entries_kinds(specials: List[ScheduleEntry], host
     kinds = special_kinds(others, hosts)
     assert kinds == expected
     entries = [*others.values(), *plain]
+    assert special_kinds(others, hosts, [e.executable for e in entries]) == expected  # the column
     starts = [e.start_time for e in entries]
     for resumes in ([], [-math.inf, 10.0]):
         planned = plan_columns(starts, others, hosts, resumes, kinds)
