@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from bisect import bisect_left
 from itertools import repeat
-from operator import add, sub
+from operator import sub
 from typing import TYPE_CHECKING, Any, Callable, Iterator, List, NamedTuple, Sequence, Tuple
 
 if TYPE_CHECKING:
@@ -212,10 +212,7 @@ def _command_texts(
     if order:  # their own lines are not made (then replaced)
         exes = list(exes)
         list(map(exes.__setitem__, order, repeat(None)))
-    if _plain("".join(dropped)):
-        dropped = list(map(add, map('"'.__add__, dropped), repeat('"')))
-    else:
-        dropped = list(map(quoted, dropped))
+    dropped = list(map(quoted, dropped))  # (C: less than checking the lines and quoting them)
 
     def texts(first: int, end: int) -> List[str]:
         pairs = zip(exes[first:end], args[first:end])
