@@ -29,12 +29,12 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from dataclasses import dataclass, field
-from itertools import compress, repeat
-from operator import add, ge, lt
+from itertools import chain, compress, repeat
+from operator import add, attrgetter, ge, lt, not_, or_
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from vmr_handler.core.gcpause import paused_gc
-from vmr_handler.core.schedule.model import EntryKind, ScheduleEntry
+from vmr_handler.core.schedule.model import EntryKind, ResumeMark, ScheduleEntry
 
 
 @dataclass(frozen=True)
@@ -335,6 +335,7 @@ def plan_columns(
     others: Mapping[int, ScheduleEntry],
     hosts: Iterable[int] = (),
     resumes: Sequence[float] = (),
+    kinds: Optional[Dict[int, EntryKind]] = None,
 ) -> PlanColumns:
     """:func:`build_plan` of a schedule given as columns: entry ``i`` is ``others[i]`` when
     present (its ``index`` is ``i``), else a plain program entry at ``starts[i]`` (no data, no
@@ -346,13 +347,18 @@ def plan_columns(
     bisection) or is held when ``t`` is after a break no RESUME ended. 100 000 entries: a few
     passes over the columns.
 
+    Args:
+        kinds: :func:`special_kinds` of ``others`` and ``hosts`` when the caller has it (not
+            copied); None: found here.
+
     Returns:
         The :class:`PlanColumns`. Pure.
     """
-    kinds = {i: e.kind for i, e in others.items()}
-    kinds = {i: k for i, k in kinds.items() if k is not _NEGATIVE and k is not _POSITIVE}
-    kinds.update(dict.fromkeys(hosts, EntryKind.HOST))
-    pauses = sorted((e for e in others.values() if e.pause), key=lambda e: (e.start_time, e.index))
+    if kinds is None:
+        kinds = special_kinds(others, hosts)
+    # every pause entry has a kind of its own (pause, break, or RESUME): only those are read
+    specials = [others[i] for i in kinds if i in others]
+    pauses = sorted(compress(specials, map(_PAUSE, specials)), key=lambda e: (e.start_time, e.index))
     is_negative = list(map(lt, starts, repeat(0.0)))
     is_timed = list(map(ge, starts, repeat(0.0)))  # every entry at t >= 0 but the pauses
     for index in kinds:
@@ -395,3 +401,34 @@ def plan_columns(
         walk.initial_delay,
         walk.blocked,
     )
+
+
+_PAUSE, _ON_HOST = attrgetter("pause"), attrgetter("on_host")
+_EXECUTABLE, _DATA = attrgetter("executable"), attrgetter("data")
+
+
+def special_kinds(
+    others: Mapping[int, ScheduleEntry],
+    hosts: Iterable[int] = (),
+    executables: Optional[Sequence[Optional[str]]] = None,
+) -> Dict[int, EntryKind]:
+    """The :class:`EntryKind` of every entry of a validated schedule given as columns (as
+    :func:`plan_columns` takes it) that is neither NEGATIVE nor POSITIVE: host, pause, break,
+    RESUME, by index (``others`` first, then ``hosts``). Only the entries that pause, run on
+    the host or are a stored RESUME have such a kind, so the kind is read of those alone; the
+    others are picked out as columns (no Python call per entry). A stored RESUME runs no
+    program (validation's rule, as ``firewheel vm resume`` writes it): only the data of the
+    entries without an executable is looked at for a :class:`ResumeMark`. ``executables``:
+    the schedule's executables column (entry ``i``: ``executables[i]``) when the caller has it.
+    """
+    indices, entries = list(others), list(others.values())
+    special = list(map(or_, map(_PAUSE, entries), map(_ON_HOST, entries)))
+    runs = map(_EXECUTABLE, entries) if executables is None else map(executables.__getitem__, indices)
+    runless = list(compress(range(len(entries)), map(not_, runs)))
+    datas = list(map(_DATA, map(entries.__getitem__, runless)))
+    if any(issubclass(kind, ResumeMark) for kind in set(map(type, chain.from_iterable(datas)))):
+        for position, data in zip(runless, datas):
+            special[position] = special[position] or any(isinstance(item, ResumeMark) for item in data)
+    kinds = {i: others[i].kind for i in compress(indices, special)}
+    kinds.update(dict.fromkeys(hosts, EntryKind.HOST))
+    return kinds

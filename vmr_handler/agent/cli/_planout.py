@@ -12,11 +12,11 @@ tests/test_plan_fast.py compares this output with the object path on varied sche
 
 from __future__ import annotations
 
-import math
 import sys
 from bisect import bisect_left
 from itertools import repeat
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, NamedTuple, Sequence
+from operator import sub
+from typing import TYPE_CHECKING, Any, Callable, Iterator, List, NamedTuple, Sequence, Tuple
 
 if TYPE_CHECKING:
     from vmr_handler.core.schedule.validate import ScheduleColumns
@@ -71,11 +71,14 @@ def plan_json_parts(request: PlanRequest) -> Iterator[str]:
         ScheduleError: the schedule cannot be read or is not valid (as ``load_schedule``).
     """
     from vmr_handler.core.schedule.loader import load_schedule_columns
-    from vmr_handler.core.timeline import plan_columns
+    from vmr_handler.core.schedule.model import EntryKind
+    from vmr_handler.core.timeline import plan_columns, special_kinds
 
     schedule = load_schedule_columns(request.schedule, request.allow_classes)
-    stored = [-float("inf") for e in schedule.others.values() if e.data and e.is_resume]  # kind RESUME
-    plan = plan_columns(schedule.starts, schedule.others, schedule.hosts, [*stored, *request.resumes])
+    kinds = special_kinds(schedule.others, schedule.hosts, schedule.executables)
+    stored = [-float("inf")] * list(kinds.values()).count(EntryKind.RESUME)  # stored RESUME entries
+    resumes = [*stored, *request.resumes]
+    plan = plan_columns(schedule.starts, schedule.others, schedule.hosts, resumes, kinds)
     return plan_parts(schedule, plan, request.launch_dir)
 
 
@@ -119,7 +122,8 @@ def plan_parts(schedule: ScheduleColumns, plan: PlanColumns, launch_dir: str) ->
     if not n:
         yield f'{{"entries": [], "resumes": {resumes}}}'
         return
-    starts, kinds, commands = plan.starts, _kind_texts(plan), _command_texts(schedule, launch_dir)
+    starts, dirs = _start_texts(plan.starts)
+    kinds, commands = _kind_texts(plan), _command_texts(schedule, launch_dir, dirs)
     fire = ["null"] * n
     list(map(fire.__setitem__, plan.fired, number_texts(plan.fire_at)))
     yield '{"entries": [{"index": '
@@ -127,7 +131,7 @@ def plan_parts(schedule: ScheduleColumns, plan: PlanColumns, launch_dir: str) ->
         end = min(n, first + _CHUNK)
         parts: List[Any] = list(_ROW) * (end - first)  # entry first + i: parts[10 i : 10 i + 10]
         parts[1::10] = _index_texts(first, end)
-        parts[3::10] = number_texts(starts[first:end])
+        parts[3::10] = starts[first:end]
         parts[5::10] = kinds[first:end]
         parts[7::10] = fire[first:end]
         parts[9::10] = commands(first, end)
@@ -148,6 +152,22 @@ def _index_texts(first: int, end: int) -> List[str]:
     return list(map(str(first // 1000).__add__, _ENDS[first % 1000 : first % 1000 + end - first]))
 
 
+def _start_texts(starts: Sequence[float]) -> Tuple[List[str], List[str]]:
+    """The JSON of every start time (:func:`number_texts`) and its name in a working dir
+    (:func:`~vmr_handler.core.schedule.commands.start_time_texts`): one repr each, the two
+    differing only for 0, infinities and integral times past 2**53."""
+    from vmr_handler.core.schedule.commands import format_start_time, trimmed_reprs
+
+    texts, others = trimmed_reprs(starts, _EXACT)
+    if not others:
+        return texts, texts
+    dirs = texts.copy()
+    for index in others:
+        texts[index] = _number_json(starts[index])
+        dirs[index] = format_start_time(starts[index])
+    return texts, dirs
+
+
 def _kind_texts(plan: PlanColumns) -> List[str]:
     """``"<kind>", "stage": <stage or null>`` of every entry."""
     texts = ['"positive", "stage": null'] * len(plan.starts)
@@ -163,22 +183,36 @@ def _kind_texts(plan: PlanColumns) -> List[str]:
 def _plain_texts(schedule: ScheduleColumns) -> bool:
     """True when no executable or arguments hold a character JSON escapes (``"``, ``\\``, a
     control or non-ASCII character): the JSON of their line is then the line in quotes."""
-    texts = "".join(filter(None, schedule.executables)) + "".join(schedule.arguments)
-    return texts.isascii() and texts.isprintable() and '"' not in texts and "\\" not in texts
+    return _plain("".join(filter(None, set(schedule.executables))) + "".join(schedule.arguments))
 
 
-def _command_texts(schedule: ScheduleColumns, launch_dir: str) -> Callable[[int, int], List[str]]:
+def _plain(text: str) -> bool:
+    """True when JSON escapes no character of ``text``: its JSON is then ``text`` in quotes."""
+    return text.isascii() and text.isprintable() and '"' not in text and "\\" not in text
+
+
+def _command_texts(
+    schedule: ScheduleColumns, launch_dir: str, dirs: List[str]
+) -> Callable[[int, int], List[str]]:
     """``texts(first, end)``: the JSON of the command lines of the entries ``first`` to
     ``end - 1`` (``null``: it runs none), as
     :func:`~vmr_handler.core.schedule.commands.command_lines` gives them: the executable as
     written and the arguments, or the dropped file's path where the executable names a file the
-    entry drops (working dirs computed only for those entries). When nothing in them is
-    escaped by JSON, a line's JSON is the line in quotes."""
+    entry drops (:func:`~vmr_handler.core.schedule.commands.dropped_lines`: working dirs
+    computed only for those entries; ``dirs``: every start time as a working dir spells it).
+    When nothing in them is escaped by JSON, a line's JSON is the line in quotes."""
     from json.encoder import encode_basestring_ascii as quoted
 
+    from vmr_handler.core.schedule.commands import dropped_lines
+
     exes, args, plain = schedule.executables, schedule.arguments, _plain_texts(schedule)
-    dropped = _dropped_lines(schedule, _dropping(schedule), launch_dir)
-    order = sorted(dropped)
+    columns = (schedule.starts, exes, args)
+    lines = dropped_lines(columns, schedule.others, launch_dir, dirs)  # ascending indices
+    order, dropped = list(lines), list(lines.values())
+    if order:  # their own lines are not made (then replaced)
+        exes = list(exes)
+        list(map(exes.__setitem__, order, repeat(None)))
+    dropped = list(map(quoted, dropped))  # (C: less than checking the lines and quoting them)
 
     def texts(first: int, end: int) -> List[str]:
         pairs = zip(exes[first:end], args[first:end])
@@ -186,32 +220,11 @@ def _command_texts(schedule: ScheduleColumns, launch_dir: str) -> Callable[[int,
             lines = [(f'"{exe} {arg}"' if arg else f'"{exe}"') if exe else "null" for exe, arg in pairs]
         else:
             lines = ["null" if not exe else quoted(f"{exe} {arg}" if arg else exe) for exe, arg in pairs]
-        for index in order[bisect_left(order, first) : bisect_left(order, end)]:
-            lines[index - first] = dropped[index]
+        low, high = bisect_left(order, first), bisect_left(order, end)
+        list(map(lines.__setitem__, map(sub, order[low:high], repeat(first)), dropped[low:high]))
         return lines
 
     return texts
-
-
-def _dropping(schedule: ScheduleColumns) -> List[int]:
-    """The entries that run a file they drop (their exec path is that file's), ascending."""
-    from vmr_handler.core.schedule.commands import running_drops
-
-    return sorted(running_drops(e for e in schedule.others.values() if e.data))
-
-
-def _dropped_lines(schedule: ScheduleColumns, dropping: List[int], launch_dir: str) -> Dict[int, str]:
-    """The JSON of the command lines of the entries ``dropping`` (they run a file they drop)."""
-    if not dropping:
-        return {}
-    from json.encoder import encode_basestring_ascii as quoted
-
-    from vmr_handler.core.schedule.commands import dropped_line, running_drops, working_dirs_of
-
-    dirs = working_dirs_of(schedule.starts, schedule.executables, dropping, launch_dir)
-    entries = [schedule.others[i] for i in dropping]
-    drops = running_drops(entries)
-    return {e.index: quoted(dropped_line(drops[e.index], dirs[e.index], e.arguments)) for e in entries}
 
 
 #: Integers a float holds exactly: an integral float inside is written as an integer.
@@ -221,18 +234,13 @@ _EXACT = float(2**53)
 def number_texts(values: Sequence[float]) -> List[str]:
     """``json.dumps(number_text(v))`` of every number in ``values`` (floats; ints too):
     integral ones inside +-2**53 as integers, other finite ones as ``repr``, infinities as
-    ``"inf"``/``"-inf"``. The repr of an integral float there ends in ``.0`` and no other does,
-    so one C loop does nearly all; 0 (also ``-0.0``), infinities, NaN and the numbers beyond
-    take the slow path."""
-    texts = list(map(str.removesuffix, map(repr, values), repeat(".0")))
-    if values:
-        try:
-            total = sum(values)  # NaN or inf when any is
-        except OverflowError:
-            total = math.nan
-        if total - total == 0.0 and min(values) > -_EXACT and max(values) < _EXACT and 0 not in values:
-            return texts
-    for index in [i for i, v in enumerate(values) if not -_EXACT < v < _EXACT or v == 0]:
+    ``"inf"``/``"-inf"``: one C loop does nearly all
+    (:func:`~vmr_handler.core.schedule.commands.trimmed_reprs`); 0 (also ``-0.0``),
+    infinities, NaN and the numbers beyond take the slow path."""
+    from vmr_handler.core.schedule.commands import trimmed_reprs
+
+    texts, others = trimmed_reprs(values, _EXACT)
+    for index in others:
         texts[index] = _number_json(values[index])
     return texts
 
