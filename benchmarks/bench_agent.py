@@ -1316,13 +1316,16 @@ def cli(*words):
 out_path = path + ".plan.json"
 with open(out_path, "w") as fh, contextlib.redirect_stdout(fh):
     assert main(["plan", path, "--resume", resume, "--json"]) == 0
-ok = len(json.load(open(out_path))["entries"]) == n and len(load_schedule(path).entries) == n
+plan_doc = json.load(open(out_path))
+ok = len(plan_doc["entries"]) == n and len(load_schedule(path).entries) == n
 work = {
     "bare": bare,
     "bare_paused": bare_paused,
     "load": lambda: load_schedule(path),
     "check": lambda: cli("check", path),
     "plan": lambda: cli("plan", path, "--resume", resume, "--json"),
+    # the floor of any plan --json: the C encoder writing the same document (no planning at all)
+    "dumps": lambda: json.dumps(plan_doc),
 }
 best = {name: [float("inf"), float("inf")] for name in work}
 for _ in range(rounds):
@@ -1400,6 +1403,19 @@ def _ratio_row(
     )
 
 
+def _floor_row(res: Results, best: Dict[str, List[float]]) -> None:
+    """What no ``plan --json`` can go below: ``json.dumps`` (C) of the very document it printed,
+    against the bare parse of the schedule; and ``plan --json`` against that parse plus that
+    write (a figure, no target: the 3x target counts the parse alone)."""
+    dumps, bare, plan = best["dumps"][1], best["bare"][1], best["plan"][1]
+    res.add(
+        "4d parse",
+        "  floor: json.dumps of plan's own output / bare parse",
+        f"{dumps * 1000:.0f} / {bare * 1000:.0f} ms = {dumps / bare:.2f}x CPU; plan --json / (parse + that "
+        f"write) = {plan / (bare + dumps):.2f}x",
+    )
+
+
 def section_parse_ratios(root: str, res: Results, n: int, yaml_n: int, rounds: int) -> Dict[str, Any]:
     """`check`, `plan --json` and the loader against a bare parse of the same file, for pickle,
     JSON and YAML, with data drops on one entry in ten and on every entry: in a fresh process
@@ -1444,6 +1460,7 @@ def section_parse_ratios(root: str, res: Results, n: int, yaml_n: int, rounds: i
             _ratio_row(res, "  plan --json / bare parse, in process", best["plan"], best["bare"], paused)
             _ratio_row(res, "  process: check / raw-parse process", walls["check"], walls["raw"])
             _ratio_row(res, "  process: plan --json / raw-parse process", walls["plan"], walls["raw"])
+            _floor_row(res, best)
             figures[key] = {
                 "entries": count,
                 "mb": size,
