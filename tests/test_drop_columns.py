@@ -125,7 +125,9 @@ def test_dropped_lines_are_the_command_lines(rows: List[Row], launch_dir: str, s
     starts = [e.start_time for e in entries]
     columns = (starts, [e.executable for e in entries], [e.arguments for e in entries])
     texts = cmd.start_time_texts(starts) if spelled else None
-    lines = cmd.dropped_lines(columns, {e.index: e for e in reversed(entries) if e.data}, launch_dir, texts)
+    lines = cmd.dropped_lines(
+        columns, {e.index: e.data for e in reversed(entries) if e.data}, launch_dir, texts
+    )
     expected = oracle_lines(entries, launch_dir)
     assert lines == expected and list(lines) == sorted(expected)
     dirs = oracle_dirs(entries, launch_dir)

@@ -91,6 +91,8 @@ def random_records(rng: random.Random, n: int) -> List[Dict[str, Any]]:
         roll = rng.random()
         if roll < 0.25:
             rec["data"] = own_drop_data(rng, rec)
+            if rng.random() < 0.1:  # on the host: never linted, its drops still count
+                rec["on_host"] = True
         elif roll < 0.3:  # drops a file it does not run
             rec["data"] = [{"location": rng.choice(["data.txt", "/opt/x/cfg"]), "content": "c"}]
         elif roll < 0.45:

@@ -145,7 +145,7 @@ _bad = st.sampled_from(
 
 
 @settings(max_examples=150, deadline=None)
-@given(records=st.lists(st.one_of(_plain, _pause, _bad), max_size=12))
+@given(records=st.lists(st.one_of(_plain, _pause, _bad, _data_entry), max_size=12))
 def test_columns_refuse_what_the_entries_refuse(records: List[Any]) -> None:
     try:
         entries, warnings = validate_records(records, strict_fields=True)
@@ -157,8 +157,15 @@ def test_columns_refuse_what_the_entries_refuse(records: List[Any]) -> None:
     columns = validate_columns(records, strict_fields=True)
     assert columns.warnings == warnings
     assert all(entries[i] == e for i, e in columns.others.items())  # and the rest are plain:
-    assert {e.index for e in entries if e.data or e.pause} <= set(columns.others)
+    assert all(entries[i].data == data for i, data in columns.drops.items())  # (plain drop entries)
+    assert {e.index for e in entries if e.data or e.pause} <= {*columns.others, *columns.drops}
+    assert not set(columns.others) & set(columns.drops)
     assert columns.hosts == [e.index for e in entries if e.on_host and e.index not in columns.others]
+    plain = [e for e in entries if e.index not in columns.others]
+    assert [e.start_time for e in plain] == [columns.starts[e.index] for e in plain]
+    assert [(e.executable, e.arguments) for e in plain] == [
+        (columns.executables[e.index], columns.arguments[e.index]) for e in plain
+    ]
 
 
 def test_expanded_size_limit_is_the_same_error() -> None:

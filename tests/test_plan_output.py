@@ -35,7 +35,7 @@ def columns_of(entries: Sequence[ScheduleEntry]) -> ScheduleColumns:
     hosts = [e.index for e in entries if e.on_host and e.index not in others]
     return ScheduleColumns(
         [e.start_time for e in entries], [e.executable for e in entries], [e.arguments for e in entries],
-        hosts, others, (),
+        hosts, others, {}, (),
     )  # fmt: skip
 
 

@@ -207,7 +207,7 @@ def _command_texts(
 
     exes, args, plain = schedule.executables, schedule.arguments, _plain_texts(schedule)
     columns = (schedule.starts, exes, args)
-    lines = dropped_lines(columns, schedule.others, launch_dir, dirs)  # ascending indices
+    lines = dropped_lines(columns, schedule.datas(), launch_dir, dirs)  # ascending indices
     order, dropped = list(lines), list(lines.values())
     if order:  # their own lines are not made (then replaced)
         exes = list(exes)

@@ -301,14 +301,14 @@ def dropped_line(item: DropItem, workdir: str, arguments: str) -> str:
 
 def dropped_lines(
     columns: Tuple[Sequence[float], Sequence[Optional[str]], Sequence[str]],
-    entries: Mapping[int, ScheduleEntry],
+    datas: Mapping[int, Tuple[DataItem, ...]],
     launch_dir: str,
     texts: Optional[Sequence[str]] = None,
 ) -> Dict[int, str]:
     """``{entry index: command line}`` (:func:`command_line`, working dirs under
-    ``launch_dir``) of the ``entries`` that run a file they drop, in a schedule given as
+    ``launch_dir``) of the entries that run a file they drop, in a schedule given as
     ``columns`` ``(starts, executables, arguments)`` (entry ``i``: ``starts[i]``,
-    ``executables[i]``, ``arguments[i]``; ``entries``: its entries with data, or more, by
+    ``executables[i]``, ``arguments[i]``; ``datas``: the data of its entries with data, by
     index). ``texts``: the :func:`start_time_texts` of ``starts`` when the caller has them.
 
     A line is the dropped file's path, ``<working dir>/<location>`` normalised and
@@ -321,9 +321,9 @@ def dropped_lines(
         ``{entry index: command line}``, in ascending index order.
     """
     starts, executables, arguments = columns
-    keys = sorted(entries)
+    keys = sorted(datas)
     exes = list(map(executables.__getitem__, keys))
-    drops = _drops(keys, exes, list(map(_DATA, map(entries.__getitem__, keys))))
+    drops = _drops(keys, exes, list(map(datas.__getitem__, keys)))
     indices = drops.indices
     if not indices:
         return {}

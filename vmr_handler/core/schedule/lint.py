@@ -108,14 +108,14 @@ class LintView(NamedTuple):
         starts: every entry's start time (seconds).
         executables: every entry's executable (None: none).
         arguments: every entry's arguments (``""``: none).
-        entry: entry ``i`` (made when asked, for a plain one).
+        entries: the entries at some positions, in that order (made when asked, for plain ones).
         dropping: the entries with data, in schedule order.
     """
 
     starts: Sequence[float]
     executables: Sequence[Optional[str]]
     arguments: Sequence[str]
-    entry: Callable[[int], ScheduleEntry]
+    entries: Callable[[Sequence[int]], List[ScheduleEntry]]
     dropping: List[ScheduleEntry]
 
     @classmethod
@@ -126,24 +126,15 @@ class LintView(NamedTuple):
             list(map(_START, entries)),
             list(map(_EXECUTABLE, entries)),
             list(map(_ARGUMENTS, entries)),
-            entries.__getitem__,
+            lambda indices: list(map(entries.__getitem__, indices)),
             list(compress(entries, map(_DATA, entries))),
         )
 
     @classmethod
     def of_columns(cls, columns: ScheduleColumns) -> LintView:
         """The view of ``columns``: a plain program entry is made only when the lint asks for it."""
-        others, hosts = columns.others, set(columns.hosts)
-        starts, executables, arguments = columns.starts, columns.executables, columns.arguments
-
-        def entry(i: int) -> ScheduleEntry:
-            made = others.get(i)
-            if made is None:
-                made = ScheduleEntry(i, starts[i], executables[i], arguments[i], on_host=i in hosts)
-            return made
-
-        dropping = [others[i] for i in sorted(others) if others[i].data]
-        return cls(starts, executables, arguments, entry, dropping)
+        dropping = columns.entries_at(list(columns.datas()))
+        return cls(columns.starts, columns.executables, columns.arguments, columns.entries_at, dropping)
 
 
 class _Lint:
@@ -214,7 +205,7 @@ class _Lint:
         """Every warning, in entry order (per entry: program, drop flag, syntax)."""
         warnings: List[str] = []
         view = self.view
-        checked = [view.entry(i) for i in self._candidates()]
+        checked = self._candidates()
         # the working dirs of the entries checked that run a file they drop: only those spell
         # a working dir in their command line
         owners = [e.index for e in checked if e.index in self.owns]
@@ -224,8 +215,8 @@ class _Lint:
             self.entry(entry, warnings)
         return warnings
 
-    def _candidates(self) -> List[int]:
-        """Positions, ascending, of the entries that run a program and may get a warning
+    def _candidates(self) -> List[ScheduleEntry]:
+        """The entries, ascending, that run a program and may get a warning
         (:meth:`_needs_checks`). Looked at as columns (C loops): each distinct executable, and
         each distinct (executable, drop) of an entry that runs a file it drops, is judged once;
         an entry that cannot get a warning (most entries) is never visited."""
@@ -252,14 +243,13 @@ class _Lint:
             visit.update(compress(at, map(needs.__getitem__, keys)))
         if not all_plain:  # some arguments are not plain: their entries too
             visit.update(i for i, args in enumerate(arguments) if args and plain(args) is None)
-        found: List[int] = []
-        for i in sorted(visit):
-            entry = self.view.entry(i)
+        found: List[ScheduleEntry] = []
+        for entry in self.view.entries(sorted(visit)):
             if not entry.executable or entry.on_host:
                 continue
-            args = arguments[i]
+            args = entry.arguments
             if self._needs_checks(entry, all_plain or not args or plain(args) is not None):
-                found.append(i)
+                found.append(entry)
         return found
 
     def non_executable_warning(

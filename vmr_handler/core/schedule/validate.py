@@ -334,21 +334,6 @@ def _entries_of(screen: Screen, first: int = 0) -> List[Optional[ScheduleEntry]]
     return entries
 
 
-def _drop_entries(screen: Screen) -> Dict[int, ScheduleEntry]:
-    """The plain drop entries ``screen`` found (``Screen.drops``), by index."""
-    indices = list(screen.drops)
-    starts = map(screen.starts.__getitem__, indices)
-    exes = map(screen.executables.__getitem__, indices)
-    made = dict(zip(indices, _new_entries(indices, starts, exes, map(screen.arguments.__getitem__, indices))))
-    for index, data in screen.drops.items():
-        made[index].__dict__["data"] = data
-    for name, flagged in (("ignore_failure", screen.ignored), ("on_host", screen.hosts)):
-        for index in flagged:
-            if index in made:
-                made[index].__dict__[name] = True
-    return made
-
-
 def _new_entries(
     indices: Iterable[int],
     starts: Iterable[float],
@@ -432,15 +417,21 @@ def _checked(
 class ScheduleColumns(NamedTuple):
     """A validated schedule as columns, without an object per plain entry (``plan
     --json`` of 100 000 entries at parse speed). Entry ``i`` is ``others[i]`` when that is
-    present, else the plain program entry ``starts[i]``, ``executables[i]``, ``arguments[i]``
-    (``on_host`` when ``i`` is in ``hosts``; ``ignore_failure`` is not kept).
+    present, else the plain entry ``starts[i]``, ``executables[i]``, ``arguments[i]`` with the
+    data ``drops[i]`` (none when absent), ``on_host`` when ``i`` is in ``hosts``
+    (``ignore_failure`` is not kept).
 
     Attributes:
         starts: every entry's ``start_time`` (seconds, float), in schedule order.
         executables: every entry's executable (None: none), in schedule order.
         arguments: every entry's arguments (``""``: none), in schedule order.
-        hosts: indices of the plain entries with ``on_host`` true, ascending.
-        others: every entry that is not a plain program entry (data, pause, RESUME, ...), by index.
+        hosts: indices of the plain entries (program and drop entries) with ``on_host`` true,
+            ascending.
+        others: every entry that is neither a plain program entry nor a plain drop entry
+            (pauses, RESUMEs, transfers, anything the full checks made), by index.
+        drops: the data of every plain drop entry (a plain program entry but for a ``data``
+            list of content and file drops, :func:`~.screen.plain_screen`), by index: no entry
+            object is made for it.
         warnings: as :func:`validate_records` gives them.
         source_format: ``pickle``, ``yaml`` or ``json`` (set by the loader; ``""`` when unknown).
     """
@@ -450,8 +441,31 @@ class ScheduleColumns(NamedTuple):
     arguments: List[str]
     hosts: List[int]
     others: Dict[int, ScheduleEntry]
+    drops: Dict[int, Tuple[DataItem, ...]]
     warnings: Tuple[str, ...]
     source_format: str = ""
+
+    def entries_at(self, indices: Sequence[int]) -> List[ScheduleEntry]:
+        """Entries ``indices`` as objects, in that order: ``others``' own, the plain ones made
+        here (as validation makes them: no ``__init__`` per entry)."""
+        plain = [i for i in indices if i not in self.others]
+        starts = map(self.starts.__getitem__, plain)
+        exes, args = map(self.executables.__getitem__, plain), map(self.arguments.__getitem__, plain)
+        made = dict(zip(plain, _new_entries(plain, starts, exes, args)))
+        hosts = set(self.hosts)
+        for index, entry in made.items():
+            data = self.drops.get(index)
+            if data is not None:
+                entry.__dict__["data"] = data
+            if index in hosts:
+                entry.__dict__["on_host"] = True
+        return [made[i] if i in made else self.others[i] for i in indices]
+
+    def datas(self) -> Dict[int, Tuple[DataItem, ...]]:
+        """The data of every entry that has some, by ascending index."""
+        found = {i: entry.data for i, entry in self.others.items() if entry.data}
+        found.update(self.drops)
+        return dict(sorted(found.items())) if self.drops and len(found) > len(self.drops) else found
 
     def stage_times(self) -> Tuple[float, ...]:
         """:meth:`Schedule.stage_times <vmr_handler.core.schedule.model.Schedule.stage_times>` of
@@ -470,13 +484,9 @@ def validate_columns(
 ) -> ScheduleColumns:
     """:func:`validate_records` with the schedule as :class:`ScheduleColumns`: the same checks,
     the same errors (raises ScheduleValidationError exactly when it does, with the same
-    problems), the same entries, but no object is made for a plain program entry."""
+    problems), the same entries, but no object is made for a plain program entry, nor for a
+    plain drop entry (only its data items)."""
     screen, checked, warnings = _checked(records, strict_fields, source_size)
-    if screen.drops:  # entries that drop files are kept as entries (their command lines need them)
-        checked.update(_drop_entries(screen))
-        hosts = [index for index in screen.hosts if index not in screen.drops]
-    else:
-        hosts = screen.hosts
     starts, executables, arguments = screen.starts, screen.executables, screen.arguments
     for index, entry in checked.items():
         starts[index], executables[index], arguments[index] = (
@@ -484,7 +494,7 @@ def validate_columns(
             entry.executable,
             entry.arguments,
         )
-    return ScheduleColumns(starts, executables, arguments, hosts, checked, warnings)
+    return ScheduleColumns(starts, executables, arguments, screen.hosts, checked, screen.drops, warnings)
 
 
 def _full_checks(
